@@ -1,0 +1,33 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both do all set-up first.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.pretok-installed
+DEMO_DIR ?= runs/demo
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e ".[train,notebooks,test]"
+	# megatron-core only to prove our memmap output reads in Megatron-LM unchanged (no deps: torch+numpy suffice).
+	$(PIP) install -q --no-deps "megatron-core>=0.12"
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/pretok demo --out $(DEMO_DIR)
+
+test: setup
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
+
+bench: setup
+	$(VENV)/bin/pretok bench tokenize --json runs/bench/tokenize.json
+
+clean:
+	rm -rf $(VENV) runs/demo runs/bench

@@ -1,0 +1,35 @@
+"""Shared fixtures: paths into ../shared/data (real corpora and tokenizers), never copied into the repo."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("PRETOK_SHARED_DATA", ROOT.parent / "shared" / "data"))
+TOKENIZERS = SHARED / "tokenizers"
+CORPORA = SHARED / "corpora"
+
+GPT2_JSON = TOKENIZERS / "gpt2" / "tokenizer.json"
+CL100K_JSON = TOKENIZERS / "cl100k_base" / "tokenizer.json"
+R50K_TIKTOKEN = TOKENIZERS / "tiktoken" / "r50k_base.tiktoken"
+CL100K_TIKTOKEN = TOKENIZERS / "tiktoken" / "cl100k_base.tiktoken"
+MISTRAL_SP = TOKENIZERS / "mistral" / "tokenizer.model.v3"
+TEKKEN = TOKENIZERS / "mistral" / "tekken_240718.json"
+PYDOCS_JSONL = CORPORA / "python-docs" / "python-3.11-docs-rst.jsonl"
+WIKITEXT_VALID = CORPORA / "wikitext-2" / "valid.txt"
+SHAKESPEARE = CORPORA / "tinyshakespeare" / "input.txt"
+WIKI_EN = CORPORA / "wikipedia-vital-summaries" / "summaries_en-us.json"
+WIKI_FR = CORPORA / "wikipedia-vital-summaries" / "summaries_fr-fr.json"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED.is_dir():
+        pytest.fail(f"{SHARED} is missing: tests need ../shared/data beside the project (or PRETOK_SHARED_DATA)")
+    return SHARED
