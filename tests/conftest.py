@@ -9,6 +9,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# megatron-core imports torch.utils.cpp_extension → setuptools, whose distutils shim asserts after the corpus
+# tests walked the stdlib with find_spec; the stdlib distutils is fine for an import-only use.
+os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("PRETOK_SHARED_DATA", ROOT.parent / "shared" / "data"))

@@ -1,0 +1,422 @@
+"""`pretok bench tokenize`: per-doc loop vs datasets.map vs in-memory backend ceiling vs the engine, in one run.
+
+Every method sees the same documents (read by the engine's own readers, bad documents dropped). The slow
+baselines (a) and (b) run on a prefix of the corpus; ratios compare MB/s (text bytes per second), which is
+comparable across sizes. Tokens are text tokens (BOS/EOS excluded); bytes/token is on-disk bytes per stored token.
+Peak RSS: VmHWM of the spawned child for (a) and (c); for (b) and the engine, the largest RSS of any one worker,
+sampled every 20 ms (ru_maxrss is not used: a spawned process inherits its parent's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ..errors import PretokError
+
+FORMATS = ("memmap", "token-list", "padded")
+GPT2_REL = Path("shared/data/tokenizers/gpt2/tokenizer.json")
+LOOP, MAP, CEIL = "(a) per-doc tok(text) loop", "(b) datasets.map", "(c) ceiling 1 core"
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """Arguments of `pretok bench tokenize`."""
+    ncpu = len(os.sched_getaffinity(0))
+    p.add_argument("--corpus", default=None, help="parquet/jsonl input (default: build the embedded corpus of --mb MB)")
+    p.add_argument("--mb", type=float, default=50.0, help="size of the embedded default corpus to build")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer.json (default: ../shared/data GPT-2 if present, else the trained default)")
+    p.add_argument("--workdir", default="runs/bench/tokenize", help="corpora cache and all outputs")
+    p.add_argument("--workers", type=int, default=ncpu, help=f"N for datasets.map and the engine (default {ncpu})")
+    p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
+    p.add_argument("--skip", nargs="*", default=[], choices=["loop", "datasets-map", "ceiling", "engine-1", "rss-scan"])
+    p.add_argument("--loop-mb", type=float, default=20.0, help="corpus prefix measured by (a) and (b)")
+    p.add_argument("--rss-scan", default="10,500", help="corpus MB sizes for the worker-RSS flatness check ('' = off)")
+    p.add_argument("--part-mb", type=float, default=None, help="engine --part-mb (default: the engine's)")
+    p.add_argument("--batch-mb", type=float, default=None, help="engine --batch-mb, also the ceiling's batch size")
+    p.add_argument("--json", default=None, metavar="OUT", help="write all results here")
+    p.add_argument("--check", action="store_true", help="exit 1 if a target fails")
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def resolve_tokenizer(spec: str | None, workdir: Path) -> str:
+    """The given spec, else ../shared/data's GPT-2 tokenizer.json, else the embedded default (trained once)."""
+    if spec:
+        return spec
+    for cand in (Path.cwd().parent / GPT2_REL, Path(__file__).resolve().parents[3] / GPT2_REL):
+        if cand.is_file():
+            return str(cand.resolve())
+    from ..corpus import default_corpus_and_tokenizer
+
+    return str(default_corpus_and_tokenizer(workdir / "default-tokenizer")[1])
+
+
+def cached_corpus(workdir: Path, mb: float) -> Path:
+    """`workdir/corpus-<mb>mb.parquet` (the embedded default corpus), built unless a matching one exists."""
+    from ..corpus import build_corpus, read_corpus_info
+
+    path = workdir / f"corpus-{mb:g}mb.parquet"
+    try:
+        if path.is_file() and read_corpus_info(path).params.get("max_mb") == mb:
+            return path
+    except PretokError:
+        pass
+    build_corpus(path, max_mb=mb)
+    return path
+
+
+def iter_docs(path: str) -> Iterator[str]:
+    """Documents of `path` in engine order, through the engine's readers and default bad-document policy."""
+    from ..pretokenize import TokenizeConfig
+    from ..sources import expand_inputs, plan_units, read_unit
+
+    opts = TokenizeConfig([], "", "").source_options()
+    for unit in plan_units(expand_inputs([path]), opts):
+        for batch in read_unit(unit, opts):
+            yield from batch.texts
+
+
+def scan_corpus(path: str, prefix_bytes: int, prefix_out: Path) -> dict:
+    """Count documents and UTF-8 bytes; write the first documents up to `prefix_bytes` (>= 1 doc) as parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = nbytes = k = kbytes = 0
+    prefix: list[str] = []
+    for t in iter_docs(path):
+        n = len(t.encode("utf-8"))
+        if k == docs and (kbytes + n <= prefix_bytes or k == 0):
+            prefix.append(t)
+            k, kbytes = k + 1, kbytes + n
+        docs, nbytes = docs + 1, nbytes + n
+    if not docs:
+        raise PretokError("no documents in the benchmark corpus", path)
+    pq.write_table(pa.table({"text": prefix}), prefix_out)
+    return {"path": path, "documents": docs, "text_bytes": nbytes, "prefix_documents": k, "prefix_bytes": kbytes,
+            "prefix_path": str(prefix_out)}
+
+
+# ---------------------------------------------------------------- measuring helpers
+
+
+def in_child(fn: Callable[..., dict], *args: Any) -> dict:
+    """Run `fn(*args)` in a fresh spawned process (own memory, own CPU pinning) and return its result."""
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as ex:
+        return ex.submit(fn, *args).result()
+
+
+def hwm_mb() -> float:
+    """This process's peak RSS in MB (VmHWM from /proc/self/status)."""
+    with open("/proc/self/status") as fh:
+        return round(next(int(x.split()[1]) for x in fh if x.startswith("VmHWM:")) / 1024, 1)
+
+
+class ChildRss:
+    """Peak RSS of any single descendant process, sampled every `interval` seconds by a thread."""
+
+    def __init__(self, interval: float = 0.02):
+        self.interval, self.peak_mb, self._stop = interval, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self._stop.wait(self.interval):
+            for p in me.children(recursive=True):
+                try:
+                    self.peak_mb = max(self.peak_mb, round(p.memory_info().rss / 2**20, 1))
+                except psutil.Error:
+                    pass
+
+    def __enter__(self) -> ChildRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def same_as_engine(ids: np.ndarray, offsets: np.ndarray, ref: dict | None) -> bool | None:
+    """Whether the engine's memmap output `ref` starts with exactly these documents (after its BOS/EOS policy)."""
+    if ref is None:
+        return None
+    from ..formats.memmap import MemmapDataset
+    from ..pretokenize import add_special
+
+    ds = MemmapDataset(Path(ref["out"]) / "data")
+    want, want_off = add_special(np.asarray(ids, np.uint32), np.asarray(offsets, np.int64), ref["bos"], ref["eos"])
+    k = len(want_off) - 1
+    if len(ds) < k or not np.array_equal(np.asarray(ds.lengths[:k]), np.diff(want_off)):
+        return False
+    return bool(np.array_equal(ds.tokens[: len(want)], want))
+
+
+def hf_tokenizer(tok_file: str) -> Any:
+    """HF fast tokenizer from tokenizer.json; special-token strings in text stay plain text, as in the engine."""
+    from transformers import PreTrainedTokenizerFast
+
+    path = Path(tok_file) / "tokenizer.json" if Path(tok_file).is_dir() else Path(tok_file)
+    if path.suffix != ".json":
+        raise PretokError("baselines (a)/(b) need a HF tokenizer.json (or --skip loop datasets-map)", tok_file)
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), split_special_tokens=True, model_max_length=10**12)
+
+
+# ---------------------------------------------------------------- (a), (b), (c): each in a spawned child
+
+
+def child_loop(prefix: str, tok_file: str, ref: dict | None) -> dict:
+    """(a) `tok(text)["input_ids"]` per document on one pinned core, like a Dataset.__getitem__ on the fly."""
+    from ..tokenizer import limit_threads_to_one_cpu
+
+    limit_threads_to_one_cpu(0)
+    tok = hf_tokenizer(tok_file)
+    texts = list(iter_docs(prefix))
+    t0 = time.perf_counter()
+    out = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    secs, rss = time.perf_counter() - t0, hwm_mb()
+    off = np.concatenate([[0], np.cumsum([len(x) for x in out], dtype=np.int64)])
+    ids = np.fromiter((i for x in out for i in x), np.uint32, int(off[-1]))
+    return {"seconds": secs, "documents": len(texts), "tokens": int(off[-1]), "peak_rss_mb": rss,
+            "ids_identical": same_as_engine(ids, off, ref)}
+
+
+class _HFEncode:
+    """Picklable `datasets.map` function: run_clm.py's `tokenize_function` (input_ids + attention_mask)."""
+
+    def __init__(self, tok_file: str):
+        self.tok = hf_tokenizer(tok_file)
+
+    def __call__(self, batch: dict) -> dict:
+        return self.tok(batch["text"], add_special_tokens=False)
+
+
+def child_datasets(prefix: str, tok_file: str, workers: int, workdir: str, ref: dict | None) -> dict:
+    """(b) `Dataset.from_parquet` (untimed) + `.map(batched=True, num_proc=N)` + `save_to_disk`, fresh caches."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    cache, saved = Path(workdir) / "hf-cache", Path(workdir) / "hf-saved"
+    for d in (cache, saved):
+        shutil.rmtree(d, ignore_errors=True)
+    fn = _HFEncode(tok_file)
+    t0 = time.perf_counter()
+    ds = datasets.Dataset.from_parquet(prefix, cache_dir=str(cache))
+    t1 = time.perf_counter()
+    with ChildRss() as workers_rss:
+        out = ds.map(fn, batched=True, num_proc=workers, remove_columns=ds.column_names, load_from_cache_file=False)
+        out.save_to_disk(str(saved))
+    secs, rss = time.perf_counter() - t1, max(hwm_mb(), workers_rss.peak_mb)
+    col = datasets.load_from_disk(str(saved)).data.column("input_ids").combine_chunks()
+    off = col.offsets.to_numpy().astype(np.int64)
+    ids, off = col.flatten().to_numpy(), off - off[0]
+    disk = sum(f.stat().st_size for f in saved.rglob("*") if f.is_file())
+    return {"seconds": secs, "load_seconds": t1 - t0, "documents": len(off) - 1, "tokens": int(off[-1]),
+            "stored_tokens": int(off[-1]), "disk_bytes": disk, "peak_rss_mb": rss, "columns": out.column_names,
+            "ids_identical": same_as_engine(ids, off, ref)}
+
+
+def child_ceiling(corpus: str, tok_spec: str, backend: str, batch_bytes: int, ref: dict | None) -> dict:
+    """(c) `encode_batch` over ~batch_bytes batches of texts already in memory: one pinned core, no I/O."""
+    from ..tokenizer import limit_threads_to_one_cpu, load_tokenizer, make_encoder
+
+    limit_threads_to_one_cpu(0)
+    enc = make_encoder(load_tokenizer(tok_spec), backend)
+    batches: list[list[str]] = [[]]
+    size = 0
+    for t in iter_docs(corpus):
+        if size >= batch_bytes:
+            batches.append([])
+            size = 0
+        batches[-1].append(t)
+        size += len(t.encode("utf-8"))
+    enc.encode_batch(batches[0][:8])  # warm-up (lazy initialisation), untimed
+    t0 = time.perf_counter()
+    results = [enc.encode_batch(b) for b in batches]
+    secs, rss = time.perf_counter() - t0, hwm_mb()
+    ids = np.concatenate([np.asarray(r[0], np.uint32) for r in results])
+    off = np.concatenate([[0], np.cumsum(np.concatenate([np.diff(r[1]) for r in results]))])
+    return {"seconds": secs, "documents": len(off) - 1, "tokens": int(off[-1]), "peak_rss_mb": rss,
+            "backend": backend, "ids_identical": same_as_engine(ids, off, ref)}
+
+
+# ---------------------------------------------------------------- (d) the engine
+
+
+def run_engine(corpus: str, tok: str, fmt: str, workers: int, out: Path, part_mb: float | None,
+               batch_mb: float | None) -> dict:
+    """One `run_tokenize` (in-process; workers are spawned): wall time, counts, worker RSS, on-disk size."""
+    from ..pretokenize import TokenizeConfig, run_tokenize
+
+    cfg = TokenizeConfig(inputs=[corpus], out=str(out), tokenizer=tok, format=fmt, workers=workers,
+                         overwrite=True, progress=False)
+    cfg.part_mb, cfg.batch_mb = part_mb or cfg.part_mb, batch_mb or cfg.batch_mb
+    t0 = time.perf_counter()
+    with ChildRss() as workers_rss:
+        m = run_tokenize(cfg)
+    secs = time.perf_counter() - t0
+    c, pol = m["counts"], m["policy"]
+    specials = (pol["bos_id"] is not None) + (pol["eos_id"] is not None)
+    return {"seconds": secs, "manifest_wall_seconds": m["run"]["wall_seconds"], "documents": c["documents"],
+            "tokens": c["tokens"] - specials * c["documents"], "engine_tokens": c["tokens"],
+            "stored_tokens": c["tokens"] + c.get("padding", 0), "disk_bytes": sum(f["size"] for f in m["files"]),
+            "peak_rss_mb": workers_rss.peak_mb, "manifest_worker_peak_rss_mb": m["run"]["worker_peak_rss_mb"],
+            "units": len(m["parts"]), "workers": workers, "backend": m["tokenizer"]["backend"]["backend"],
+            "out": str(out), "policy": pol}
+
+
+# ---------------------------------------------------------------- report
+
+
+def rates(r: dict, text_bytes: int) -> dict:
+    """Add MB measured, docs/s, tokens/s, MB/s and bytes/token to one method's raw result."""
+    s = r["seconds"]
+    r.update(mb=text_bytes / 1e6, docs_per_s=r["documents"] / s, tokens_per_s=r["tokens"] / s,
+             mb_per_s=text_bytes / 1e6 / s)
+    if r.get("stored_tokens"):
+        r["bytes_per_token"] = r["disk_bytes"] / r["stored_tokens"]
+    return r
+
+
+def _num(v: float | None, rate: bool = False) -> str:
+    if v is None:
+        return "-"
+    if rate:
+        return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}k" if v >= 1e4 else f"{v:.0f}"
+    return f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def table(methods: dict[str, dict], ref_b: float | None, ceil1: float | None) -> str:
+    """Aligned plain-text table of every method."""
+    rows = [["method", "MB measured", "docs/s", "tokens/s", "MB/s", "peak RSS MB", "bytes/token", "x (b)",
+             "x ceiling 1c", "ids = engine"]]
+    for name, r in methods.items():
+        rows.append([name, _num(r["mb"]), _num(r["docs_per_s"], True), _num(r["tokens_per_s"], True),
+                     _num(r["mb_per_s"]), _num(r.get("peak_rss_mb")), _num(r.get("bytes_per_token")),
+                     _num(r["mb_per_s"] / ref_b if ref_b else None), _num(r["mb_per_s"] / ceil1 if ceil1 else None),
+                     {True: "yes", False: "NO", None: "-"}[r.get("ids_identical")]])
+    w = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(row)) for row in rows]
+    return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
+
+
+def targets(methods: dict[str, dict], n: int, scan: list[dict]) -> list[dict]:
+    """The issue's targets (engine = memmap format), each with its value, threshold and pass/fail/None."""
+    out: list[dict] = []
+
+    def add(name: str, value: float | None, need: float, op: str = ">=", note: str = "") -> None:
+        ok = None if value is None else (value >= need if op == ">=" else value <= need)
+        out.append({"target": name, "value": value, "need": f"{op} {need:g}", "pass": ok, "note": note})
+
+    eng, eng1 = methods.get(f"(d) engine memmap w{n}"), methods.get("(d) engine memmap w1")
+    ceil, b = methods.get(CEIL), methods.get(MAP)
+    e = eng["mb_per_s"] if eng else None
+    add(f"engine memmap w{n} / in-memory ceiling (1 core)", e / ceil["mb_per_s"] if e and ceil else None, 0.5)
+    add(f"engine memmap w{n} / in-memory ceiling x{n} (derived {n} x 1 core)",
+        e / (n * ceil["mb_per_s"]) if e and ceil else None, 0.5)
+    add(f"engine memmap w{n} / (b) datasets.map num_proc={n}", e / b["mb_per_s"] if e and b else None, 15)
+    add("(b) ids identical to engine memmap (1 = yes)",
+        None if not b or b["ids_identical"] is None else float(b["ids_identical"]), 1)
+    if n > 1:
+        add(f"engine memmap speedup w1 -> w{n}", e / eng1["mb_per_s"] if e and eng1 else None, 0.8 * n,
+            note=f"({eng['units']} units for {n} workers)" if eng else "")
+    rss = [r["peak_rss_mb"] for k, r in methods.items() if k.startswith("(d)")] + [s["peak_rss_mb"] for s in scan]
+    add("engine worker peak RSS MB, all runs", max(rss) if rss else None, 400, "<=")
+    if len(scan) > 1:
+        add(f"worker peak RSS {scan[-1]['mb']:g} MB / {scan[0]['mb']:g} MB input (flat)",
+            scan[-1]["peak_rss_mb"] / scan[0]["peak_rss_mb"] if scan[0]["peak_rss_mb"] else None, 1.25, "<=")
+    return out
+
+
+def main(args: argparse.Namespace) -> dict:
+    """Measure every method side by side, print the table and targets, write --json; returns the results."""
+    from ..formats.manifest import environment
+    from ..tokenizer import backends_for, load_tokenizer
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    n, skip = max(1, args.workers), set(args.skip or [])
+    tok = resolve_tokenizer(args.tokenizer, work)
+    info = load_tokenizer(tok)
+    backends = backends_for(info)
+    corpus = str(Path(args.corpus)) if args.corpus else str(cached_corpus(work, args.mb))
+    cinfo = scan_corpus(corpus, int(args.loop_mb * 1e6), work / "prefix.parquet")
+    print(f"corpus {corpus}: {cinfo['documents']} docs, {cinfo['text_bytes'] / 1e6:.1f} MB of text; tokenizer {tok} "
+          f"(backends {', '.join(backends)}); N = {n}", flush=True)
+
+    def note(name: str, r: dict) -> None:
+        print(f"  {name}: {r['seconds']:.2f} s", flush=True)
+
+    methods: dict[str, dict] = {}
+    ref = None  # the engine's memmap output (N workers): the ids every other method is checked against
+    for fmt in args.formats:
+        for w in ([1] if n > 1 and "engine-1" not in skip else []) + [n]:
+            r = run_engine(corpus, tok, fmt, w, work / f"engine-{fmt}-w{w}", args.part_mb, args.batch_mb)
+            note(name := f"(d) engine {fmt} w{w}", r)
+            methods[name] = rates(r, cinfo["text_bytes"])
+            if fmt == "memmap" and w == n:
+                ref = {"out": r["out"], "bos": r["policy"]["bos_id"], "eos": r["policy"]["eos_id"]}
+    if "ceiling" not in skip:
+        batch = int((args.batch_mb or 4.0) * 1e6)
+        note(CEIL, r := in_child(child_ceiling, corpus, tok, backends[0], batch, ref))
+        methods[CEIL] = rates(r, cinfo["text_bytes"])
+        derived = {**r, "seconds": r["seconds"] / n, "peak_rss_mb": None, "ids_identical": None, "derived": True}
+        methods[f"(c) ceiling x{n} (derived)"] = rates(derived, cinfo["text_bytes"])
+    if "loop" not in skip:
+        note(LOOP, r := in_child(child_loop, cinfo["prefix_path"], tok, ref))
+        methods[LOOP] = rates(r, cinfo["prefix_bytes"])
+    if "datasets-map" not in skip:
+        note(MAP, r := in_child(child_datasets, cinfo["prefix_path"], tok, n, str(work), ref))
+        methods[MAP] = rates(r, cinfo["prefix_bytes"])
+
+    scan: list[dict] = []
+    for mb in sorted(float(s) for s in args.rss_scan.split(",") if s.strip() and "rss-scan" not in skip):
+        path = str(cached_corpus(work, mb))
+        r = run_engine(path, tok, "memmap", n, work / f"rss-{mb:g}mb", args.part_mb, args.batch_mb)
+        shutil.rmtree(r["out"], ignore_errors=True)
+        scan.append({"mb": mb, **{k: r[k] for k in ("peak_rss_mb", "manifest_worker_peak_rss_mb", "seconds",
+                                                    "units", "documents")}})
+        print(f"  rss scan {mb:g} MB: worker peak {r['peak_rss_mb']} MB ({r['seconds']:.1f} s)", flush=True)
+
+    b, ceil = methods.get(MAP), methods.get(CEIL)
+    print("\n" + table(methods, b["mb_per_s"] if b else None, ceil["mb_per_s"] if ceil else None))
+    print(f"\n(a), (b) measured on the first {cinfo['prefix_documents']} docs ({cinfo['prefix_bytes'] / 1e6:.1f} MB), "
+          f"the others on all {cinfo['documents']} docs ({cinfo['text_bytes'] / 1e6:.1f} MB); ratios are of MB/s.\n"
+          f"(a) HF fast tokenizer, 1 pinned core. (b) map(batched, num_proc={n}) + save_to_disk, as run_clm.py "
+          f"(input_ids + attention_mask), from_parquet load excluded. (c) {backends[0]} encode_batch on texts in "
+          f"memory, 1 pinned core; x{n} = {n} x 1 core, derived.\n(d) end to end: read + tokenize + write + "
+          "checksums + manifest. Peak RSS: (a), (c) VmHWM of the process; (b), (d) the largest single worker, "
+          "sampled.\ntokens/s counts text tokens (no BOS/EOS); bytes/token = bytes on disk / stored tokens.")
+    if scan:
+        print("engine memmap worker peak RSS by input size: " + ", ".join(
+            f"{s['mb']:g} MB -> {s['peak_rss_mb']} MB ({s['units']} units)" for s in scan))
+    tg = targets(methods, n, scan)
+    print()
+    for t in tg:
+        v, status = "n/a" if t["value"] is None else f"{t['value']:.2f}", {True: "PASS", False: "FAIL", None: "N/A"}
+        print(f"  [{status[t['pass']]}] {t['target']}: {v} (need {t['need']}) {t['note']}".rstrip())
+    result = {"corpus": cinfo, "tokenizer": {"spec": tok, "info": info.to_dict(), "backends": backends},
+              "workers": n, "methods": methods, "rss_scan": scan, "targets": tg, "environment": environment(),
+              "env": {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS")},
+              "args": {k: v for k, v in vars(args).items() if k != "fn"}}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    if args.check and any(t["pass"] is False for t in tg):
+        raise PretokError("benchmark targets failed (see above)")
+    return result

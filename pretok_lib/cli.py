@@ -1,0 +1,169 @@
+"""`pretok` entry point: parses arguments and calls one library function per subcommand; no logic here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .errors import PretokError
+
+
+def _slurm_default(name: str, fallback: int) -> int:
+    """Shard count/index default from a SLURM job array (index relative to the array's first task id)."""
+    if name == "count":
+        return int(os.environ.get("SLURM_ARRAY_TASK_COUNT", fallback))
+    if "SLURM_ARRAY_TASK_ID" not in os.environ:
+        return fallback
+    return int(os.environ["SLURM_ARRAY_TASK_ID"]) - int(os.environ.get("SLURM_ARRAY_TASK_MIN", 0))
+
+
+def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="parquet/jsonl(.gz,.zst)/txt files, globs, HF dataset dirs")
+    p.add_argument("--out", required=True, help="output directory (data files + manifest.json)")
+    p.add_argument("--tokenizer", required=True, help="tokenizer.json, dir, .model, .tiktoken, tekken JSON or hub name")
+    p.add_argument("--format", default="memmap", choices=["padded", "token-list", "memmap"])
+    p.add_argument("--seq-len", type=int, default=2048, help="padded rows hold seq_len+1 tokens")
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="worker processes (0 = inline)")
+    p.add_argument("--text-column", default="text", help="parquet column / JSON key holding the text")
+    p.add_argument("--separator", default=None, help="txt inputs: regex splitting a file into documents (re.split)")
+    p.add_argument("--compression", default="zstd:3", help="parquet formats: none, snappy, zstd[:level], ...")
+    p.add_argument("--dtype", default="auto", choices=["auto", "uint16", "int32"])
+    p.add_argument("--bos", default="auto", choices=["auto", "yes", "no"], help="prepend BOS (auto: if defined)")
+    p.add_argument("--eos", default="no", choices=["yes", "no"], help="append EOS to every document")
+    p.add_argument("--bad-docs", default="skip", choices=["skip", "fail"],
+                   help="null / non-string / empty / invalid UTF-8 documents: skip and count, or fail")
+    p.add_argument("--backend", default=None, help="force a tokenizer backend (still checked against the reference)")
+    p.add_argument("--num-shards", type=int, default=None, help="default: SLURM_ARRAY_TASK_COUNT or 1")
+    p.add_argument("--shard-index", type=int, default=None, help="default: SLURM_ARRAY_TASK_ID or 0")
+    p.add_argument("--part-mb", type=float, default=None,
+                   help="input MB per output part, the resume unit (default: input/32 within [1, 64])")
+    p.add_argument("--batch-mb", type=float, default=4.0, help="input MB tokenized per batch (bounds memory)")
+    p.add_argument("--overwrite", action="store_true", help="replace an output directory holding another config")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def tokenize_config(a: argparse.Namespace):
+    from .pretokenize import TokenizeConfig
+
+    return TokenizeConfig(
+        inputs=a.inputs, out=a.out, tokenizer=a.tokenizer, format=a.format, seq_len=a.seq_len, workers=a.workers,
+        text_column=a.text_column, separator=a.separator, compression=a.compression, dtype=a.dtype, bos=a.bos,
+        eos=a.eos, bad_docs=a.bad_docs, backend=a.backend,
+        num_shards=a.num_shards if a.num_shards is not None else _slurm_default("count", 1),
+        shard_index=a.shard_index if a.shard_index is not None else _slurm_default("index", 0),
+        part_mb=a.part_mb, batch_mb=a.batch_mb, overwrite=a.overwrite, progress=not a.no_progress)
+
+
+def cmd_corpus(a: argparse.Namespace) -> None:
+    from .corpus import build_corpus
+
+    info = build_corpus(a.out, max_mb=a.max_mb, packages=a.packages)
+    print(json.dumps(info.to_dict(), indent=2))
+
+
+def cmd_tokenize(a: argparse.Namespace) -> None:
+    from .pretokenize import run_tokenize
+    from .verify import format_inspect, inspect
+
+    run_tokenize(tokenize_config(a))
+    print(format_inspect(inspect(a.out)))
+
+
+def cmd_merge(a: argparse.Namespace) -> None:
+    from .merge import merge_shards
+    from .verify import format_inspect, inspect
+
+    merge_shards(a.shards, a.out, overwrite=a.overwrite)
+    print(format_inspect(inspect(a.out)))
+
+
+def cmd_inspect(a: argparse.Namespace) -> None:
+    from .verify import format_inspect, inspect
+
+    report = inspect(a.dir)
+    print(json.dumps(report["stats"], indent=2) if a.json else format_inspect(report))
+
+
+def cmd_verify(a: argparse.Namespace) -> None:
+    from .verify import verify
+
+    rep = verify(a.dir, sources=a.source, sample=a.sample, seed=a.seed)
+    print(f"{a.dir}: {rep.files_checked} files checksummed; {rep.documents_checked} sampled documents "
+          f"re-tokenized from source: {rep.ids_equal} identical ids, {rep.text_roundtrip_equal} decode to the exact "
+          f"source text")
+    if not rep.ok:
+        raise PretokError("; ".join(rep.problems[:3]) + (f" (+{len(rep.problems) - 3} more)" if len(rep.problems) > 3 else ""))
+
+
+def cmd_demo(a: argparse.Namespace) -> None:
+    from .demo import run_demo
+
+    run_demo(Path(a.out), max_mb=a.max_mb, vocab_size=a.vocab_size, workers=a.workers)
+
+
+def cmd_bench_tokenize(a: argparse.Namespace) -> None:
+    from .bench.tokenize import main as bench_main
+
+    bench_main(a)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="pretok", description=__doc__.split(":")[0] if __doc__ else None)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("corpus", help="build the embedded default corpus (Python sources + docstrings) as parquet")
+    p.add_argument("--out", required=True)
+    p.add_argument("--max-mb", type=float, default=50.0)
+    p.add_argument("--packages", nargs="*", default=None, help="installed packages to add after the stdlib")
+    p.set_defaults(fn=cmd_corpus)
+    p = sub.add_parser("tokenize", help="pretokenize inputs into padded / token-list / memmap")
+    _add_tokenize_args(p)
+    p.set_defaults(fn=cmd_tokenize)
+    p = sub.add_parser("merge", help="merge shard outputs into one dataset")
+    p.add_argument("shards", nargs="+", metavar="SHARD_DIR")
+    p.add_argument("--out", required=True)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(fn=cmd_merge)
+    p = sub.add_parser("inspect", help="manifest summary and statistics")
+    p.add_argument("dir")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_inspect)
+    p = sub.add_parser("verify", help="checksums + re-tokenize a sample from the source and compare")
+    p.add_argument("dir")
+    p.add_argument("--source", nargs="+", default=None, help="the inputs, if they moved since pretokenization")
+    p.add_argument("--sample", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_verify)
+    p = sub.add_parser("demo", help="the main job on the embedded default corpus and tokenizer")
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--max-mb", type=float, default=20.0)
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    p.set_defaults(fn=cmd_demo)
+    bench = sub.add_parser("bench", help="benchmarks that print tables and ratios measured in one run")
+    bsub = bench.add_subparsers(dest="bench", required=True)
+    p = bsub.add_parser("tokenize", help="tokenization: on-the-fly loop vs datasets.map vs backend ceiling vs engine")
+    from .bench.tokenize import add_args
+
+    add_args(p)
+    p.set_defaults(fn=cmd_bench_tokenize)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except PretokError as e:
+        print(f"pretok: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("pretok: interrupted (rerun the same command to resume)", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

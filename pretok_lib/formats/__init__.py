@@ -1,0 +1,1 @@
+"""On-disk token formats written and read by pretok."""

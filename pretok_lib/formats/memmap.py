@@ -1,0 +1,380 @@
+"""Megatron-LM indexed dataset (.bin + .idx): streaming part writer, memory-bounded concat, validated reader.
+
+Byte-compatible with `megatron.core.datasets.indexed_dataset` (version 1, non-multimodal). The .idx is a 34-byte
+header (magic, <Q version, <B dtype code, <Q S sequences, <Q D document indices) then int32 lengths[S], int64 byte
+pointers into .bin[S], int64 document_indices[D]; the .bin is all tokens back to back, little-endian. We write one
+sequence per document (document_indices == arange(S + 1)). Workers write parts (`.bin` + raw int32 `.lens`) that
+`concat_parts` joins without holding token data or a whole index in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pretok_lib.errors import PretokError
+
+MAGIC = b"MMIDIDX\x00\x00"
+VERSION = 1
+_HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, document-index count (34 bytes)
+MEMMAP_DTYPES = {"uint16": 8, "int32": 4}  # dtypes we write: name -> Megatron dtype code
+READ_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float64", 7: "float32", 8: "uint16"}
+_INT32_MAX = 2**31 - 1
+_CHECK_CHUNK = 1 << 20  # elements per chunk when scanning index arrays
+
+
+def _le(name: str) -> np.dtype:
+    return np.dtype(name).newbyteorder("<")
+
+
+def _write_dtype(dtype: str) -> np.dtype:
+    if dtype not in MEMMAP_DTYPES:
+        raise PretokError(f"unsupported token dtype {dtype!r} (expected one of {', '.join(MEMMAP_DTYPES)})")
+    return _le(dtype)
+
+
+def _map(path: str, dtype: np.dtype | str, offset: int = 0, count: int | None = None) -> np.ndarray:
+    """Read-only memmap of `path`; an empty array when there is nothing to map (np.memmap rejects empty files)."""
+    dtype = np.dtype(dtype)
+    if count is None:
+        count = (os.path.getsize(path) - offset) // dtype.itemsize
+    if count == 0:
+        empty = np.empty(0, dtype)
+        empty.flags.writeable = False
+        return empty
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))
+
+
+def _chunks(arr: np.ndarray, n: int) -> Iterator[np.ndarray]:
+    for i in range(0, len(arr), n):
+        yield arr[i : i + n]
+
+
+def _sum_lengths(lengths: np.ndarray, path: str) -> int:
+    """Total of `lengths` in int64, scanned chunk-wise; a negative length is corruption."""
+    total = 0
+    for chunk in _chunks(lengths, _CHECK_CHUNK):
+        if chunk.min() < 0:
+            raise PretokError("negative sequence length (corrupt lengths)", path)
+        total += int(chunk.sum(dtype=np.int64))
+    return total
+
+
+def pointer_chunk(lengths: np.ndarray, start: int, itemsize: int) -> tuple[np.ndarray, int]:
+    """(int64 byte pointers of one chunk of lengths starting at byte `start`, offset after the chunk).
+
+    All arithmetic is int64, so datasets beyond 2**31 tokens or bytes get correct pointers."""
+    sizes = np.asarray(lengths, dtype=np.int64) * np.int64(itemsize)
+    ends = np.cumsum(sizes, dtype=np.int64) + np.int64(start)
+    return ends - sizes, int(ends[-1]) if len(ends) else int(start)
+
+
+class PartWriter:
+    """Writes one numbered part, streaming and append-only: `<prefix>.bin` (flat tokens) + `<prefix>.lens` (raw int32).
+
+    Data goes to `<prefix>.bin.tmp` / `<prefix>.lens.tmp`, renamed at `close()` (.bin first, .lens last), so a
+    crash never leaves a final-named half part. As a context manager, an exception aborts (removes the temp files).
+    """
+
+    def __init__(self, prefix: str | os.PathLike, dtype: str):
+        self.dtype = _write_dtype(dtype)
+        self.prefix = os.fspath(prefix)
+        self.bin_path, self.lens_path = self.prefix + ".bin", self.prefix + ".lens"
+        os.makedirs(os.path.dirname(self.prefix) or ".", exist_ok=True)
+        self._bin = open(self.bin_path + ".tmp", "wb")
+        self._lens = open(self.lens_path + ".tmp", "wb")
+        self._docs = self._tokens = 0
+        self._stats: dict | None = None
+
+    def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Append documents: `tokens` flat (any integer dtype, range-checked), `lengths` per document."""
+        if self._stats is not None:
+            raise ValueError(f"{self.prefix}: part already closed")
+        tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+        if tokens.ndim != 1 or lengths.ndim != 1:
+            raise ValueError("tokens and lengths must be 1-D arrays")
+        for name, arr in (("tokens", tokens), ("lengths", lengths)):
+            if arr.size and arr.dtype.kind not in "iu":
+                raise ValueError(f"{name} must be an integer array, got {arr.dtype}")
+        if lengths.size and (lengths.min() < 0 or lengths.max() > _INT32_MAX):
+            bad = lengths.min() if lengths.min() < 0 else lengths.max()
+            raise PretokError(f"document length {bad} out of range (0..{_INT32_MAX})", self.bin_path)
+        if int(lengths.sum(dtype=np.int64)) != tokens.size:
+            raise ValueError(f"lengths sum to {int(lengths.sum(dtype=np.int64))} but {tokens.size} tokens were given")
+        if tokens.size:
+            lo, hi, top = tokens.min(), tokens.max(), np.iinfo(self.dtype).max
+            if lo < 0 or hi > top:
+                bad = lo if lo < 0 else hi
+                hint = "; write with dtype int32" if self.dtype.itemsize == 2 else ""
+                raise PretokError(f"token id {bad} does not fit {self.dtype.name} (0..{top}){hint}", self.bin_path)
+        self._bin.write(memoryview(np.ascontiguousarray(tokens, dtype=self.dtype)))
+        self._lens.write(memoryview(np.ascontiguousarray(lengths, dtype=_le("int32"))))
+        self._docs += lengths.size
+        self._tokens += tokens.size
+
+    def close(self) -> dict:
+        """Finish the part; returns {"documents", "tokens", "bin_bytes"}. Idempotent."""
+        if self._stats is None:
+            for f, final in ((self._bin, self.bin_path), (self._lens, self.lens_path)):
+                f.flush()
+                os.fsync(f.fileno())
+                f.close()
+                os.replace(f.name, final)
+            nbytes = self._tokens * self.dtype.itemsize
+            self._stats = {"documents": self._docs, "tokens": self._tokens, "bin_bytes": nbytes}
+        return dict(self._stats)
+
+    def abort(self) -> None:
+        """Drop the unfinished part (temp files removed, nothing final-named is created)."""
+        if self._stats is None:
+            for f in (self._bin, self._lens):
+                f.close()
+                if os.path.exists(f.name):
+                    os.remove(f.name)
+            self._stats = {"documents": 0, "tokens": 0, "bin_bytes": 0}
+
+    def __enter__(self) -> PartWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close() if exc_type is None else self.abort()
+
+
+class MemmapDataset:
+    """Read-only view of a Megatron indexed dataset, validated on open.
+
+    Each failed check is a one-line PretokError naming the file: both files exist; magic; version 1; known dtype
+    code (== `expect_dtype`); .idx size exactly as the header counts imply; document_indices run 0..S, never
+    decreasing; lengths >= 0; pointers[0] == 0 and pointers[-1] + lengths[-1] == sum(lengths) (in bytes); .bin size
+    == sum(lengths) * itemsize. One chunked pass over lengths and document indices; tokens are mapped, not read."""
+
+    def __init__(self, prefix: str | os.PathLike, expect_dtype: str | None = None):
+        self.prefix = os.fspath(prefix)
+        self.bin_path, self.idx_path = self.prefix + ".bin", self.prefix + ".idx"
+        for path in (self.idx_path, self.bin_path):
+            if not os.path.isfile(path):
+                raise PretokError("missing (a Megatron dataset is a <prefix>.bin + <prefix>.idx pair)", path)
+        idx, idx_size = self.idx_path, os.path.getsize(self.idx_path)
+        with open(idx, "rb") as f:
+            head = f.read(_HEADER.size)
+        if head[: len(MAGIC)] != MAGIC[: len(head)]:
+            raise PretokError("bad magic (not a Megatron indexed dataset)", idx)
+        if len(head) < _HEADER.size:
+            raise PretokError(f"truncated header ({idx_size} bytes, need {_HEADER.size})", idx)
+        _, version, code, n_seq, n_doc_idx = _HEADER.unpack(head)
+        if version != VERSION:
+            raise PretokError(f"unsupported version {version} (expected {VERSION})", idx)
+        if code not in READ_DTYPES:
+            raise PretokError(f"unknown dtype code {code} (known: {sorted(READ_DTYPES)})", idx)
+        self.dtype = _le(READ_DTYPES[code])
+        if expect_dtype is not None and self.dtype != _le(expect_dtype):
+            raise PretokError(f"dtype {self.dtype.name}, expected {np.dtype(expect_dtype).name}", idx)
+        o_ptr, o_doc = _HEADER.size + 4 * n_seq, _HEADER.size + 12 * n_seq
+        expected = o_doc + 8 * n_doc_idx
+        if idx_size != expected:
+            hint = "truncated?" if idx_size < expected else "trailing bytes?"
+            if idx_size == expected + n_seq > expected:
+                hint = "has sequence modes: multimodal datasets are not supported"
+            raise PretokError(
+                f"size {idx_size} bytes, header expects {expected} ({n_seq} sequences, {n_doc_idx} doc indices; {hint})", idx
+            )
+        if n_doc_idx < 1:
+            raise PretokError("no document indices (expected at least [0])", idx)
+        self.lengths = _map(idx, "<i4", _HEADER.size, n_seq)
+        self.pointers = _map(idx, "<i8", o_ptr, n_seq)
+        self.document_indices = _map(idx, "<i8", o_doc, n_doc_idx)
+        self._check_document_indices(n_seq)
+        itemsize = self.dtype.itemsize
+        self._num_tokens = _sum_lengths(self.lengths, idx)
+        if n_seq and (
+            int(self.pointers[0]) != 0
+            or int(self.pointers[-1]) + int(self.lengths[-1]) * itemsize != self._num_tokens * itemsize
+        ):
+            raise PretokError("sequence pointers inconsistent with sequence lengths (corrupt index)", idx)
+        bin_size, want = os.path.getsize(self.bin_path), self._num_tokens * itemsize
+        if bin_size != want:
+            hint = "truncated?" if bin_size < want else "trailing bytes?"
+            raise PretokError(f"size {bin_size} bytes, index expects {want} ({hint})", self.bin_path)
+        self.tokens = _map(self.bin_path, self.dtype)
+
+    def _check_document_indices(self, n_seq: int) -> None:
+        di = self.document_indices
+        if int(di[0]) != 0 or int(di[-1]) != n_seq:
+            raise PretokError(f"document indices must run 0..{n_seq}, got {int(di[0])}..{int(di[-1])}", self.idx_path)
+        prev = 0
+        for chunk in _chunks(di, _CHECK_CHUNK):
+            if int(chunk[0]) < prev or (len(chunk) > 1 and bool((np.diff(chunk) < 0).any())):
+                raise PretokError("document indices decrease (corrupt index)", self.idx_path)
+            prev = int(chunk[-1])
+
+    def __len__(self) -> int:
+        """Number of sequences (== documents for datasets pretok writes)."""
+        return len(self.lengths)
+
+    @property
+    def num_tokens(self) -> int:
+        return self._num_tokens
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.document_indices) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        """Tokens of sequence `i` (a read-only view into the mapped .bin)."""
+        return self.get(i)
+
+    def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens `offset : offset + length` of sequence `i` (bounds-checked, unlike Megatron's `get`)."""
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"sequence {i} out of range for {len(self)} sequences")
+        i = int(i) % len(self)
+        n = int(self.lengths[i])
+        length = n - offset if length is None else length
+        if offset < 0 or length < 0 or offset + length > n:
+            raise IndexError(f"slice [{offset}:{offset + length}] out of range for sequence {i} of length {n}")
+        start = int(self.pointers[i]) // self.dtype.itemsize + offset
+        return self.tokens[start : start + length]
+
+
+@dataclass
+class _Source:
+    bin_path: str
+    lengths: np.ndarray  # int32, mapped
+    document_indices: np.ndarray | None  # None: one sequence per document
+    tokens: int
+    documents: int
+
+
+class _HashingWriter:
+    """Context-managed file writer that sha256-hashes and counts everything written (fsync on clean exit)."""
+
+    def __init__(self, path: str):
+        self.f, self.sha, self.size = open(path, "wb"), hashlib.sha256(), 0
+
+    def write(self, data) -> None:
+        view = memoryview(data)
+        self.f.write(view)
+        self.sha.update(view)
+        self.size += view.nbytes
+
+    def __enter__(self) -> _HashingWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.f.flush()
+            os.fsync(self.f.fileno())
+        self.f.close()
+
+
+def _part_source(prefix: str | os.PathLike, itemsize: int) -> _Source:
+    prefix = os.fspath(prefix)
+    bin_path, lens_path = prefix + ".bin", prefix + ".lens"
+    for path in (lens_path, bin_path):
+        if not os.path.isfile(path):
+            raise PretokError("missing (part not finished?)", path)
+    if os.path.getsize(lens_path) % 4:
+        raise PretokError(f"size {os.path.getsize(lens_path)} bytes, not a multiple of 4 (corrupt lengths)", lens_path)
+    lengths = _map(lens_path, "<i4")
+    tokens = _sum_lengths(lengths, lens_path)
+    if os.path.getsize(bin_path) != tokens * itemsize:
+        raise PretokError(f"size {os.path.getsize(bin_path)} bytes, lengths expect {tokens * itemsize}", bin_path)
+    return _Source(bin_path, lengths, None, tokens, len(lengths))
+
+
+def _write_bin(out: _HashingWriter, sources: list[_Source], itemsize: int, chunk_bytes: int) -> None:
+    biggest = max((s.tokens for s in sources), default=0) * itemsize
+    buf = memoryview(bytearray(max(1, min(chunk_bytes, biggest))))  # the only data buffer
+    for s in sources:
+        copied = 0
+        with open(s.bin_path, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                out.write(buf[:n])
+                copied += n
+        if copied != s.tokens * itemsize:
+            raise PretokError(f"changed while copying ({copied} bytes, expected {s.tokens * itemsize})", s.bin_path)
+
+
+def _write_idx(out: _HashingWriter, sources: list[_Source], dtype: str, step: int) -> None:
+    n_seq = sum(len(s.lengths) for s in sources)
+    out.write(_HEADER.pack(MAGIC, VERSION, MEMMAP_DTYPES[dtype], n_seq, sum(s.documents for s in sources) + 1))
+    for s in sources:
+        for chunk in _chunks(s.lengths, step):
+            out.write(np.ascontiguousarray(chunk, dtype="<i4"))
+    offset, itemsize = 0, _write_dtype(dtype).itemsize
+    for s in sources:
+        for chunk in _chunks(s.lengths, step):
+            pointers, offset = pointer_chunk(chunk, offset, itemsize)
+            out.write(pointers.astype("<i8", copy=False))
+    out.write(np.zeros(1, "<i8"))
+    base = 0
+    for s in sources:
+        if s.document_indices is None:
+            for lo in range(0, len(s.lengths), step):
+                out.write(np.arange(base + lo + 1, base + min(lo + step, len(s.lengths)) + 1, dtype="<i8"))
+        else:
+            for chunk in _chunks(s.document_indices[1:], step):
+                out.write((chunk.astype(np.int64) + base).astype("<i8", copy=False))
+        base += len(s.lengths)
+
+
+def _concat(sources: list[_Source], out_prefix: str | os.PathLike, dtype: str, chunk_bytes: int) -> dict:
+    """Write `sources` in order as one dataset: .bin, then .idx, via temp names; the .idx is renamed last."""
+    itemsize, out_prefix = _write_dtype(dtype).itemsize, os.fspath(out_prefix)
+    paths = [out_prefix + ".bin", out_prefix + ".idx"]
+    os.makedirs(os.path.dirname(out_prefix) or ".", exist_ok=True)
+    try:
+        with _HashingWriter(paths[0] + ".tmp") as bin_out:
+            _write_bin(bin_out, sources, itemsize, chunk_bytes)
+        with _HashingWriter(paths[1] + ".tmp") as idx_out:
+            _write_idx(idx_out, sources, dtype, max(1, chunk_bytes // 8))
+    except BaseException:
+        for path in paths:
+            if os.path.exists(path + ".tmp"):
+                os.remove(path + ".tmp")
+        raise
+    if os.path.exists(paths[1]):  # the .idx is the commit marker: never pair an old .idx with a new .bin
+        os.remove(paths[1])
+    for path in paths:
+        os.replace(path + ".tmp", path)
+    return {
+        "documents": sum(s.documents for s in sources),
+        "sequences": sum(len(s.lengths) for s in sources),
+        "tokens": sum(s.tokens for s in sources),
+        "files": [
+            {"path": os.path.basename(p), "size": w.size, "sha256": "sha256:" + w.sha.hexdigest()}
+            for p, w in zip(paths, (bin_out, idx_out))
+        ],
+    }
+
+
+def concat_parts(
+    part_prefixes: Sequence[str | os.PathLike], out_prefix: str | os.PathLike, dtype: str, chunk_bytes: int = 64 << 20
+) -> dict:
+    """Concatenate parts (in order) into one Megatron dataset `<out_prefix>.bin` + `<out_prefix>.idx`.
+
+    Memory-bounded: .bin bytes are copied through one `chunk_bytes` buffer; the .idx is streamed section by
+    section (lengths, int64 pointers with a running offset, document indices) from the parts' memory-mapped
+    `.lens` files, `chunk_bytes // 8` entries at a time, so no O(#docs) array is ever materialised. Writes to
+    `.tmp` names, then renames .bin first and .idx last. Returns {"documents", "sequences", "tokens",
+    "files": [{"path", "size", "sha256"}, ...]} with sha256 computed while writing.
+    """
+    itemsize = _write_dtype(dtype).itemsize
+    return _concat([_part_source(p, itemsize) for p in part_prefixes], out_prefix, dtype, chunk_bytes)
+
+
+def concat_datasets(
+    prefixes: Sequence[str | os.PathLike], out_prefix: str | os.PathLike, dtype: str, chunk_bytes: int = 64 << 20
+) -> dict:
+    """Like `concat_parts`, but the inputs are finished (validated) Megatron datasets; their document indices
+    are carried over shifted, as Megatron's `IndexedDatasetBuilder.add_index` does."""
+    sources = []
+    for prefix in prefixes:
+        ds = MemmapDataset(prefix, expect_dtype=dtype)
+        sources.append(_Source(ds.bin_path, ds.lengths, ds.document_indices, ds.num_tokens, ds.num_documents))
+    return _concat(sources, out_prefix, dtype, chunk_bytes)

@@ -1,0 +1,164 @@
+"""The two parquet token formats: padded rows (`input_ids` + `attention_mask`) and token lists (one row per doc).
+
+Both are written part by part (temp name, renamed at close), carry their format contract in the parquet
+key-value metadata under `pretok`, and are validated on open. See docs/FORMATS.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import PretokError
+
+PADDED, TOKEN_LIST = "padded", "token-list"
+PARQUET_VERSION = 1
+ROW_GROUP_TOKENS = 1 << 20  # about 1M token slots per row group: cheap random access, good compression
+CODECS = ("none", "snappy", "zstd", "gzip", "lz4", "brotli")
+ARROW_IDS = {"uint16": pa.uint16(), "int32": pa.int32()}
+
+
+def parse_compression(spec: str) -> tuple[str, int | None]:
+    """'zstd:3' → ('zstd', 3); 'snappy' → ('snappy', None); 'none' → ('none', None)."""
+    codec, _, level = spec.lower().partition(":")
+    if codec not in CODECS:
+        raise PretokError(f"unknown compression '{spec}' (choose from {', '.join(CODECS)}, e.g. zstd:3)")
+    if level and (codec in ("none", "snappy") or not level.lstrip("-").isdigit()):
+        raise PretokError(f"bad compression level in '{spec}'")
+    return codec, int(level) if level else None
+
+
+def schema_for(fmt: str, dtype: str, seq_len: int, pad_id: int | None) -> pa.Schema:
+    """The arrow schema of a format, with its contract in the `pretok` metadata key."""
+    ids = ARROW_IDS[dtype]
+    if fmt == PADDED:
+        fields = [pa.field("input_ids", pa.list_(ids, seq_len + 1), nullable=False),
+                  pa.field("attention_mask", pa.list_(pa.int8(), seq_len + 1), nullable=False)]
+    else:
+        fields = [pa.field("input_ids", pa.list_(ids), nullable=False)]
+    meta = {"format": fmt, "format_version": PARQUET_VERSION, "dtype": dtype}
+    if fmt == PADDED:
+        meta.update(seq_len=seq_len, row_length=seq_len + 1, pad_id=pad_id)
+    return pa.schema(fields, metadata={"pretok": json.dumps(meta, sort_keys=True)})
+
+
+@dataclass
+class PaddedStats:
+    padding: int
+    truncated: int
+
+
+def padded_arrays(ids: np.ndarray, offsets: np.ndarray, row_length: int, pad_id: int,
+                  dtype: str) -> tuple[np.ndarray, np.ndarray, PaddedStats]:
+    """Documents (flat ids + offsets) → (n, row_length) ids padded with `pad_id`, and the 0/1 mask."""
+    starts, lens = offsets[:-1], np.diff(offsets)
+    kept = np.minimum(lens, row_length)
+    cols = np.arange(row_length)
+    mask = cols[None, :] < kept[:, None]
+    out = np.full((len(lens), row_length), pad_id, dtype=dtype)
+    out[mask] = ids[(starts[:, None] + cols[None, :])[mask]]
+    stats = PaddedStats(padding=int((row_length - kept).sum()), truncated=int((lens - kept).sum()))
+    return out, mask.astype(np.int8), stats
+
+
+def padded_table(ids: np.ndarray, offsets: np.ndarray, schema: pa.Schema) -> tuple[pa.Table, PaddedStats]:
+    meta = json.loads(schema.metadata[b"pretok"])
+    rows, mask, stats = padded_arrays(ids, offsets, meta["row_length"], meta["pad_id"], meta["dtype"])
+    L = meta["row_length"]
+    cols = [pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), L),
+            pa.FixedSizeListArray.from_arrays(pa.array(mask.reshape(-1)), L)]
+    return pa.Table.from_arrays(cols, schema=schema), stats
+
+
+def tokenlist_table(ids: np.ndarray, offsets: np.ndarray, schema: pa.Schema) -> pa.Table:
+    dtype = json.loads(schema.metadata[b"pretok"])["dtype"]
+    arr = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(ids.astype(dtype, copy=False)))
+    return pa.Table.from_arrays([arr], schema=schema)
+
+
+class ParquetPartWriter:
+    """Writes one part file through a temp name; rows are grouped into row groups of ~ROW_GROUP_TOKENS slots."""
+
+    def __init__(self, path: str | os.PathLike, schema: pa.Schema, compression: str):
+        codec, level = parse_compression(compression)
+        self.path, self.tmp = Path(path), Path(str(path) + ".tmp")
+        self.writer = pq.ParquetWriter(self.tmp, schema, compression=codec, compression_level=level,
+                                       use_dictionary=False, write_statistics=False)
+        self.pending: list[pa.Table] = []
+        self.pending_tokens = 0
+
+    def write(self, table: pa.Table, tokens: int) -> None:
+        self.pending.append(table)
+        self.pending_tokens += tokens
+        if self.pending_tokens >= ROW_GROUP_TOKENS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            table = pa.concat_tables(self.pending).combine_chunks()
+            self.writer.write_table(table, row_group_size=max(1, table.num_rows))
+        self.pending, self.pending_tokens = [], 0
+
+    def close(self) -> dict:
+        self._flush()
+        self.writer.close()
+        size, digest = self.tmp.stat().st_size, sha256_file(self.tmp)
+        os.replace(self.tmp, self.path)
+        return {"path": self.path.name, "size": size, "sha256": digest}
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+# ---------------------------------------------------------------- reading
+
+
+def read_contract(path: str | os.PathLike, expect_format: str | None = None) -> dict:
+    """Open one part file, check it is a pretok parquet part of a known version; return its contract."""
+    try:
+        schema = pq.read_schema(path)
+    except FileNotFoundError:
+        raise PretokError("missing parquet part", path) from None
+    except Exception as e:
+        raise PretokError(f"not a readable parquet file ({type(e).__name__}: {str(e).splitlines()[0]})", path) from None
+    raw = (schema.metadata or {}).get(b"pretok")
+    if raw is None:
+        raise PretokError("parquet file has no 'pretok' metadata (not written by pretok)", path)
+    meta = json.loads(raw)
+    if meta.get("format_version") != PARQUET_VERSION:
+        raise PretokError(f"unsupported format_version {meta.get('format_version')} (this pretok reads {PARQUET_VERSION})", path)
+    if expect_format and meta.get("format") != expect_format:
+        raise PretokError(f"holds format '{meta.get('format')}', expected '{expect_format}'", path)
+    return meta
+
+
+def iter_documents(path: str | os.PathLike) -> Iterator[np.ndarray]:
+    """Yield each stored row's tokens: the real (unpadded) tokens for padded rows, the list for token lists."""
+    meta = read_contract(path)
+    pf = pq.ParquetFile(path)
+    for batch in pf.iter_batches(batch_size=4096):
+        ids = batch.column("input_ids")
+        if meta["format"] == PADDED:
+            L = meta["row_length"]
+            rows = ids.values.to_numpy(zero_copy_only=False).reshape(-1, L)
+            masks = batch.column("attention_mask").values.to_numpy(zero_copy_only=False).reshape(-1, L)
+            for row, m in zip(rows, masks):
+                yield row[: int(m.sum())]
+        else:
+            values = ids.values.to_numpy(zero_copy_only=False)
+            offs = ids.offsets.to_numpy()
+            for a, b in zip(offs[:-1], offs[1:]):
+                yield values[a:b]

@@ -1,0 +1,420 @@
+"""The engine: input units → worker pool (tokenize, write one part each) → committed parts → final files + manifest.
+
+Read top to bottom: `run_tokenize` plans units, prepares the output directory (refusing a different config,
+resuming the same one), checks the tokenizer backend on a sample of the real input, tokenizes pending units in
+worker processes and finally assembles the format's files and writes manifest.json last.
+
+Crash safety: a part is written through temp names and *committed* by an atomically renamed
+`.pretok/parts/part-NNNNNN.json`; anything without a commit record is deleted on the next run. Because units are
+planned independently of the worker count and each part depends only on its unit, the final bytes are identical
+for any number of workers, any interruption, and any sharding followed by `pretok merge`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import multiprocessing as mp
+import os
+import resource
+import shutil
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import __version__
+from .errors import PretokError
+from .formats import memmap as mm
+from .formats import parquet as pqf
+from .formats.manifest import FORMAT_VERSIONS, atomic_write_json, environment, write_manifest
+from .progress import Progress
+from .sources import SourceOptions, Unit, expand_inputs, file_sha256, plan_units, read_unit, sample_texts, shard_units
+from .tokenizer import TokenizerInfo, id_dtype_for, limit_threads_to_one_cpu, load_tokenizer, make_encoder, select_backend
+
+FORMATS = ("padded", "token-list", "memmap")
+STATE = ".pretok"
+MEMMAP_PREFIX = "data"
+
+
+@dataclass
+class TokenizeConfig:
+    """Everything `pretok tokenize` takes; the fields in `output_key` determine the output bytes."""
+
+    inputs: list[str]
+    out: str
+    tokenizer: str
+    format: str = "memmap"
+    seq_len: int = 2048
+    workers: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
+    text_column: str = "text"
+    separator: str | None = None
+    compression: str = "zstd:3"
+    dtype: str = "auto"
+    bos: str = "auto"  # auto (if the tokenizer has one) | yes | no
+    eos: str = "no"
+    bad_docs: str = "skip"
+    backend: str | None = None
+    num_shards: int = 1
+    shard_index: int = 0
+    part_mb: float | None = None  # None: auto from the total input size (see `part_bytes`)
+    batch_mb: float = 4.0
+    overwrite: bool = False
+    progress: bool = True
+    command: list[str] = field(default_factory=lambda: list(sys.argv))
+
+    def part_bytes(self, total_input_bytes: int) -> int:
+        """Input bytes per part: as given, or about 1/32 of the input, clamped to [1 MB, 64 MB] — small inputs
+        still spread over all workers, large ones resume at 64 MB granularity. Depends on the inputs only."""
+        if self.part_mb is not None:
+            return max(1, int(self.part_mb * 1e6))
+        return int(min(64e6, max(1e6, total_input_bytes / 32)))
+
+    def source_options(self, total_input_bytes: int) -> SourceOptions:
+        return SourceOptions(self.text_column, self.separator, self.bad_docs,
+                             self.part_bytes(total_input_bytes), int(self.batch_mb * 1e6))
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a worker needs to turn a unit into a committed part (picklable)."""
+
+    fmt: str
+    dtype: str
+    seq_len: int
+    bos_id: int | None
+    eos_id: int | None
+    pad_id: int
+    compression: str
+    sources: SourceOptions
+    out_dir: str
+    vocab_size: int
+
+
+# ---------------------------------------------------------------- policy: BOS/EOS, dtype
+
+
+def add_special(ids: np.ndarray, offsets: np.ndarray, bos: int | None, eos: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Insert BOS before / EOS after every document of a flat batch; returns (ids, offsets)."""
+    extra = (bos is not None) + (eos is not None)
+    if not extra:
+        return ids, offsets.astype(np.int64, copy=False)
+    lens = np.diff(offsets).astype(np.int64) + extra
+    new_off = np.concatenate([[0], np.cumsum(lens)])
+    out = np.empty(int(new_off[-1]), dtype=ids.dtype)
+    body = np.ones(len(out), dtype=bool)
+    if bos is not None:
+        out[new_off[:-1]] = bos
+        body[new_off[:-1]] = False
+    if eos is not None:
+        out[new_off[1:] - 1] = eos
+        body[new_off[1:] - 1] = False
+    out[body] = ids
+    return out, new_off
+
+
+def resolve_policy(info: TokenizerInfo, cfg: TokenizeConfig) -> dict:
+    """The explicit BOS/EOS/padding/dtype policy recorded in the manifest."""
+    def pick(flag: str, tok_id: int | None, name: str) -> int | None:
+        if flag == "no":
+            return None
+        if tok_id is None and flag == "yes":
+            raise PretokError(f"--{name} yes, but tokenizer {info.spec} defines no {name.upper()} token")
+        return tok_id
+
+    bos, eos = pick(cfg.bos, info.bos_id, "bos"), pick(cfg.eos, info.eos_id, "eos")
+    needed = id_dtype_for(info.vocab_size)
+    dtype = needed if cfg.dtype == "auto" else cfg.dtype
+    if dtype not in ("uint16", "int32"):
+        raise PretokError(f"unknown --dtype {dtype} (auto, uint16 or int32)")
+    if dtype == "uint16" and needed != "uint16":
+        raise PretokError(f"--dtype uint16 cannot hold the ids of {info.spec} (vocab {info.vocab_size} > 65536); "
+                          "use --dtype int32 or auto")
+    pad = info.pad_id if info.pad_id is not None else (info.eos_id if info.eos_id is not None else 0)
+    return {"bos_id": bos, "eos_id": eos, "pad_id": pad, "dtype": dtype, "seq_len": cfg.seq_len,
+            "row_length": cfg.seq_len + 1, "truncation": "right (padded format only)",
+            "special_tokens_in_text": "encoded as ordinary text", "bad_docs": cfg.bad_docs}
+
+
+# ---------------------------------------------------------------- one unit → one committed part (worker side)
+
+
+def part_name(index: int) -> str:
+    return f"part-{index:06d}"
+
+
+def _open_part(job: Job, unit: Unit):
+    name = part_name(unit.index)
+    if job.fmt == "memmap":
+        return mm.PartWriter(Path(job.out_dir) / STATE / "parts" / name, job.dtype)
+    schema = pqf.schema_for(job.fmt, job.dtype, job.seq_len, job.pad_id)
+    return pqf.ParquetPartWriter(Path(job.out_dir) / f"{name}.parquet", schema, job.compression)
+
+
+def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int], None]) -> dict:
+    """Read, tokenize and write one unit; commit it with its record. Returns the record."""
+    writer = _open_part(job, unit)
+    counts = {"documents": 0, "tokens": 0, "padding": 0, "truncated": 0, "input_bytes": 0}
+    skipped: dict[str, int] = {}
+    for batch in read_unit(unit, job.sources):
+        for k, v in batch.skipped.items():
+            skipped[k] = skipped.get(k, 0) + v
+        counts["input_bytes"] += batch.text_bytes
+        if not batch.texts:
+            report(batch.text_bytes, 0, 0)
+            continue
+        ids, offsets = encoder.encode_batch(batch.texts)
+        if ids.size and int(ids.max()) >= job.vocab_size:
+            raise PretokError(f"tokenizer produced id {int(ids.max())} >= vocab size {job.vocab_size}", unit.paths[0])
+        ids, offsets = add_special(ids, offsets, job.bos_id, job.eos_id)
+        n, t = len(offsets) - 1, int(offsets[-1])
+        if job.fmt == "memmap":
+            writer.add(ids, np.diff(offsets).astype(np.int32))
+        elif job.fmt == "token-list":
+            writer.write(pqf.tokenlist_table(ids, offsets, writer.writer.schema), t)
+        else:
+            table, st = pqf.padded_table(ids, offsets, writer.writer.schema)
+            writer.write(table, n * (job.seq_len + 1))
+            counts["padding"] += st.padding
+            counts["truncated"] += st.truncated
+            t -= st.truncated  # padded rows store the kept tokens only
+        counts["documents"] += n
+        counts["tokens"] += t
+        report(batch.text_bytes, n, t)
+    result = writer.close()
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # this process (worker) so far
+    record = {"unit": asdict(unit), **counts, "skipped": skipped, "peak_rss_mb": round(peak_rss_mb, 1),
+              "files": [result] if job.fmt != "memmap" else [], "part": part_name(unit.index)}
+    atomic_write_json(Path(job.out_dir) / STATE / "parts" / f"{part_name(unit.index)}.json", record)
+    return record
+
+
+_WORKER: dict = {}
+
+
+def _set_parent_death_signal() -> None:
+    """Die with the parent (a kill -9 of the main process must not leave workers writing parts)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _init_worker(info: TokenizerInfo, backend: str, job: Job, queue, slot) -> None:
+    _set_parent_death_signal()
+    with slot.get_lock():
+        cpu = slot.value
+        slot.value += 1
+    limit_threads_to_one_cpu(cpu)
+    _WORKER.update(encoder=make_encoder(info, backend), job=job, queue=queue)
+
+
+def _worker_unit(unit: Unit) -> dict:
+    q = _WORKER["queue"]
+    return process_unit(unit, _WORKER["encoder"], _WORKER["job"], lambda b, d, t: q.put((b, d, t)))
+
+
+# ---------------------------------------------------------------- output directory: lock, config, resume
+
+
+def _output_key(cfg: TokenizeConfig, sopts: SourceOptions, info: TokenizerInfo, policy: dict, inputs: list,
+                units: list[Unit]) -> dict:
+    return {"format": cfg.format, "tokenizer_fingerprint": info.fingerprint, "policy": policy,
+            "compression": cfg.compression if cfg.format != "memmap" else None,
+            "text_column": cfg.text_column, "separator": cfg.separator, "part_bytes": sopts.part_bytes,
+            "batch_mb": cfg.batch_mb, "inputs": inputs, "num_shards": cfg.num_shards,
+            "shard_index": cfg.shard_index, "units": [u.index for u in units]}
+
+
+def prepare_output(out: Path, key: dict, overwrite: bool) -> tuple[bool, int]:
+    """Create/validate the output dir. Returns (already_complete, lock_fd). Refuses a different config."""
+    state = out / STATE
+    if out.exists() and any(out.iterdir()):
+        old = state / "config.json"
+        if overwrite:
+            shutil.rmtree(out)
+        elif not old.exists():
+            raise PretokError("exists, is not empty and is not a pretok output; use --overwrite or another --out", out)
+        else:
+            prev = json.loads(old.read_text())
+            diff = sorted(k for k in set(prev) | set(key) if prev.get(k) != key.get(k))
+            if diff:
+                raise PretokError(f"holds output of a different config (differs in: {', '.join(diff)}); "
+                                  "use --overwrite or another --out", out)
+    (state / "parts").mkdir(parents=True, exist_ok=True)
+    fd = os.open(state / "lock", os.O_CREAT | os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise PretokError("another pretok process is writing into this directory", out) from None
+    if not (state / "config.json").exists():
+        atomic_write_json(state / "config.json", key)
+    return (out / "manifest.json").exists(), fd
+
+
+def committed_parts(out: Path, units: Sequence[Unit]) -> dict[int, dict]:
+    """Records of parts already committed; removes leftovers of uncommitted ones (temp files, half parts)."""
+    parts = out / STATE / "parts"
+    done = {}
+    for u in units:
+        rec = parts / f"{part_name(u.index)}.json"
+        if rec.exists():
+            done[u.index] = json.loads(rec.read_text())
+    for p in list(parts.iterdir()) + list(out.glob("part-*")):
+        stem = p.name.split(".")[0]
+        idx = int(stem.split("-")[1]) if stem.startswith("part-") and stem[5:].isdigit() else None
+        if p.name.endswith(".tmp") or (idx is not None and idx not in done and p.suffix != ".json"):
+            p.unlink()
+    return done
+
+
+# ---------------------------------------------------------------- the run
+
+
+def _hash_inputs(paths: list[str], out: dict) -> threading.Thread:
+    def work() -> None:
+        for p in paths:
+            out[p] = file_sha256(p)
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    return t
+
+
+def run_tokenize(cfg: TokenizeConfig) -> dict:
+    """Pretokenize `cfg.inputs` into `cfg.out`; returns the manifest. Resumes an interrupted identical run."""
+    if cfg.format not in FORMATS:
+        raise PretokError(f"unknown --format {cfg.format} (choose from {', '.join(FORMATS)})")
+    if cfg.format != "memmap":
+        pqf.parse_compression(cfg.compression)
+    if cfg.seq_len < 1:
+        raise PretokError(f"--seq-len must be >= 1 (got {cfg.seq_len})")
+    t0 = time.time()
+    files = expand_inputs(cfg.inputs)
+    sopts = cfg.source_options(sum(f.size for f in files))
+    units = plan_units(files, sopts)
+    mine = shard_units(units, cfg.num_shards, cfg.shard_index)
+    info = load_tokenizer(cfg.tokenizer)
+    policy = resolve_policy(info, cfg)
+    inputs = [{"path": f.path, "kind": f.kind, "size": f.size, "mtime_ns": f.mtime_ns} for f in files]
+    out = Path(cfg.out)
+    key = _output_key(cfg, sopts, info, policy, inputs, mine)
+    complete, lock = prepare_output(out, key, cfg.overwrite)
+    try:
+        if complete:
+            return json.loads((out / "manifest.json").read_text())
+        choice = select_backend(info, sample_texts(mine, sopts), cfg.backend)
+        done = committed_parts(out, mine)
+        pending = [u for u in mine if u.index not in done]
+        hashes: dict[str, str] = {}
+        my_paths = sorted({p for u in mine for p in u.paths})
+        hasher = _hash_inputs(my_paths, hashes)
+        job = Job(cfg.format, policy["dtype"], cfg.seq_len, policy["bos_id"], policy["eos_id"], policy["pad_id"],
+                  cfg.compression, sopts, str(out), info.vocab_size)
+        bar = Progress(sum(u.est_bytes for u in pending), f"{cfg.format} {len(pending)}/{len(mine)} parts",
+                       enabled=cfg.progress)
+        records = dict(done)
+        try:
+            records.update(_run_units(pending, info, choice.backend, job, cfg.workers, bar))
+        except BaseException:
+            bar.close(ok=False)
+            raise
+        bar.close()
+        hasher.join()
+        manifest = _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hashes, len(units), t0)
+        return manifest
+    finally:
+        os.close(lock)
+
+
+def _run_units(pending: list[Unit], info: TokenizerInfo, backend: str, job: Job, workers: int,
+               bar: Progress) -> dict[int, dict]:
+    records: dict[int, dict] = {}
+    if not pending:
+        return records
+    if workers <= 0:  # inline, for debugging and tiny inputs
+        enc = make_encoder(info, backend)
+        for u in pending:
+            records[u.index] = process_unit(u, enc, job, bar.update)
+        return records
+    ctx = mp.get_context("spawn")
+    queue, slot = ctx.Queue(), ctx.Value("i", 0)
+    with ctx.Pool(min(workers, len(pending)), _init_worker, (info, backend, job, queue, slot)) as pool:
+        results = [pool.apply_async(_worker_unit, (u,)) for u in pending]
+        while results:
+            _drain(queue, bar, timeout=0.1)
+            for r in [r for r in results if r.ready()]:
+                rec = r.get()  # re-raises a worker's PretokError here
+                records[rec["unit"]["index"]] = rec
+                results.remove(r)
+        _drain(queue, bar, timeout=0)
+    return records
+
+
+def _drain(queue, bar: Progress, timeout: float) -> None:
+    import queue as queue_mod
+
+    try:
+        item = queue.get(timeout=timeout) if timeout else queue.get_nowait()
+        while True:
+            bar.update(*item)
+            item = queue.get_nowait()
+    except queue_mod.Empty:
+        pass
+
+
+def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: TokenizerInfo, choice, policy: dict, mine: list[Unit],
+              records: dict[int, dict], inputs: list, hashes: dict, total_units: int, t0: float) -> dict:
+    ordered = [records[u.index] for u in mine]
+    if cfg.format == "memmap":
+        parts = [out / STATE / "parts" / part_name(u.index) for u in mine]
+        res = mm.concat_parts(parts, out / MEMMAP_PREFIX, policy["dtype"])
+        files = res["files"]
+    else:
+        files = [f for r in ordered for f in r["files"]]
+    manifest = build_manifest(cfg.format, info.to_dict() | {"backend": choice.to_dict()}, policy,
+                              cfg.compression, ordered, files, inputs, hashes, cfg.command,
+                              {"num_shards": cfg.num_shards, "shard_index": cfg.shard_index,
+                               "units": [mine[0].index, mine[-1].index + 1] if mine else [0, 0],
+                               "total_units": total_units},
+                              {"wall_seconds": round(time.time() - t0, 3), "workers": cfg.workers,
+                               "worker_peak_rss_mb": max((r.get("peak_rss_mb", 0) for r in ordered), default=0)},
+                              {"text_column": cfg.text_column, "separator": cfg.separator,
+                               "bad_docs": cfg.bad_docs, "part_bytes": sopts.part_bytes,
+                               "batch_bytes": sopts.batch_bytes})
+    write_manifest(out, manifest)
+    if cfg.format == "memmap":  # the parts are now inside data.bin/.idx
+        for u in mine:
+            for ext in (".bin", ".lens"):
+                (out / STATE / "parts" / (part_name(u.index) + ext)).unlink(missing_ok=True)
+    return manifest
+
+
+def build_manifest(fmt: str, tokenizer: dict, policy: dict, compression: str, records: list[dict], files: list,
+                   inputs: list, hashes: dict, command: list[str], shard: dict, run: dict, source: dict) -> dict:
+    """Assemble the manifest of a finished output (one shard or a merge of shards)."""
+    counts = {k: sum(r[k] for r in records) for k in ("documents", "tokens", "padding", "truncated", "input_bytes")}
+    skipped: dict[str, int] = {}
+    for r in records:
+        for k, v in r["skipped"].items():
+            skipped[k] = skipped.get(k, 0) + v
+    counts["skipped"] = skipped
+    first = 0
+    parts = []
+    for r in records:
+        parts.append({"part": r["part"], "unit": r["unit"], "first_document": first, "documents": r["documents"],
+                      "tokens": r["tokens"], "files": [f["path"] for f in r["files"]]})
+        first += r["documents"]
+    return {"format": fmt, "format_version": FORMAT_VERSIONS[fmt], "dtype": policy["dtype"], "policy": policy,
+            "compression": compression if fmt != "memmap" else None, "tokenizer": tokenizer, "counts": counts,
+            "files": files, "parts": parts, "shard": shard, "source": source,
+            "inputs": [dict(i, sha256=hashes.get(i["path"])) for i in inputs],
+            "tool": {"name": "pretok", "version": __version__}, "created": datetime.now(timezone.utc).isoformat(),
+            "command": command, "run": run, "environment": environment()}

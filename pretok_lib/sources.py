@@ -1,0 +1,443 @@
+"""Input readers: parquet / JSONL(.gz, .zst) / plain text / HF datasets on disk → planned units → batches of texts.
+
+The input is cut into *units* before any tokenization: consecutive parquet row groups, newline-aligned byte
+ranges of a JSONL file, whole compressed files, groups of text files, row ranges of an HF dataset. The plan
+depends only on the inputs and the part size, never on the worker count, so every unit becomes one numbered
+output part and outputs are identical for any number of workers and shards.
+"""
+
+from __future__ import annotations
+
+import codecs
+import glob
+import gzip
+import io
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from .errors import PretokError
+
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+BAD_DOC_KINDS = ("null", "nonstring", "empty", "invalid")
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input as given: a file, or an HF dataset directory."""
+
+    path: str
+    kind: str  # parquet | jsonl | jsonl.gz | jsonl.zst | txt | hf-disk
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A deterministic slice of the input, tokenized into one numbered output part."""
+
+    index: int
+    kind: str
+    paths: tuple[str, ...]
+    start: int = 0  # row (parquet row group, hf row) or byte offset
+    stop: int = 0
+    est_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """How documents are read from the inputs."""
+
+    text_column: str = "text"
+    separator: str | None = None  # txt: a Python `re.split` pattern; None = one document per file
+    bad_docs: str = "skip"  # skip (and count) | fail
+    part_bytes: int = 64 << 20
+    batch_bytes: int = 4 << 20
+
+
+@dataclass
+class DocBatch:
+    """A batch of documents in input order, with counts of what was skipped."""
+
+    texts: list[str]
+    text_bytes: int
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+def _kind_of(path: Path) -> str:
+    name = path.name.lower()
+    if path.is_dir():
+        if (path / "state.json").exists() or (path / "dataset_info.json").exists():
+            return "hf-disk"
+        if (path / "dataset_dict.json").exists():
+            raise PretokError("is a DatasetDict: pass one split's directory (e.g. DIR/train)", path)
+        raise PretokError("is a directory but not an HF dataset saved with save_to_disk", path)
+    if name.endswith(".parquet") or name.endswith(".pq"):
+        return "parquet"
+    for comp in (".gz", ".zst"):
+        if name.endswith(comp) and name[: -len(comp)].endswith(JSONL_SUFFIXES):
+            return "jsonl" + comp
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    if name.endswith(TEXT_SUFFIXES):
+        return "txt"
+    raise PretokError("unknown input type (expected .parquet, .jsonl[.gz|.zst], .txt, or an HF dataset dir)", path)
+
+
+def expand_inputs(inputs: Sequence[str]) -> list[InputFile]:
+    """Expand globs and check every input exists; order is as given, globs sorted."""
+    files: list[InputFile] = []
+    for spec in inputs:
+        matches = sorted(glob.glob(spec)) if glob.has_magic(spec) else [spec]
+        if not matches:
+            raise PretokError("no input matches this pattern", spec)
+        for m in matches:
+            p = Path(m)
+            if not p.exists():
+                raise PretokError("no such file or directory", p)
+            st = p.stat()
+            kind = _kind_of(p)
+            size = st.st_size if kind != "hf-disk" else sum(f.stat().st_size for f in p.glob("*.arrow"))
+            files.append(InputFile(str(p), kind, size, st.st_mtime_ns))
+    if not files:
+        raise PretokError("no inputs given")
+    return files
+
+
+# ---------------------------------------------------------------- planning
+
+
+def _parquet_file(path: str):
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises several types for corrupt files
+        raise PretokError(f"not a readable parquet file ({type(e).__name__}: {str(e).splitlines()[0]})", path) from None
+
+
+def _text_column_index(pf, path: str, column: str) -> int:
+    import pyarrow as pa
+
+    names = pf.schema_arrow.names
+    if column not in names:
+        raise PretokError(f"no column '{column}' (columns: {', '.join(names)}); use --text-column", path)
+    typ = pf.schema_arrow.field(column).type
+    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+        raise PretokError(f"column '{column}' has type {typ}, expected string", path)
+    return pf.schema.get_column_index(column) if hasattr(pf.schema, "get_column_index") else names.index(column)
+
+
+def _plan_parquet(f: InputFile, opts: SourceOptions) -> list[tuple]:
+    """Row ranges [start, stop) of ~part_bytes text: small row groups are joined, big ones split by rows."""
+    pf = _parquet_file(f.path)
+    col = _text_column_index(pf, f.path, opts.text_column)
+    meta, units = pf.metadata, []
+    start = row = acc = 0
+    for rg in range(meta.num_row_groups):
+        rows, size = meta.row_group(rg).num_rows, meta.row_group(rg).column(col).total_uncompressed_size
+        if size > opts.part_bytes:  # close the open range, then split this group evenly
+            if row > start:
+                units.append(("parquet", (f.path,), start, row, acc))
+            k = min(rows, -(-size // opts.part_bytes)) or 1
+            cuts = [row + rows * i // k for i in range(k + 1)]
+            units += [("parquet", (f.path,), a, b, size * (b - a) // max(rows, 1)) for a, b in zip(cuts, cuts[1:])]
+            row += rows
+            start, acc = row, 0
+            continue
+        row += rows
+        acc += size
+        if acc >= opts.part_bytes:
+            units.append(("parquet", (f.path,), start, row, acc))
+            start, acc = row, 0
+    if row > start:
+        units.append(("parquet", (f.path,), start, row, acc))
+    return units
+
+
+def _plan_jsonl(f: InputFile, opts: SourceOptions) -> list[tuple]:
+    units, start = [], 0
+    with open(f.path, "rb") as fh:
+        while start < f.size:
+            stop = start + opts.part_bytes
+            if stop >= f.size:
+                stop = f.size
+            else:
+                fh.seek(stop)
+                fh.readline()  # align to the next line start
+                stop = min(fh.tell(), f.size)
+            units.append(("jsonl", (f.path,), start, stop, stop - start))
+            start = stop
+    return units
+
+
+def _plan_hf(f: InputFile, opts: SourceOptions) -> list[tuple]:
+    ds = _load_hf(f.path)
+    if opts.text_column not in ds.column_names:
+        raise PretokError(f"no column '{opts.text_column}' (columns: {', '.join(ds.column_names)})", f.path)
+    n = len(ds)
+    rows = max(1, int(n * opts.part_bytes / max(f.size, 1)))
+    return [("hf-disk", (f.path,), s, min(n, s + rows), f.size * (min(n, s + rows) - s) // max(n, 1))
+            for s in range(0, n, rows)]
+
+
+def plan_units(files: Sequence[InputFile], opts: SourceOptions) -> list[Unit]:
+    """Cut the inputs into units of about `opts.part_bytes` of text, in input order."""
+    raw: list[tuple] = []
+    txt_group: list[InputFile] = []
+
+    def flush_txt() -> None:
+        if txt_group:
+            raw.append(("txt", tuple(t.path for t in txt_group), 0, 0, sum(t.size for t in txt_group)))
+            txt_group.clear()
+
+    for f in files:
+        if f.kind == "txt" and opts.separator is None:
+            txt_group.append(f)
+            if sum(t.size for t in txt_group) >= opts.part_bytes:
+                flush_txt()
+            continue
+        flush_txt()
+        if f.kind == "parquet":
+            raw += _plan_parquet(f, opts)
+        elif f.kind == "jsonl":
+            raw += _plan_jsonl(f, opts)
+        elif f.kind == "hf-disk":
+            raw += _plan_hf(f, opts)
+        else:  # compressed JSONL and separator-split text: one unit per file (not seekable / regex needs context)
+            raw.append((f.kind, (f.path,), 0, 0, f.size))
+    flush_txt()
+    return [Unit(i, *r) for i, r in enumerate(raw)]
+
+
+def shard_units(units: Sequence[Unit], num_shards: int, shard_index: int) -> list[Unit]:
+    """A contiguous, deterministic slice of the units: shards concatenated in order equal the whole."""
+    if num_shards < 1 or not 0 <= shard_index < num_shards:
+        raise PretokError(f"invalid shard {shard_index} of {num_shards}")
+    n = len(units)
+    return list(units[n * shard_index // num_shards : n * (shard_index + 1) // num_shards])
+
+
+# ---------------------------------------------------------------- reading
+
+
+class _Collector:
+    """Applies the bad-document policy and cuts documents into batches of about `batch_bytes`."""
+
+    def __init__(self, opts: SourceOptions):
+        self.opts, self.texts, self.bytes = opts, [], 0
+        self.skipped = dict.fromkeys(BAD_DOC_KINDS, 0)
+
+    def bad(self, kind: str, where: str, detail: str) -> None:
+        if self.opts.bad_docs == "fail":
+            raise PretokError(f"{detail} (use --bad-docs skip to skip and count such documents)", where)
+        self.skipped[kind] += 1
+
+    def add(self, text, where: str, nbytes: int | None = None) -> None:
+        if text is None:
+            return self.bad("null", where, f"null or missing '{self.opts.text_column}'")
+        if not isinstance(text, str):
+            return self.bad("nonstring", where, f"'{self.opts.text_column}' is {type(text).__name__}, not a string")
+        if not text:
+            return self.bad("empty", where, "empty document")
+        self.texts.append(text)
+        self.bytes += len(text) if nbytes is None else nbytes
+
+    def full(self) -> bool:
+        return self.bytes >= self.opts.batch_bytes
+
+    def take(self) -> DocBatch:
+        out = DocBatch(self.texts, self.bytes, {k: v for k, v in self.skipped.items() if v})
+        self.texts, self.bytes, self.skipped = [], 0, dict.fromkeys(BAD_DOC_KINDS, 0)
+        return out
+
+
+def _read_parquet(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
+    import pyarrow.compute as pc
+
+    path = unit.paths[0]
+    pf = _parquet_file(path)
+    _text_column_index(pf, path, c.opts.text_column)
+    meta, first = pf.metadata, 0
+    try:
+        for rg in range(meta.num_row_groups):
+            rgm = meta.row_group(rg)
+            lo, hi = max(unit.start, first), min(unit.stop, first + rgm.num_rows)
+            if lo < hi:
+                avg = max(1, rgm.total_byte_size // max(rgm.num_rows, 1))
+                pos = first
+                for batch in pf.iter_batches(batch_size=max(1, c.opts.batch_bytes // avg), row_groups=[rg],
+                                             columns=[c.opts.text_column]):
+                    a, b = max(lo - pos, 0), min(hi - pos, batch.num_rows)
+                    pos += batch.num_rows
+                    if a >= b:
+                        continue
+                    col = batch.column(0).slice(a, b - a)
+                    nbytes = pc.binary_length(col).fill_null(0).to_numpy(zero_copy_only=False).tolist()
+                    for text, nb in zip(col.to_pylist(), nbytes):
+                        c.add(text, f"{path} (row group {rg})", nb)
+                        if c.full():
+                            yield c.take()
+            first += rgm.num_rows
+            if first >= unit.stop:
+                break
+    except PretokError:
+        raise
+    except Exception as e:
+        raise PretokError(f"corrupt parquet data ({type(e).__name__}: {str(e).splitlines()[0]})", path) from None
+
+
+def _jsonl_lines(unit: Unit) -> Iterator[tuple[bytes, int]]:
+    path = unit.paths[0]
+    if unit.kind == "jsonl":
+        with open(path, "rb") as fh:
+            fh.seek(unit.start)
+            pos = unit.start
+            while pos < unit.stop:
+                line = fh.readline()
+                if not line:
+                    break
+                yield line, pos
+                pos += len(line)
+        return
+    if unit.kind == "jsonl.gz":
+        raw = gzip.open(path, "rb")
+    else:
+        import zstandard
+
+        raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True)
+    try:
+        pos = 0
+        for line in io.BufferedReader(raw, 1 << 20):
+            yield line, pos
+            pos += len(line)
+    except Exception as e:
+        raise PretokError(f"corrupt compressed stream ({type(e).__name__}: {e})", path) from None
+    finally:
+        raw.close()
+
+
+def _read_jsonl(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
+    path, key = unit.paths[0], c.opts.text_column
+    for line, pos in _jsonl_lines(unit):
+        if not line.strip():
+            continue
+        where = f"{path} (byte {pos})"
+        try:
+            rec = json.loads(line)
+        except UnicodeDecodeError:
+            c.bad("invalid", where, "invalid UTF-8")
+            continue
+        except ValueError as e:
+            c.bad("invalid", where, f"invalid JSON ({e})")
+            continue
+        c.add(rec.get(key) if isinstance(rec, dict) else None, where, len(line))
+        if c.full():
+            yield c.take()
+
+
+def _decode_text(data: bytes, where: str, c: _Collector) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        c.bad("invalid", where, f"invalid UTF-8 at byte {e.start}")
+        return None
+
+
+def _read_txt(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
+    if c.opts.separator is None:  # one document per file
+        for path in unit.paths:
+            data = Path(path).read_bytes()
+            text = _decode_text(data, path, c)
+            if text is not None:
+                c.add(text, path, len(data))
+            if c.full():
+                yield c.take()
+        return
+    # Stream the file in blocks; text from the start of the last separator match on is carried into the next
+    # block, so a separator that straddles a block edge splits exactly as `re.split` on the whole file would.
+    path, sep = unit.paths[0], re.compile(c.opts.separator)
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    carry, offset = "", 0
+    with open(path, "rb") as fh:
+        while True:
+            block = fh.read(c.opts.batch_bytes)
+            try:
+                buf = carry + utf8.decode(block, final=not block)
+            except UnicodeDecodeError as e:
+                c.bad("invalid", path, f"invalid UTF-8 near byte {offset + e.start}")
+                return
+            offset += len(block)
+            if block:
+                last = max((m.start() for m in sep.finditer(buf) if m.start() > 0), default=0)
+                buf, carry = buf[:last], buf[last:]
+            for doc in sep.split(buf):
+                if doc:  # separators at the edges produce empty strings: not documents
+                    c.add(doc, path)
+                if c.full():
+                    yield c.take()
+            if not block:
+                break
+
+
+def _load_hf(path: str):
+    try:
+        import datasets
+
+        return datasets.load_from_disk(path)
+    except Exception as e:
+        raise PretokError(f"cannot load HF dataset ({type(e).__name__}: {str(e).splitlines()[0]})", path) from None
+
+
+def _read_hf(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
+    ds = _load_hf(unit.paths[0]).with_format("arrow")
+    step = 1024
+    for s in range(unit.start, unit.stop, step):
+        table = ds[s : min(unit.stop, s + step)]
+        for text in table.column(c.opts.text_column).to_pylist():
+            c.add(text, unit.paths[0])
+            if c.full():
+                yield c.take()
+
+
+_READERS = {"parquet": _read_parquet, "jsonl": _read_jsonl, "jsonl.gz": _read_jsonl, "jsonl.zst": _read_jsonl,
+            "txt": _read_txt, "hf-disk": _read_hf}
+
+
+def read_unit(unit: Unit, opts: SourceOptions) -> Iterator[DocBatch]:
+    """Yield the unit's documents in order, in batches of about `opts.batch_bytes`; the last batch may be empty
+    of texts but still carries skip counts."""
+    c = _Collector(opts)
+    yield from _READERS[unit.kind](unit, c)
+    yield c.take()
+
+
+def sample_texts(units: Sequence[Unit], opts: SourceOptions, max_bytes: int = 1 << 20) -> list[str]:
+    """The first documents of the given units, up to about `max_bytes`, for checking a tokenizer backend."""
+    out, total = [], 0
+    lenient = SourceOptions(opts.text_column, opts.separator, "skip", opts.part_bytes, min(opts.batch_bytes, max_bytes))
+    for unit in units:
+        for batch in read_unit(unit, lenient):
+            for t in batch.texts:
+                out.append(t[:max_bytes])
+                total += len(out[-1])
+                if total >= max_bytes:
+                    return out
+    return out
+
+
+def file_sha256(path: str, chunk: int = 8 << 20) -> str:
+    """sha256 of a file (or of every file in a directory, in sorted order), as 'sha256:<hex>'."""
+    import hashlib
+
+    h = hashlib.sha256()
+    paths = sorted(p for p in Path(path).rglob("*") if p.is_file()) if os.path.isdir(path) else [Path(path)]
+    for p in paths:
+        with open(p, "rb") as fh:
+            while block := fh.read(chunk):
+                h.update(block)
+    return "sha256:" + h.hexdigest()

@@ -1,0 +1,168 @@
+"""`pretok inspect` (manifest summary + stats) and `pretok verify` (checksums, structure, sample vs source)."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .errors import PretokError
+from .formats import memmap as mm
+from .formats import parquet as pqf
+from .formats.manifest import read_manifest
+from .pretokenize import MEMMAP_PREFIX, add_special
+from .sources import SourceOptions, Unit, read_unit
+
+
+def document_lengths(out_dir: str | os.PathLike, manifest: dict) -> np.ndarray:
+    """Stored length of every document (real tokens, without padding), in order."""
+    out = Path(out_dir)
+    if manifest["format"] == "memmap":
+        return np.asarray(mm.MemmapDataset(out / MEMMAP_PREFIX, manifest["dtype"]).lengths, dtype=np.int64)
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    lens = []
+    for f in manifest["files"]:
+        pqf.read_contract(out / f["path"], manifest["format"])
+        if manifest["format"] == "padded":
+            t = pq.read_table(out / f["path"], columns=["attention_mask"])
+            col = t.column(0).combine_chunks()
+            L = col.type.list_size
+            lens.append(col.values.to_numpy(zero_copy_only=False).reshape(-1, L).sum(axis=1, dtype=np.int64))
+        else:
+            t = pq.read_table(out / f["path"], columns=["input_ids"])
+            lens.append(pc.list_value_length(t.column(0)).to_numpy().astype(np.int64))
+    return np.concatenate(lens) if lens else np.zeros(0, np.int64)
+
+
+def inspect(out_dir: str | os.PathLike) -> dict:
+    """Manifest summary and statistics computed from the data files."""
+    m = read_manifest(out_dir)
+    lens = document_lengths(out_dir, m)
+    disk = sum(f["size"] for f in m["files"])
+    c = m["counts"]
+    stats = {"documents": int(len(lens)), "tokens": int(lens.sum()), "disk_bytes": disk,
+             "bytes_per_token": disk / max(int(lens.sum()), 1),
+             "doc_tokens": {"mean": float(lens.mean()) if len(lens) else 0.0,
+                            "p50": float(np.percentile(lens, 50)) if len(lens) else 0.0,
+                            "p99": float(np.percentile(lens, 99)) if len(lens) else 0.0,
+                            "max": int(lens.max()) if len(lens) else 0}}
+    if m["format"] == "padded":
+        slots = c["documents"] * m["policy"]["row_length"]
+        stats["padding_fraction"] = c["padding"] / max(slots, 1)
+        stats["truncated_fraction"] = c["truncated"] / max(c["truncated"] + c["tokens"], 1)
+    return {"manifest": m, "stats": stats}
+
+
+def format_inspect(report: dict) -> str:
+    m, s = report["manifest"], report["stats"]
+    t, c = m["tokenizer"], m["counts"]
+    lines = [f"format      {m['format']} v{m['format_version']}  dtype {m['dtype']}"
+             + (f"  compression {m['compression']}" if m["compression"] else ""),
+             f"tokenizer   {t['spec']} ({t['kind']}, vocab {t['vocab_size']}, {t['fingerprint'][:19]}…, "
+             f"backend {t['backend']['backend']})",
+             f"policy      bos={m['policy']['bos_id']} eos={m['policy']['eos_id']} pad={m['policy']['pad_id']} "
+             f"seq_len={m['policy']['seq_len']}",
+             f"documents   {c['documents']:,}  tokens {c['tokens']:,}  skipped {c['skipped'] or 0}",
+             f"doc tokens  mean {s['doc_tokens']['mean']:.1f}  p50 {s['doc_tokens']['p50']:.0f}  "
+             f"p99 {s['doc_tokens']['p99']:.0f}  max {s['doc_tokens']['max']:,}",
+             f"disk        {s['disk_bytes'] / 1e6:.2f} MB in {len(m['files'])} files, "
+             f"{s['bytes_per_token']:.3f} bytes/token"]
+    if "padding_fraction" in s:
+        lines.append(f"padding     {s['padding_fraction']:.1%} of slots; truncated {c['truncated']:,} tokens "
+                     f"({s['truncated_fraction']:.2%})")
+    lines.append(f"created     {m['created']} by pretok {m['tool']['version']}")
+    return "\n".join(lines)
+
+
+@dataclass
+class VerifyReport:
+    files_checked: int = 0
+    documents_checked: int = 0
+    ids_equal: int = 0
+    text_roundtrip_equal: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _stored_docs(out: Path, m: dict, part: dict) -> Iterator[np.ndarray]:
+    if m["format"] == "memmap":
+        ds = mm.MemmapDataset(out / MEMMAP_PREFIX, m["dtype"])
+        for i in range(part["first_document"], part["first_document"] + part["documents"]):
+            yield ds[i]
+    else:
+        for f in part["files"]:
+            yield from pqf.iter_documents(out / f)
+
+
+def _source_docs(part: dict, m: dict, remap: dict[str, str]) -> Iterator[str]:
+    u = dict(part["unit"])
+    u["paths"] = tuple(remap.get(p, p) for p in u["paths"])
+    for p in u["paths"]:
+        if not Path(p).exists():
+            raise PretokError("source input is missing: pass --source with its new location", p)
+    s = m["source"]
+    opts = SourceOptions(s["text_column"], s["separator"], s["bad_docs"], s["part_bytes"], s["batch_bytes"])
+    for batch in read_unit(Unit(**u), opts):
+        yield from batch.texts
+
+
+def verify(out_dir: str | os.PathLike, sources: Sequence[str] | None = None, sample: int = 64,
+           seed: int = 0) -> VerifyReport:
+    """Check checksums and structure, then re-tokenize a sample of documents from the source and compare."""
+    from .formats.parquet import sha256_file
+    from .tokenizer import backends_for, load_tokenizer, make_encoder
+
+    out, rep = Path(out_dir), VerifyReport()
+    m = read_manifest(out)
+    for f in m["files"]:
+        rep.files_checked += 1
+        if sha256_file(out / f["path"]) != f["sha256"]:
+            rep.problems.append(f"{out / f['path']}: sha256 differs from manifest.json (corrupted or modified)")
+    lens = document_lengths(out, m)
+    if len(lens) != m["counts"]["documents"] or int(lens.sum()) != m["counts"]["tokens"]:
+        rep.problems.append(f"{out}: data holds {len(lens)} docs / {int(lens.sum())} tokens, manifest says "
+                            f"{m['counts']['documents']} / {m['counts']['tokens']}")
+    if rep.problems or sample <= 0 or not m["counts"]["documents"]:
+        return rep
+    inputs = [i["path"] for i in m["inputs"]]
+    if sources is not None and len(sources) != len(inputs):
+        raise PretokError(f"--source got {len(sources)} inputs, the manifest lists {len(inputs)}")
+    remap = dict(zip(inputs, sources)) if sources else {}
+    info = load_tokenizer(m["tokenizer"]["spec"])
+    if info.fingerprint != m["tokenizer"]["fingerprint"]:
+        raise PretokError("tokenizer file changed since pretokenization (fingerprint differs)", info.spec)
+    enc = make_encoder(info, backends_for(info)[-1])  # the reference implementation, not the fast one
+    rng = random.Random(seed)
+    picks = sorted(rng.sample(range(m["counts"]["documents"]), min(sample, m["counts"]["documents"])))
+    pol, L = m["policy"], m["policy"]["row_length"]
+    for part in m["parts"]:
+        a, b = part["first_document"], part["first_document"] + part["documents"]
+        want = {i - a for i in picks if a <= i < b}
+        if not want:
+            continue
+        for j, (stored, text) in enumerate(zip(_stored_docs(out, m, part), _source_docs(part, m, remap))):
+            if j not in want:
+                continue
+            ids, offs = enc.encode_batch([text])
+            ids, _ = add_special(ids, offs, pol["bos_id"], pol["eos_id"])
+            expect = ids[:L] if m["format"] == "padded" else ids
+            rep.documents_checked += 1
+            if np.array_equal(np.asarray(stored, dtype=np.int64), expect.astype(np.int64)):
+                rep.ids_equal += 1
+            else:
+                rep.problems.append(f"{out}: document {a + j} differs from re-tokenized source {part['unit']['paths'][0]}")
+            body = np.asarray(stored)[(pol["bos_id"] is not None):]
+            if pol["eos_id"] is not None and len(body) and m["format"] != "padded":
+                body = body[:-1]
+            if len(expect) == len(ids) and enc.decode(body) == text:
+                rep.text_roundtrip_equal += 1
+    return rep

@@ -1,0 +1,182 @@
+"""The embedded default corpus (real Python source from this install) and its byte-level BPE tokenizer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer
+
+from pretok_lib.corpus import (
+    CorpusInfo,
+    build_corpus,
+    default_corpus_and_tokenizer,
+    installed_packages,
+    iter_source_files,
+    read_corpus_info,
+    train_default_tokenizer,
+)
+from pretok_lib.errors import PretokError
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = "pluggy"  # a small pure-Python package every test install has (pytest depends on it)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> CorpusInfo:
+    return build_corpus(tmp_path_factory.mktemp("c") / "sub" / "corpus.parquet", max_mb=3, row_group_mb=0.5)
+
+
+@pytest.fixture(scope="module")
+def tok_dir(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tok")
+    train_default_tokenizer(corpus.path, out, vocab_size=1000, max_train_mb=2)
+    return out
+
+
+def _texts(path) -> list[str]:
+    return pq.read_table(path, columns=["text"]).column("text").to_pylist()
+
+
+def test_corpus_is_real_python_with_metadata_columns(corpus):
+    table = pq.read_table(corpus.path)
+    assert table.column_names == ["text", "source", "path"]
+    assert table.num_rows == corpus.documents > 100
+    assert set(table.column("source").to_pylist()) == {"stdlib"} and corpus.packages == ["stdlib"]
+    assert corpus.repeats == 1 and corpus.to_dict()["documents"] == corpus.documents
+    paths = table.column("path").to_pylist()
+    assert all(p.endswith(".py") and not p.startswith("/") for p in paths) and len(set(paths)) == len(paths)
+    texts = table.column("text").to_pylist()
+    ok = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for text, path in zip(texts, paths):
+            try:
+                compile(text, path, "exec", dont_inherit=True)
+                ok += 1
+            except SyntaxError:
+                pass
+    assert ok >= 0.95 * len(texts)
+    assert sum("def " in t or "import " in t for t in texts) >= 0.9 * len(texts)
+    assert read_corpus_info(corpus.path) == corpus
+
+
+def test_size_cap_is_tight_and_streamed_in_row_groups(corpus):
+    texts = _texts(corpus.path)
+    assert corpus.text_bytes == sum(len(t.encode()) for t in texts) <= 3e6
+    # the next non-empty UTF-8 source file is the one that would have crossed the cap
+    valid = (p.read_bytes() for _, _, p in iter_source_files([]))
+    sizes = [len(b) for b in valid if b and _utf8(b)]
+    assert corpus.text_bytes + sizes[corpus.documents] > 3e6
+    meta = pq.ParquetFile(corpus.path).metadata
+    assert meta.num_row_groups >= 5
+    assert json.loads(pq.read_schema(corpus.path).metadata[b"pretok_corpus_params"])["max_mb"] == 3
+
+
+def _utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def test_build_is_deterministic_and_atomic(corpus, tmp_path):
+    again = build_corpus(tmp_path / "again.parquet", max_mb=3, row_group_mb=0.5)
+    assert Path(again.path).read_bytes() == Path(corpus.path).read_bytes() and again.sha256 == corpus.sha256
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again.parquet"]  # no temp file left behind
+
+
+def test_at_least_one_document(tmp_path):
+    info = build_corpus(tmp_path / "one.parquet", max_mb=1e-6)
+    assert info.documents == 1 and info.text_bytes > 1
+
+
+def test_default_packages_follow_stdlib(tmp_path):
+    stdlib_mb = sum(p.stat().st_size for _, _, p in iter_source_files([])) / 1e6  # ~31.5 MB on CPython 3.11
+    info = build_corpus(tmp_path / "big.parquet", max_mb=stdlib_mb + 3)
+    assert info.packages[0] == "stdlib" and info.packages[1] == "numpy" and info.repeats == 1
+    sources = pq.read_table(info.path, columns=["source"]).column("source").to_pylist()
+    assert sources.index("numpy") == sources.count("stdlib")  # stdlib first, then numpy, never interleaved
+
+
+def test_repeats_when_sources_are_short(tmp_path):
+    one = build_corpus(tmp_path / "one.parquet", max_mb=10, packages=[SMALL], include_stdlib=False, extend=False)
+    assert one.packages == [SMALL] and one.repeats > 1
+    table = pq.read_table(one.path)
+    paths, texts = table.column("path").to_pylist(), table.column("text").to_pylist()
+    n = paths.index(f"{paths[0]}#epoch2")
+    assert paths[n:2 * n] == [f"{p}#epoch2" for p in paths[:n]] and texts[n:2 * n] == texts[:n]
+    assert len(set(paths)) == len(paths) and one.text_bytes <= 10e6
+    assert read_corpus_info(one.path).repeats == one.repeats
+
+
+def test_extends_with_installed_packages_by_name(tmp_path):
+    size = sum(p.stat().st_size for _, _, p in iter_source_files([SMALL], include_stdlib=False))
+    info = build_corpus(tmp_path / "x.parquet", max_mb=size / 1e6 + 2, packages=[SMALL], include_stdlib=False)
+    assert info.packages[0] == SMALL and len(info.packages) > 1 and info.repeats == 1
+    order = [p for p in installed_packages() if p != SMALL]
+    assert info.packages[1:] == order[: len(info.packages) - 1]
+
+
+def test_errors(tmp_path):
+    with pytest.raises(PretokError, match="unknown package 'no_such_pkg_xyz' \\(not importable\\)"):
+        build_corpus(tmp_path / "a.parquet", max_mb=1, packages=["no_such_pkg_xyz"])
+    for bad in (0, -1):
+        with pytest.raises(PretokError, match="max_mb"):
+            build_corpus(tmp_path / "b.parquet", max_mb=bad)
+    with pytest.raises(PretokError, match="unknown package"):
+        iter_source_files(["no_such_pkg_xyz"])
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(PretokError, match="not found"):
+        train_default_tokenizer(tmp_path / "missing.parquet", tmp_path / "tok")
+
+
+def test_tokenizer_roundtrip_vocab_and_specials(corpus, tok_dir):
+    tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    assert tok.get_vocab_size() == 1000
+    assert tok.token_to_id("<|endoftext|>") == 0 and tok.token_to_id("<|pad|>") == 1
+    texts = _texts(corpus.path)
+    for text in texts[::10] + ["héllo wörld ✓ 日本語\n\t  x", " leading space"]:
+        assert tok.decode(tok.encode(text).ids) == text
+    assert len(tok.encode(texts[0]).ids) < len(texts[0].encode()) / 2  # it actually learned merges
+    config = json.loads((tok_dir / "tokenizer_config.json").read_text())
+    assert config["bos_token"] == config["eos_token"] == "<|endoftext|>" and config["pad_token"] == "<|pad|>"
+    record = json.loads((tok_dir / "pretok_default.json").read_text())
+    assert record["corpus_sha256"] == corpus.sha256 and record["vocab_size"] == 1000
+    assert 0 < record["train_bytes"] <= 2e6
+
+
+def test_tokenizer_is_deterministic_across_processes(corpus, tok_dir, tmp_path):
+    again = train_default_tokenizer(corpus.path, tmp_path / "a", vocab_size=1000, max_train_mb=2)
+    expected = (tok_dir / "tokenizer.json").read_bytes()
+    assert again.read_bytes() == expected
+    code = ("import sys; from pretok_lib.corpus import train_default_tokenizer as t; "
+            "t(sys.argv[1], sys.argv[2], vocab_size=1000, max_train_mb=2)")
+    subprocess.run([sys.executable, "-c", code, corpus.path, str(tmp_path / "b")], check=True, cwd=ROOT)
+    assert (tmp_path / "b" / "tokenizer.json").read_bytes() == expected
+
+
+def test_tokenizer_loads_in_transformers(tok_dir):
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.AutoTokenizer.from_pretrained(str(tok_dir))
+    assert tok.eos_token_id == tok.bos_token_id == 0 and tok.pad_token_id == 1
+    assert tok.decode(tok("def f(x):\n    return x")["input_ids"]) == "def f(x):\n    return x"
+
+
+def test_default_corpus_and_tokenizer_is_idempotent(tmp_path):
+    info, tok = default_corpus_and_tokenizer(tmp_path / "cache", max_mb=1, vocab_size=600)
+    assert tok == tmp_path / "cache" / "tokenizer" / "tokenizer.json" and info.documents > 0
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "cache").rglob("*") if p.is_file()}
+    info2, tok2 = default_corpus_and_tokenizer(tmp_path / "cache", max_mb=1, vocab_size=600)
+    assert info2 == info and tok2 == tok
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # nothing rebuilt
+    (tok.parent / "pretok_default.json").unlink()  # an incomplete tokenizer dir is retrained
+    default_corpus_and_tokenizer(tmp_path / "cache", max_mb=1, vocab_size=600)
+    assert (tok.parent / "pretok_default.json").is_file()
+    assert Tokenizer.from_file(str(tok)).get_vocab_size() == 600

@@ -1,0 +1,204 @@
+"""The engine on real corpora: formats agree, round-trip, worker-count independence, resume after kill -9, shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tokenizers
+
+from pretok_lib.formats import parquet as pqf
+from pretok_lib.formats.manifest import read_manifest
+from pretok_lib.formats.memmap import MemmapDataset
+from pretok_lib.merge import merge_shards
+from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
+from pretok_lib.verify import verify
+
+from .conftest import GPT2_JSON, PYDOCS_JSONL, ROOT, WIKI_EN, WIKITEXT_VALID
+
+GPT2_EOT = 50256
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "pretok_lib.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """Real documents as parquet: the python docs (long, markup-heavy) then wikipedia summaries (short)."""
+    docs = [json.loads(line)["text"] for line in PYDOCS_JSONL.open()][:200]
+    docs += [v["extract"] for v in json.loads(WIKI_EN.read_text()).values()][:3000]
+    path = tmp_path_factory.mktemp("corpus") / "corpus.parquet"
+    pq.write_table(pa.table({"text": docs}), path, row_group_size=400)
+    return path
+
+
+def tok(corpus: Path, out: Path, fmt: str = "memmap", **kw) -> dict:
+    cfg = TokenizeConfig(inputs=[str(corpus)], out=str(out), tokenizer=str(GPT2_JSON), format=fmt,
+                         progress=False, **{"workers": 0, "part_mb": 1.0, "batch_mb": 0.25, **kw})
+    return run_tokenize(cfg)
+
+
+def data_files(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file() and p.name != "manifest.json"}
+
+
+def stored_docs(out: Path) -> list[np.ndarray]:
+    m = read_manifest(out)
+    if m["format"] == "memmap":
+        ds = MemmapDataset(out / "data")
+        return [np.asarray(ds[i]) for i in range(len(ds))]
+    return [d for f in m["files"] for d in pqf.iter_documents(out / f["path"])]
+
+
+@pytest.fixture(scope="module")
+def three_formats(corpus, tmp_path_factory):
+    base = tmp_path_factory.mktemp("fmt")
+    return {fmt: (base / fmt, tok(corpus, base / fmt, fmt, seq_len=256)) for fmt in ("memmap", "token-list", "padded")}
+
+
+def test_formats_hold_the_same_token_stream(three_formats):
+    mem = stored_docs(three_formats["memmap"][0])
+    lst = stored_docs(three_formats["token-list"][0])
+    pad = stored_docs(three_formats["padded"][0])
+    assert len(mem) == len(lst) == len(pad) == three_formats["memmap"][1]["counts"]["documents"] == 3200
+    for a, b, c in zip(mem, lst, pad):
+        assert np.array_equal(a, b)
+        assert np.array_equal(a[:257], c)
+    m = three_formats["padded"][1]
+    assert m["counts"]["truncated"] == sum(max(0, len(a) - 257) for a in mem) > 0
+    assert m["counts"]["padding"] == sum(max(0, 257 - len(a)) for a in mem)
+    assert three_formats["memmap"][1]["counts"]["tokens"] == sum(len(a) for a in mem)
+
+
+def test_round_trip_equals_tokenizer_decode(corpus, three_formats):
+    ref = tokenizers.Tokenizer.from_file(str(GPT2_JSON))
+    ref.encode_special_tokens = True
+    texts = pq.read_table(corpus).column("text").to_pylist()
+    docs = stored_docs(three_formats["memmap"][0])
+    for text, ids in zip(texts, docs):
+        assert ids[0] == GPT2_EOT  # BOS policy: GPT-2 defines <|endoftext|> as BOS
+        expect = ref.encode(text, add_special_tokens=False).ids
+        assert ids[1:].tolist() == expect
+        assert ref.decode(ids[1:].tolist()) == ref.decode(expect) == text
+
+
+def test_manifest_records_everything(three_formats, corpus):
+    m = three_formats["padded"][1]
+    assert m["format"] == "padded" and m["format_version"] == 1 and m["dtype"] == "uint16"
+    assert m["tokenizer"]["fingerprint"].startswith("sha256:") and m["tokenizer"]["vocab_size"] == 50257
+    assert m["tokenizer"]["backend"]["backend"] == "fastokens"
+    assert m["policy"]["bos_id"] == GPT2_EOT and m["policy"]["eos_id"] is None
+    assert m["inputs"][0]["sha256"].startswith("sha256:") and m["inputs"][0]["size"] == corpus.stat().st_size
+    assert m["compression"] == "zstd:3" and m["command"] and m["created"]
+    assert all(f["sha256"].startswith("sha256:") for f in m["files"])
+    assert verify(three_formats["padded"][0], sample=20).ok
+
+
+def test_workers_do_not_change_bytes(corpus, tmp_path):
+    for fmt in ("memmap", "token-list"):
+        tok(corpus, tmp_path / f"{fmt}1", fmt, workers=1)
+        tok(corpus, tmp_path / f"{fmt}2", fmt, workers=2)
+        a, b = data_files(tmp_path / f"{fmt}1"), data_files(tmp_path / f"{fmt}2")
+        assert a == b and len(a) >= 2
+
+
+def test_rerun_is_noop_and_other_config_refused(corpus, tmp_path):
+    out = tmp_path / "o"
+    m1 = tok(corpus, out)
+    assert tok(corpus, out)["created"] == m1["created"]  # already complete
+    with pytest.raises(Exception, match="different config.*seq_len|policy"):
+        tok(corpus, out, seq_len=128)
+    r = run_cli("tokenize", str(corpus), "--out", str(out), "--tokenizer", str(GPT2_JSON), "--eos", "yes",
+                "--no-progress", "--part-mb", "1")
+    assert r.returncode != 0 and "different config" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    m2 = tok(corpus, out, eos="yes", overwrite=True)
+    assert m2["policy"]["eos_id"] == GPT2_EOT
+
+
+def test_shards_merge_to_the_unsharded_bytes(corpus, tmp_path):
+    for fmt in ("memmap", "padded"):
+        whole = tmp_path / f"whole-{fmt}"
+        tok(corpus, whole, fmt)
+        shards = [tmp_path / f"{fmt}-s{i}" for i in range(3)]
+        for i, d in enumerate(shards):
+            tok(corpus, d, fmt, num_shards=3, shard_index=i)
+        with pytest.raises(Exception, match="missing shards"):
+            merge_shards(shards[:2], tmp_path / f"bad-{fmt}")
+        merged = merge_shards(shards[::-1], tmp_path / f"merged-{fmt}")
+        assert data_files(tmp_path / f"merged-{fmt}") == data_files(whole)
+        assert merged["counts"]["documents"] == read_manifest(whole)["counts"]["documents"]
+        assert verify(tmp_path / f"merged-{fmt}", sample=10).ok
+
+
+def test_slurm_array_variables_choose_the_shard(corpus, tmp_path):
+    env = {"SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_MIN": "0"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        from pretok_lib.cli import build_parser, tokenize_config
+
+        a = build_parser().parse_args(["tokenize", str(corpus), "--out", str(tmp_path), "--tokenizer", "x"])
+        cfg = tokenize_config(a)
+        assert (cfg.num_shards, cfg.shard_index) == (2, 1)
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.mark.slow
+def test_kill9_then_resume_is_byte_identical(corpus, tmp_path):
+    ref = tmp_path / "ref"
+    args = [str(corpus), "--tokenizer", str(GPT2_JSON), "--format", "token-list", "--part-mb", "0.3",
+            "--batch-mb", "0.05", "--workers", "2", "--no-progress"]
+    assert run_cli("tokenize", *args, "--out", str(ref)).returncode == 0
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    for delay in (1.0, 2.0, 3.0):
+        out = tmp_path / f"killed{delay}"
+        p = subprocess.Popen([sys.executable, "-m", "pretok_lib.cli", "tokenize", *args, "--out", str(out)],
+                             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        assert not (out / "manifest.json").exists() or p.returncode == 0
+        r = run_cli("tokenize", *args, "--out", str(out))
+        assert r.returncode == 0, r.stderr
+        assert data_files(out) == data_files(ref)
+    for delay in (1.5,):  # the memmap format: parts are concatenated at the end
+        out, mref = tmp_path / "mkilled", tmp_path / "mref"
+        margs = [a if a != "token-list" else "memmap" for a in args]
+        assert run_cli("tokenize", *margs, "--out", str(mref)).returncode == 0
+        p = subprocess.Popen([sys.executable, "-m", "pretok_lib.cli", "tokenize", *margs, "--out", str(out)],
+                             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        assert run_cli("tokenize", *margs, "--out", str(out)).returncode == 0
+        assert data_files(out) == data_files(mref)
+
+
+def test_text_with_separator_regex(tmp_path):
+    """Documents are exactly the non-empty pieces of `re.split(separator, file)`, even across read blocks."""
+    pattern = r"(?m)^(?= = [^=].* = $)"  # a wikitext article starts at a ` = Title = ` line (shared README)
+    out = tmp_path / "wt"
+    run_tokenize(TokenizeConfig(inputs=[str(WIKITEXT_VALID)], out=str(out), tokenizer=str(GPT2_JSON),
+                                separator=pattern, workers=0, progress=False, batch_mb=0.05))
+    text = WIKITEXT_VALID.read_text()
+    expect = [p for p in re.split(pattern, text) if p]
+    assert sum(p.startswith(" = ") for p in expect) == 60  # 60 articles, per the shared README
+    ref = tokenizers.Tokenizer.from_file(str(GPT2_JSON))
+    docs = stored_docs(out)
+    assert len(docs) == len(expect)
+    assert [ref.decode(d[1:].tolist()) for d in docs] == expect
