@@ -132,7 +132,7 @@ def iter_source_files(
     return gen()
 
 
-def _params(max_mb: float, packages: Sequence[str] | None = None, row_group_mb: float = 16.0,
+def _params(max_mb: float, packages: Sequence[str] | None = None, row_group_mb: float = 2.0,
             min_doc_bytes: int = 1, include_stdlib: bool = True, extend: bool = True) -> dict:
     return {"max_mb": max_mb, "packages": None if packages is None else list(packages),
             "row_group_mb": row_group_mb, "min_doc_bytes": min_doc_bytes,
@@ -143,7 +143,7 @@ def build_corpus(
     out: str | os.PathLike,
     max_mb: float = 50.0,
     packages: Sequence[str] | None = None,
-    row_group_mb: float = 16.0,
+    row_group_mb: float = 2.0,
     min_doc_bytes: int = 1,
     *,
     include_stdlib: bool = True,

@@ -13,6 +13,7 @@ for any number of workers, any interruption, and any sharding followed by `preto
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -30,12 +31,13 @@ import numpy as np
 
 from . import __version__
 from .errors import PretokError
-from .formats import memmap as mm
 from .formats import parquet as pqf
 from .formats.manifest import FORMAT_VERSIONS, atomic_write_json, environment, write_manifest
+from .memmap_append import MemmapAppender
 from .progress import Progress
 from .sources import SourceOptions, Unit, expand_inputs, file_sha256, plan_units, read_unit, sample_texts, shard_units
-from .tokenizer import TokenizerInfo, id_dtype_for, limit_threads_to_one_cpu, load_tokenizer, make_encoder, select_backend
+from .tokenizer import (TokenizerInfo, backends_for, id_dtype_for, limit_threads_to_one_cpu, load_tokenizer,
+                        make_encoder, select_backend)
 
 FORMATS = ("padded", "token-list", "memmap")
 STATE = ".pretok"
@@ -148,16 +150,35 @@ def part_name(index: int) -> str:
     return f"part-{index:06d}"
 
 
+class _TokenBuffer:
+    """The memmap 'writer' inside a worker: keeps the part's tokens for the main process to append in order."""
+
+    def __init__(self, dtype: str):
+        self.dtype, self.tokens, self.lengths = dtype, [], []
+
+    def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        if tokens.size and int(tokens.max()) > np.iinfo(self.dtype).max:
+            raise PretokError(f"token id {int(tokens.max())} does not fit {self.dtype}")
+        self.tokens.append(tokens.astype(self.dtype))
+        self.lengths.append(lengths.astype(np.int32))
+
+    def close(self) -> dict:
+        self.tokens = np.concatenate(self.tokens) if self.tokens else np.zeros(0, self.dtype)
+        self.lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int32)
+        return {}
+
+
 def _open_part(job: Job, unit: Unit):
     name = part_name(unit.index)
     if job.fmt == "memmap":
-        return mm.PartWriter(Path(job.out_dir) / STATE / "parts" / name, job.dtype)
+        return _TokenBuffer(job.dtype)
     schema = pqf.schema_for(job.fmt, job.dtype, job.seq_len, job.pad_id)
     return pqf.ParquetPartWriter(Path(job.out_dir) / f"{name}.parquet", schema, job.compression)
 
 
 def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int], None]) -> dict:
-    """Read, tokenize and write one unit; commit it with its record. Returns the record."""
+    """Read, tokenize and write one unit. Parquet parts are written and committed here (record on disk);
+    memmap parts come back as arrays (`record["arrays"]`) for the main process to append in order."""
     writer = _open_part(job, unit)
     counts = {"documents": 0, "tokens": 0, "padding": 0, "truncated": 0, "input_bytes": 0}
     skipped: dict[str, int] = {}
@@ -190,7 +211,11 @@ def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int]
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # this process (worker) so far
     record = {"unit": asdict(unit), **counts, "skipped": skipped, "peak_rss_mb": round(peak_rss_mb, 1),
               "files": [result] if job.fmt != "memmap" else [], "part": part_name(unit.index)}
-    atomic_write_json(Path(job.out_dir) / STATE / "parts" / f"{part_name(unit.index)}.json", record)
+    if job.fmt == "memmap":
+        digest = "sha256:" + hashlib.sha256(np.ascontiguousarray(writer.tokens).data).hexdigest()
+        record["arrays"] = (writer.tokens, writer.lengths, digest)
+    else:
+        atomic_write_json(Path(job.out_dir) / STATE / "parts" / f"{part_name(unit.index)}.json", record)
     return record
 
 
@@ -208,18 +233,23 @@ def _set_parent_death_signal() -> None:
         pass
 
 
-def _init_worker(info: TokenizerInfo, backend: str, job: Job, queue, slot) -> None:
+def _init_worker(info: TokenizerInfo, job: Job, queue, slot) -> None:
+    """Pin to one CPU and build the most likely backend while the main process is still checking backends."""
     _set_parent_death_signal()
     with slot.get_lock():
         cpu = slot.value
         slot.value += 1
     limit_threads_to_one_cpu(cpu)
-    _WORKER.update(encoder=make_encoder(info, backend), job=job, queue=queue)
+    first = backends_for(info)[0]
+    _WORKER.update(info=info, job=job, queue=queue, encoders={first: make_encoder(info, first)})
 
 
-def _worker_unit(unit: Unit) -> dict:
+def _worker_unit(unit: Unit, backend: str) -> dict:
+    encoders = _WORKER["encoders"]
+    if backend not in encoders:
+        encoders[backend] = make_encoder(_WORKER["info"], backend)
     q = _WORKER["queue"]
-    return process_unit(unit, _WORKER["encoder"], _WORKER["job"], lambda b, d, t: q.put((b, d, t)))
+    return process_unit(unit, encoders[backend], _WORKER["job"], lambda b, d, t: q.put((b, d, t)))
 
 
 # ---------------------------------------------------------------- output directory: lock, config, resume
@@ -260,18 +290,20 @@ def prepare_output(out: Path, key: dict, overwrite: bool) -> tuple[bool, int]:
     return (out / "manifest.json").exists(), fd
 
 
-def committed_parts(out: Path, units: Sequence[Unit]) -> dict[int, dict]:
-    """Records of parts already committed; removes leftovers of uncommitted ones (temp files, half parts)."""
+def committed_parts(out: Path, units: Sequence[Unit], committed: Sequence[int] | None = None) -> dict[int, dict]:
+    """Records of parts already committed (all with a record, or only `committed` if given); removes the
+    leftovers of uncommitted ones (temp files, half parts, records beyond the commit point)."""
     parts = out / STATE / "parts"
+    allowed = set(committed) if committed is not None else {u.index for u in units}
     done = {}
     for u in units:
         rec = parts / f"{part_name(u.index)}.json"
-        if rec.exists():
+        if rec.exists() and u.index in allowed:
             done[u.index] = json.loads(rec.read_text())
     for p in list(parts.iterdir()) + list(out.glob("part-*")):
         stem = p.name.split(".")[0]
         idx = int(stem.split("-")[1]) if stem.startswith("part-") and stem[5:].isdigit() else None
-        if p.name.endswith(".tmp") or (idx is not None and idx not in done and p.suffix != ".json"):
+        if p.name.endswith(".tmp") or (idx is not None and idx not in done):
             p.unlink()
     return done
 
@@ -310,52 +342,92 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
     try:
         if complete:
             return json.loads((out / "manifest.json").read_text())
-        choice = select_backend(info, sample_texts(mine, sopts), cfg.backend)
-        done = committed_parts(out, mine)
+        appender = None
+        if cfg.format == "memmap":
+            appender = MemmapAppender(out, out / STATE, MEMMAP_PREFIX, policy["dtype"], [u.index for u in mine])
+        done = committed_parts(out, mine, appender.committed_units() if appender else None)
         pending = [u for u in mine if u.index not in done]
         hashes: dict[str, str] = {}
-        my_paths = sorted({p for u in mine for p in u.paths})
-        hasher = _hash_inputs(my_paths, hashes)
+        hasher = _hash_inputs(sorted({p for u in mine for p in u.paths}), hashes)
         job = Job(cfg.format, policy["dtype"], cfg.seq_len, policy["bos_id"], policy["eos_id"], policy["pad_id"],
                   cfg.compression, sopts, str(out), info.vocab_size)
-        bar = Progress(sum(u.est_bytes for u in pending), f"{cfg.format} {len(pending)}/{len(mine)} parts",
-                       enabled=cfg.progress)
         records = dict(done)
-        try:
-            records.update(_run_units(pending, info, choice.backend, job, cfg.workers, bar))
-        except BaseException:
-            bar.close(ok=False)
-            raise
-        bar.close()
+
+        def on_record(rec: dict) -> None:
+            if appender is not None:  # record first: a record beyond the append commit point is discarded
+                arrays = rec.pop("arrays")
+                atomic_write_json(out / STATE / "parts" / f"{rec['part']}.json", rec)
+                appender.add(rec["unit"]["index"], *arrays)
+            records[rec["unit"]["index"]] = rec
+
+        with _Workers(info, job, cfg.workers if pending else 0, len(pending)) as workers:  # start while we check
+            choice = select_backend(info, sample_texts(mine, sopts), cfg.backend)
+            bar = Progress(sum(u.est_bytes for u in pending), f"{cfg.format} {len(pending)}/{len(mine)} parts",
+                           enabled=cfg.progress)
+            try:
+                workers.run(pending, choice.backend, bar, on_record)
+            except BaseException:
+                bar.close(ok=False)
+                if appender is not None:
+                    appender.close()
+                raise
+            bar.close()
         hasher.join()
-        manifest = _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hashes, len(units), t0)
+        files = appender.finish() if appender is not None else None
+        manifest = _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hashes, len(units), t0,
+                             files)
         return manifest
     finally:
         os.close(lock)
 
 
-def _run_units(pending: list[Unit], info: TokenizerInfo, backend: str, job: Job, workers: int,
-               bar: Progress) -> dict[int, dict]:
-    records: dict[int, dict] = {}
-    if not pending:
-        return records
-    if workers <= 0:  # inline, for debugging and tiny inputs
-        enc = make_encoder(info, backend)
-        for u in pending:
-            records[u.index] = process_unit(u, enc, job, bar.update)
-        return records
-    ctx = mp.get_context("spawn")
-    queue, slot = ctx.Queue(), ctx.Value("i", 0)
-    with ctx.Pool(min(workers, len(pending)), _init_worker, (info, backend, job, queue, slot)) as pool:
-        results = [pool.apply_async(_worker_unit, (u,)) for u in pending]
-        while results:
-            _drain(queue, bar, timeout=0.1)
-            for r in [r for r in results if r.ready()]:
-                rec = r.get()  # re-raises a worker's PretokError here
-                records[rec["unit"]["index"]] = rec
-                results.remove(r)
-        _drain(queue, bar, timeout=0)
-    return records
+class _Workers:
+    """The worker pool (spawned, one pinned CPU each), or inline processing for `workers <= 0`."""
+
+    def __init__(self, info: TokenizerInfo, job: Job, workers: int, units: int):
+        self.info, self.job, self.pool = info, job, None
+        if workers > 0 and units > 0:
+            ctx = mp.get_context("spawn")
+            self.queue, slot = ctx.Queue(), ctx.Value("i", 0)
+            self.pool = ctx.Pool(min(workers, units), _init_worker, (info, job, self.queue, slot))
+
+    def __enter__(self) -> "_Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+    def run(self, pending: list[Unit], backend: str, bar: Progress, on_record: Callable[[dict], None]) -> None:
+        """Process `pending` units; `on_record` gets each finished part's record in the main process. At most
+        4 parts per worker are in flight, which bounds what the main process buffers for in-order appending."""
+        if self.pool is None:  # inline, for debugging and tiny inputs
+            enc = make_encoder(self.info, backend) if pending else None
+            for u in pending:
+                on_record(process_unit(u, enc, self.job, bar.update))
+            return
+        import queue as queue_mod
+
+        done: queue_mod.SimpleQueue = queue_mod.SimpleQueue()  # filled by the pool's result thread, in order of completion
+        todo, running = list(pending), 0
+        window = 4 * self.pool._processes  # noqa: SLF001 — the pool's size
+        while todo or running:
+            while todo and running < window:
+                self.pool.apply_async(_worker_unit, (todo.pop(0), backend), callback=lambda r: done.put((r, None)),
+                                      error_callback=lambda e: done.put((None, e)))
+                running += 1
+            try:
+                rec, err = done.get(timeout=0.05)
+            except queue_mod.Empty:
+                _drain(self.queue, bar, timeout=0)
+                continue
+            running -= 1
+            if err is not None:
+                raise err  # a worker's PretokError, with its one-line message
+            on_record(rec)
+            _drain(self.queue, bar, timeout=0)
+        _drain(self.queue, bar, timeout=0)
 
 
 def _drain(queue, bar: Progress, timeout: float) -> None:
@@ -370,14 +442,11 @@ def _drain(queue, bar: Progress, timeout: float) -> None:
         pass
 
 
-def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: TokenizerInfo, choice, policy: dict, mine: list[Unit],
-              records: dict[int, dict], inputs: list, hashes: dict, total_units: int, t0: float) -> dict:
+def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: TokenizerInfo, choice, policy: dict,
+              mine: list[Unit], records: dict[int, dict], inputs: list, hashes: dict, total_units: int, t0: float,
+              files: list[dict] | None) -> dict:
     ordered = [records[u.index] for u in mine]
-    if cfg.format == "memmap":
-        parts = [out / STATE / "parts" / part_name(u.index) for u in mine]
-        res = mm.concat_parts(parts, out / MEMMAP_PREFIX, policy["dtype"])
-        files = res["files"]
-    else:
+    if files is None:
         files = [f for r in ordered for f in r["files"]]
     manifest = build_manifest(cfg.format, info.to_dict() | {"backend": choice.to_dict()}, policy,
                               cfg.compression, ordered, files, inputs, hashes, cfg.command,
@@ -390,10 +459,6 @@ def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: Tokeni
                                "bad_docs": cfg.bad_docs, "part_bytes": sopts.part_bytes,
                                "batch_bytes": sopts.batch_bytes})
     write_manifest(out, manifest)
-    if cfg.format == "memmap":  # the parts are now inside data.bin/.idx
-        for u in mine:
-            for ext in (".bin", ".lens"):
-                (out / STATE / "parts" / (part_name(u.index) + ext)).unlink(missing_ok=True)
     return manifest
 
 

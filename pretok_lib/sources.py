@@ -24,6 +24,9 @@ from .errors import PretokError
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 BAD_DOC_KINDS = ("null", "nonstring", "empty", "invalid")
+# Row groups are split across units only above this size: every unit reading a slice of a row group must
+# decode the group up to its slice, so splitting small groups costs more decoding than it gains in parallelism.
+SPLIT_ROW_GROUP_BYTES = 64_000_000
 
 
 @dataclass(frozen=True)
@@ -133,14 +136,14 @@ def _text_column_index(pf, path: str, column: str) -> int:
 
 
 def _plan_parquet(f: InputFile, opts: SourceOptions) -> list[tuple]:
-    """Row ranges [start, stop) of ~part_bytes text: small row groups are joined, big ones split by rows."""
+    """Row ranges [start, stop) of ~part_bytes text: row groups are joined; only very big ones are split."""
     pf = _parquet_file(f.path)
     col = _text_column_index(pf, f.path, opts.text_column)
     meta, units = pf.metadata, []
     start = row = acc = 0
     for rg in range(meta.num_row_groups):
         rows, size = meta.row_group(rg).num_rows, meta.row_group(rg).column(col).total_uncompressed_size
-        if size > opts.part_bytes:  # close the open range, then split this group evenly
+        if size > max(opts.part_bytes, SPLIT_ROW_GROUP_BYTES):  # close the open range, split this group evenly
             if row > start:
                 units.append(("parquet", (f.path,), start, row, acc))
             k = min(rows, -(-size // opts.part_bytes)) or 1
@@ -247,6 +250,30 @@ class _Collector:
         self.texts.append(text)
         self.bytes += len(text) if nbytes is None else nbytes
 
+    def add_arrow(self, arr, where: str) -> Iterator[DocBatch]:
+        """Add a string array: bulk when it has no nulls or empty strings (the common case), else per document.
+        Yields full batches, cut at document boundaries near `batch_bytes`."""
+        import numpy as np
+        import pyarrow.compute as pc
+
+        lens = pc.binary_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
+        if arr.null_count or (len(lens) and lens.min() == 0):
+            for text, nb in zip(arr.to_pylist(), lens.tolist()):
+                self.add(text, where, nb)
+                if self.full():
+                    yield self.take()
+            return
+        ends = np.cumsum(lens)
+        start = 0
+        while start < len(arr):
+            room = self.opts.batch_bytes - self.bytes + (int(ends[start - 1]) if start else 0)
+            stop = max(start + 1, int(np.searchsorted(ends, room, side="right")))
+            self.texts.extend(arr.slice(start, stop - start).to_pylist())
+            self.bytes += int(ends[stop - 1] - (ends[start - 1] if start else 0))
+            start = stop
+            if self.full():
+                yield self.take()
+
     def full(self) -> bool:
         return self.bytes >= self.opts.batch_bytes
 
@@ -257,31 +284,16 @@ class _Collector:
 
 
 def _read_parquet(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
-    import pyarrow.compute as pc
-
     path = unit.paths[0]
     pf = _parquet_file(path)
-    _text_column_index(pf, path, c.opts.text_column)
+    col = _text_column_index(pf, path, c.opts.text_column)
     meta, first = pf.metadata, 0
     try:
         for rg in range(meta.num_row_groups):
             rgm = meta.row_group(rg)
             lo, hi = max(unit.start, first), min(unit.stop, first + rgm.num_rows)
             if lo < hi:
-                avg = max(1, rgm.total_byte_size // max(rgm.num_rows, 1))
-                pos = first
-                for batch in pf.iter_batches(batch_size=max(1, c.opts.batch_bytes // avg), row_groups=[rg],
-                                             columns=[c.opts.text_column]):
-                    a, b = max(lo - pos, 0), min(hi - pos, batch.num_rows)
-                    pos += batch.num_rows
-                    if a >= b:
-                        continue
-                    col = batch.column(0).slice(a, b - a)
-                    nbytes = pc.binary_length(col).fill_null(0).to_numpy(zero_copy_only=False).tolist()
-                    for text, nb in zip(col.to_pylist(), nbytes):
-                        c.add(text, f"{path} (row group {rg})", nb)
-                        if c.full():
-                            yield c.take()
+                yield from _read_row_group(pf, rg, rgm, col, lo - first, hi - first, c, f"{path} (row group {rg})")
             first += rgm.num_rows
             if first >= unit.stop:
                 break
@@ -289,6 +301,24 @@ def _read_parquet(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
         raise
     except Exception as e:
         raise PretokError(f"corrupt parquet data ({type(e).__name__}: {str(e).splitlines()[0]})", path) from None
+
+
+def _read_row_group(pf, rg: int, rgm, col: int, lo: int, hi: int, c: _Collector, where: str) -> Iterator[DocBatch]:
+    """Rows [lo, hi) of one row group: read whole if small (fast), streamed in batches if big (bounded memory)."""
+    name = c.opts.text_column
+    if rgm.column(col).total_uncompressed_size <= 4 * c.opts.batch_bytes:
+        arr = pf.read_row_group(rg, columns=[name]).column(0).combine_chunks()
+        yield from c.add_arrow(arr.slice(lo, hi - lo), where)
+        return
+    avg = max(1, rgm.total_byte_size // max(rgm.num_rows, 1))
+    pos = 0
+    for batch in pf.iter_batches(batch_size=max(1, c.opts.batch_bytes // avg), row_groups=[rg], columns=[name]):
+        a, b = max(lo - pos, 0), min(hi - pos, batch.num_rows)
+        pos += batch.num_rows
+        if a < b:
+            yield from c.add_arrow(batch.column(0).slice(a, b - a), where)
+        if pos >= hi:
+            break
 
 
 def _jsonl_lines(unit: Unit) -> Iterator[tuple[bytes, int]]:
@@ -416,7 +446,7 @@ def read_unit(unit: Unit, opts: SourceOptions) -> Iterator[DocBatch]:
     yield c.take()
 
 
-def sample_texts(units: Sequence[Unit], opts: SourceOptions, max_bytes: int = 1 << 20) -> list[str]:
+def sample_texts(units: Sequence[Unit], opts: SourceOptions, max_bytes: int = 512_000) -> list[str]:
     """The first documents of the given units, up to about `max_bytes`, for checking a tokenizer backend."""
     out, total = [], 0
     lenient = SourceOptions(opts.text_column, opts.separator, "skip", opts.part_bytes, min(opts.batch_bytes, max_bytes))

@@ -27,15 +27,15 @@ def _canonical(data: dict) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
-def atomic_write_json(path: str | os.PathLike, data: dict) -> None:
-    """Write JSON to a temp name, fsync, rename: readers never see a half-written file."""
+def atomic_write_json(path: str | os.PathLike, data: dict, fsync: bool = True) -> None:
+    """Write JSON to a temp name, fsync (unless told not to), rename: readers never see a half-written file."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+        fh.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        if fsync:
+            fh.flush()
+            os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 

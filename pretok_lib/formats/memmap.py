@@ -378,3 +378,18 @@ def concat_datasets(
         ds = MemmapDataset(prefix, expect_dtype=dtype)
         sources.append(_Source(ds.bin_path, ds.lengths, ds.document_indices, ds.num_tokens, ds.num_documents))
     return _concat(sources, out_prefix, dtype, chunk_bytes)
+
+
+def write_index(lens_path: str | os.PathLike, idx_path: str | os.PathLike, dtype: str,
+                chunk_bytes: int = 64 << 20) -> dict:
+    """Write the `.idx` for a `.bin` whose per-document int32 lengths are in the raw file `lens_path`.
+
+    Streams from the memory-mapped lengths (no O(#docs) array), writes `<idx_path>.tmp` and renames it.
+    Returns {"path", "size", "sha256"} of the index."""
+    lens_path, idx_path = os.fspath(lens_path), os.fspath(idx_path)
+    lengths = _map(lens_path, "<i4")
+    source = _Source("", lengths, None, _sum_lengths(lengths, lens_path), len(lengths))
+    with _HashingWriter(idx_path + ".tmp") as out:
+        _write_idx(out, [source], dtype, max(1, chunk_bytes // 8))
+    os.replace(idx_path + ".tmp", idx_path)
+    return {"path": os.path.basename(idx_path), "size": out.size, "sha256": "sha256:" + out.sha.hexdigest()}

@@ -1,0 +1,78 @@
+"""Input readers and unit planning: every input kind yields exactly its documents, whatever the part size."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pretok_lib.errors import PretokError
+from pretok_lib.sources import SourceOptions, expand_inputs, plan_units, read_unit, shard_units
+
+from .conftest import PYDOCS_JSONL, WIKI_FR
+
+
+def read_all(inputs, **kw) -> list[str]:
+    opts = SourceOptions(**kw)
+    return [t for u in plan_units(expand_inputs([str(i) for i in inputs]), opts) for b in read_unit(u, opts)
+            for t in b.texts]
+
+
+@pytest.fixture(scope="module")
+def fr_docs() -> list[str]:
+    return [v["extract"] for v in json.loads(WIKI_FR.read_text()).values()][:2000]
+
+
+@pytest.mark.parametrize("part_bytes", [1 << 14, 100_000, 1 << 30])
+def test_parquet_row_ranges_cover_every_row_once(tmp_path, fr_docs, part_bytes, monkeypatch):
+    monkeypatch.setattr("pretok_lib.sources.SPLIT_ROW_GROUP_BYTES", 50_000)  # exercise splitting on small data
+    p = tmp_path / "fr.parquet"
+    pq.write_table(pa.table({"text": fr_docs, "id": list(range(len(fr_docs)))}), p, row_group_size=700)
+    assert read_all([p], part_bytes=part_bytes, batch_bytes=10_000) == fr_docs
+    units = plan_units(expand_inputs([str(p)]), SourceOptions(part_bytes=part_bytes))
+    assert [u.start for u in units[1:]] == [u.stop for u in units[:-1]] and units[-1].stop == len(fr_docs)
+    if part_bytes == 1 << 14:
+        assert len(units) > 3 * 3  # big row groups are split, not only joined
+
+
+@pytest.mark.parametrize("part_bytes", [50_000, 1 << 30])
+def test_jsonl_byte_ranges_are_newline_aligned(part_bytes):
+    expect = [json.loads(line)["text"] for line in PYDOCS_JSONL.open()]
+    assert read_all([PYDOCS_JSONL], part_bytes=part_bytes) == expect
+
+
+def test_hf_dataset_saved_to_disk(tmp_path, fr_docs):
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"text": fr_docs, "n": list(range(len(fr_docs)))})
+    ds.save_to_disk(str(tmp_path / "ds"))
+    assert read_all([tmp_path / "ds"], part_bytes=100_000) == fr_docs
+    ds.filter(lambda r: r["n"] % 2 == 0).save_to_disk(str(tmp_path / "even"))
+    assert read_all([tmp_path / "even"], part_bytes=100_000) == fr_docs[::2]
+    datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(PretokError, match="DatasetDict"):
+        expand_inputs([str(tmp_path / "dd")])
+
+
+def test_globs_are_sorted_and_text_files_one_doc_each(tmp_path, fr_docs):
+    for i, d in enumerate(fr_docs[:30]):
+        (tmp_path / f"doc{i:02d}.txt").write_text(d)
+    assert read_all([tmp_path / "doc*.txt"], part_bytes=2000) == fr_docs[:30]
+    with pytest.raises(PretokError, match="no input matches"):
+        expand_inputs([str(tmp_path / "nothing*.parquet")])
+    (tmp_path / "x.csv").write_text("a,b")
+    with pytest.raises(PretokError, match="unknown input type"):
+        expand_inputs([str(tmp_path / "x.csv")])
+
+
+def test_shards_partition_units_contiguously(tmp_path, fr_docs):
+    p = tmp_path / "fr.parquet"
+    pq.write_table(pa.table({"text": fr_docs}), p, row_group_size=100)
+    units = plan_units(expand_inputs([str(p)]), SourceOptions(part_bytes=20_000))
+    for n in (1, 2, 3, 7, len(units) + 3):
+        parts = [shard_units(units, n, i) for i in range(n)]
+        assert [u for s in parts for u in s] == units
+    with pytest.raises(PretokError):
+        shard_units(units, 2, 2)
