@@ -1,0 +1,56 @@
+"""What training reads: the five data paths behind one factory, sharded by rank and worker, resumable.
+
+    ds = make_dataset("pretok-memmap", "runs/demo/memmap", seq_len=1024, micro_batch=8, seed=0)
+    loader = make_loader(ds, num_workers=2)
+    for batch in loader: ...                      # input_ids, labels, counts; loader.state_dict() to resume
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from ..errors import PretokError
+from .baselines import PaddedText, PaddingFreeStream
+from .loader import ShardedBatches, StatefulLoader, dist_rank_world
+from .pretokenized import MemmapPacked, PaddedRows, TokenListPacked
+
+KINDS = ("padded", "padding-free", "pretok-padded", "pretok-token-list", "pretok-memmap")
+
+
+def make_source(kind: str, path: str | os.PathLike | Sequence[str], seq_len: int, *, tokenizer: str | None = None,
+                seed: int = 0, shuffle: bool = True, text_column: str = "text", backend: str | None = None):
+    """The sample source of one data path. Baselines read text (`path`: inputs) and need `tokenizer`;
+    pretokenized paths read a `pretok tokenize` output dir and check it against `tokenizer` if given."""
+    if kind not in KINDS:
+        raise PretokError(f"unknown data path '{kind}' (choose from {', '.join(KINDS)})")
+    if seq_len < 1:
+        raise PretokError(f"seq_len must be >= 1 (got {seq_len})")
+    if kind in ("padded", "padding-free"):
+        if tokenizer is None:
+            raise PretokError(f"data path '{kind}' tokenizes on the fly: give a tokenizer")
+        inputs = [str(path)] if isinstance(path, (str, os.PathLike)) else [str(p) for p in path]
+        cls = PaddedText if kind == "padded" else PaddingFreeStream
+        return cls(inputs, seq_len, tokenizer, seed=seed, shuffle=shuffle, text_column=text_column, backend=backend)
+    fingerprint = None
+    if tokenizer is not None:
+        from ..tokenizer import load_tokenizer
+
+        fingerprint = load_tokenizer(tokenizer).fingerprint
+    cls = {"pretok-padded": PaddedRows, "pretok-token-list": TokenListPacked, "pretok-memmap": MemmapPacked}[kind]
+    return cls(path, seq_len, seed=seed, shuffle=shuffle, tokenizer_fingerprint=fingerprint)
+
+
+def make_dataset(kind: str, path, seq_len: int, *, micro_batch: int = 8, rank: int | None = None,
+                 world: int | None = None, doc_aware: bool = False, **source_kw) -> ShardedBatches:
+    """One data path as an IterableDataset of this rank's collated micro-batches (see `make_source`)."""
+    return ShardedBatches(make_source(kind, path, seq_len, **source_kw), micro_batch, rank, world, doc_aware)
+
+
+def make_loader(dataset: ShardedBatches, num_workers: int = 0, pin_memory: bool | None = None,
+                prefetch_factor: int | None = 2) -> StatefulLoader:
+    return StatefulLoader(dataset, num_workers, pin_memory, prefetch_factor)
+
+
+__all__ = ["KINDS", "make_source", "make_dataset", "make_loader", "ShardedBatches", "StatefulLoader",
+           "dist_rank_world"]

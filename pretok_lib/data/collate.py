@@ -1,0 +1,51 @@
+"""Causal-LM batches: `input_ids`, shifted `labels` (-100 on padding and at document crossings), counts."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .packing import Sample
+
+IGNORE = -100
+
+
+def collate(samples: Sequence[Sample], doc_aware: bool = False) -> dict:
+    """Stack samples of W tokens into inputs/labels of W-1 positions.
+
+    Padded rows: labels are ignored where the target is padding. Packed rows: the label whose target is the
+    first token of a new document is ignored (the model is not asked to predict across a document boundary).
+    With `doc_aware`, `position_ids` restart at 0 at every document start and `doc_lens` lists the pieces.
+    Counts: `tokens` (input slots), `padding_tokens`, `masked_tokens` (crossings), `effective_tokens` (labels
+    that count)."""
+    tokens = np.stack([s.tokens for s in samples]).astype(np.int64, copy=False)
+    inputs, labels = tokens[:, :-1], tokens[:, 1:].copy()
+    L = inputs.shape[1]
+    out: dict = {}
+    padding = masked = 0
+    if samples[0].mask is not None:
+        mask = np.stack([s.mask for s in samples])
+        labels[~mask[:, 1:]] = IGNORE
+        padding = int((~mask[:, :-1]).sum())
+        out["attention_mask"] = torch.from_numpy(mask[:, :-1].astype(np.int64))
+    else:
+        for i, s in enumerate(samples):
+            cross = s.starts[s.starts <= L] - 1
+            labels[i, cross] = IGNORE
+            masked += len(cross)
+    if doc_aware and samples[0].starts is not None:
+        pos = np.empty_like(inputs)
+        for i, s in enumerate(samples):
+            idx = np.arange(L)
+            base = np.zeros(L, dtype=np.int64)
+            for st in s.starts[s.starts < L]:
+                base[st:] = st
+            pos[i] = idx - base
+        out["position_ids"] = torch.from_numpy(pos)
+        out["doc_lens"] = [s.doc_lens.tolist() for s in samples]
+    out.update(input_ids=torch.from_numpy(np.ascontiguousarray(inputs)), labels=torch.from_numpy(labels),
+               tokens=int(inputs.size), padding_tokens=padding, masked_tokens=masked,
+               effective_tokens=int((labels != IGNORE).sum()))
+    return out

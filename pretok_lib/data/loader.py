@@ -1,0 +1,108 @@
+"""Sharded, resumable batches for every data path, and the DataLoader wrapper that keeps the position.
+
+`ShardedBatches` is an IterableDataset yielding collated micro-batches for one rank: it owns the slicing of
+the global order by rank and DataLoader worker (see `order.py` for the contract). `StatefulLoader` wraps it in
+a `torch.utils.data.DataLoader` (batch_size=None) and counts what was consumed, so `state_dict()` /
+`load_state_dict()` resume exactly, in O(1), on any world size.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from .collate import collate
+from .order import Position, Shard, my_steps
+
+
+def dist_rank_world() -> tuple[int, int]:
+    """(rank, world size) from torch.distributed when initialised, else (0, 1)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+class ShardedBatches(IterableDataset):
+    """This rank's micro-batches of `source`, from `position` to the end of the epoch."""
+
+    def __init__(self, source, micro_batch: int, rank: int | None = None, world: int | None = None,
+                 doc_aware: bool = False):
+        if rank is None or world is None:
+            rank, world = dist_rank_world()
+        if not 0 <= rank < world or micro_batch < 1:
+            raise ValueError(f"bad shard: rank {rank} of {world}, micro_batch {micro_batch}")
+        self.source, self.micro_batch, self.rank, self.world = source, micro_batch, rank, world
+        self.doc_aware, self.position = doc_aware, Position()
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.world
+
+    def shard(self) -> Shard:
+        info = get_worker_info()
+        return Shard(self.rank, self.world, info.id if info else 0, info.num_workers if info else 1,
+                     self.micro_batch)
+
+    def __iter__(self) -> Iterator[dict]:
+        shard, pos = self.shard(), self.position
+        if getattr(self.source, "streaming", False):
+            yield from self._stream(shard, pos)
+            return
+        for step, first, last in my_steps(self.source.num_samples, pos, shard):
+            batch = collate([self.source.sample(pos.epoch, k) for k in range(first, last)], self.doc_aware)
+            yield dict(batch, step=step, epoch=pos.epoch)
+
+    def _stream(self, shard: Shard, pos: Position) -> Iterator[dict]:
+        """Streaming sources: every reader walks the whole stream and keeps its slices of its steps."""
+        gb, lo = self.global_batch, shard.rank * shard.micro_batch
+        mine: list = []
+        for j, (sample, cursor) in enumerate(self.source.windows(pos.epoch, pos.cursor)):
+            step, slot = divmod(j, gb)
+            if step % shard.workers != shard.worker:
+                continue
+            if lo <= slot < lo + shard.micro_batch:
+                mine.append(sample)
+            if slot == gb - 1:  # the global batch is complete: its end is where a resume would start
+                yield dict(collate(mine, self.doc_aware), step=step, epoch=pos.epoch, cursor=cursor)
+                mine = []
+
+
+class StatefulLoader:
+    """Iterates one epoch of `dataset` through a DataLoader; tracks the global position for exact resume."""
+
+    def __init__(self, dataset: ShardedBatches, num_workers: int = 0, pin_memory: bool | None = None,
+                 prefetch_factor: int | None = 2):
+        self.dataset, self.num_workers = dataset, num_workers
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self.prefetch_factor = prefetch_factor if num_workers > 0 else None
+
+    @property
+    def position(self) -> Position:
+        return self.dataset.position
+
+    def __len__(self) -> int:
+        from .order import steps_left
+
+        n = getattr(self.dataset.source, "num_samples", None)
+        if n is None:
+            raise TypeError("a streaming source does not know its length before it is read")
+        return steps_left(n, self.position, self.dataset.global_batch)
+
+    def __iter__(self) -> Iterator[dict]:
+        start = self.position
+        loader = DataLoader(self.dataset, batch_size=None, num_workers=self.num_workers,
+                            pin_memory=self.pin_memory, prefetch_factor=self.prefetch_factor)
+        for batch in loader:
+            consumed = start.consumed + (batch["step"] + 1) * self.dataset.global_batch
+            cursor = batch.pop("cursor", None)
+            self.dataset.position = Position(start.epoch, consumed, tuple(cursor) if cursor is not None else None)
+            yield batch
+        self.dataset.position = Position(start.epoch + 1, 0, None)
+
+    def state_dict(self) -> dict:
+        return {"position": self.position.to_dict(), "global_batch": self.dataset.global_batch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.dataset.position = Position.from_dict(state["position"])

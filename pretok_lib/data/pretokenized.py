@@ -1,0 +1,145 @@
+"""Readers of the pretokenized formats for training: padded rows, token lists (packed), memmap (packed).
+
+Each opens a `pretok tokenize` output through its manifest (validated: format, tokenizer, sequence length)
+and serves samples by global order position: `sample(epoch, k)`. The parquet formats are loaded into memory
+on first use (parquet has no cheap random row access); the memmap format is memory-mapped and never loaded.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from ..errors import PretokError
+from ..formats import parquet as pqf
+from ..formats.manifest import read_manifest
+from ..formats.memmap import MemmapDataset
+from .order import epoch_permutation
+from .packing import PackedIndex, Sample
+
+
+def open_checked(path: str | os.PathLike, fmt: str, tokenizer_fingerprint: str | None) -> dict:
+    """The manifest of `path`, refusing another format or tokenizer."""
+    m = read_manifest(path, expect_format=fmt)
+    if tokenizer_fingerprint and m["tokenizer"]["fingerprint"] != tokenizer_fingerprint:
+        raise PretokError(f"was tokenized with {m['tokenizer']['spec']} ({m['tokenizer']['fingerprint'][:19]}…), "
+                          f"not the requested tokenizer ({tokenizer_fingerprint[:19]}…)", Path(path) / "manifest.json")
+    return m
+
+
+class PaddedRows:
+    """`pretok-padded`: one document per row, `seq_len + 1` slots; the order permutes rows."""
+
+    def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None):
+        self.path, self.m = Path(path), open_checked(path, "padded", tokenizer_fingerprint)
+        row = self.m["policy"]["row_length"]
+        if seq_len + 1 > row:
+            raise PretokError(f"seq_len {seq_len} needs rows of {seq_len + 1} tokens; this file holds {row} "
+                              f"(pretokenized with --seq-len {row - 1})", self.path)
+        self.window, self.seed, self.shuffle = seq_len + 1, seed, shuffle
+        self.num_samples = self.m["counts"]["documents"]
+        self.rows = self.masks = None
+
+    def _load(self) -> None:
+        rows, masks = [], []
+        for f in self.m["files"]:
+            meta = pqf.read_contract(self.path / f["path"], "padded")
+            t = pq.read_table(self.path / f["path"])
+            L = meta["row_length"]
+            rows.append(t.column("input_ids").combine_chunks().values.to_numpy().reshape(-1, L))
+            masks.append(t.column("attention_mask").combine_chunks().values.to_numpy().reshape(-1, L))
+        self.rows = np.concatenate(rows)[:, : self.window] if rows else np.zeros((0, self.window), np.int64)
+        self.masks = (np.concatenate(masks)[:, : self.window] != 0) if masks else np.zeros((0, self.window), bool)
+        if len(self.rows) != self.num_samples:
+            raise PretokError(f"holds {len(self.rows)} rows, manifest.json says {self.num_samples}", self.path)
+
+    def sample(self, epoch: int, k: int) -> Sample:
+        if self.rows is None:
+            self._load()
+        i = int(self._perm(epoch)[k])
+        return Sample(self.rows[i], mask=self.masks[i])
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        if getattr(self, "_perm_epoch", None) != epoch:
+            self._perm_cache, self._perm_epoch = epoch_permutation(self.num_samples, self.seed, epoch, self.shuffle), epoch
+        return self._perm_cache
+
+
+class _Packed:
+    """Shared by token lists and memmap: documents in the epoch's order, cut into windows of seq_len + 1."""
+
+    def __init__(self, lengths: np.ndarray, seq_len: int, seed: int, shuffle: bool):
+        self.doc_lengths, self.window, self.seed, self.shuffle = lengths, seq_len + 1, seed, shuffle
+        self._index: tuple[int, PackedIndex] | None = None
+        self.num_samples = int(lengths.sum()) // self.window  # the same for every epoch
+
+    def index(self, epoch: int) -> PackedIndex:
+        if self._index is None or self._index[0] != epoch:
+            order = epoch_permutation(len(self.doc_lengths), self.seed, epoch, self.shuffle)
+            self._index = (epoch, PackedIndex(self.doc_lengths, order, self.window))
+        return self._index[1]
+
+    def sample(self, epoch: int, k: int) -> Sample:
+        return self.index(epoch).sample(k, self.doc_tokens)
+
+    def doc_tokens(self, doc: int, a: int, b: int) -> np.ndarray:
+        raise NotImplementedError
+
+
+class TokenListPacked(_Packed):
+    """`pretok-token-list`: token lists packed exactly like the on-the-fly padding-free baseline."""
+
+    def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None):
+        self.path, self.m = Path(path), open_checked(path, "token-list", tokenizer_fingerprint)
+        values, offsets, base = [], [np.zeros(1, np.int64)], 0
+        for f in self.m["files"]:
+            pqf.read_contract(self.path / f["path"], "token-list")
+            col = pq.read_table(self.path / f["path"]).column("input_ids").combine_chunks()
+            values.append(col.values.to_numpy())
+            offsets.append(col.offsets.to_numpy()[1:].astype(np.int64) + base)
+            base += len(values[-1])
+        self.values = np.concatenate(values) if values else np.zeros(0, np.int64)
+        self.offsets = np.concatenate(offsets)
+        super().__init__(np.diff(self.offsets), seq_len, seed, shuffle)
+
+    def doc_tokens(self, doc: int, a: int, b: int) -> np.ndarray:
+        o = int(self.offsets[doc])
+        return self.values[o + a : o + b]
+
+
+class MemmapPacked(_Packed):
+    """`pretok-memmap`: windows read straight from the memory-mapped Megatron `.bin`."""
+
+    def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None):
+        self.path, self.m = Path(path), open_checked(path, "memmap", tokenizer_fingerprint)
+        self.ds = MemmapDataset(self.path / "data", expect_dtype=self.m["dtype"])
+        if len(self.ds) != self.m["counts"]["documents"]:
+            raise PretokError(f"data.idx holds {len(self.ds)} documents, manifest.json says "
+                              f"{self.m['counts']['documents']}", self.path)
+        self.starts = np.asarray(self.ds.pointers, dtype=np.int64) // self.ds.dtype.itemsize
+        super().__init__(np.asarray(self.ds.lengths, dtype=np.int64), seq_len, seed, shuffle)
+
+    def doc_tokens(self, doc: int, a: int, b: int) -> np.ndarray:
+        s = int(self.starts[doc])
+        return self.ds.tokens[s + a : s + b]
+
+    def sample(self, epoch: int, k: int) -> Sample:
+        if not self.shuffle:  # sequential: one contiguous slice of the .bin (the nanoGPT fast path)
+            t = k * self.window
+            p = int(np.searchsorted(self.starts, t, side="right")) - 1
+            pieces, need = [], self.window
+            while need:
+                take = min(need, int(self.doc_lengths[p]) - (t - int(self.starts[p])))
+                pieces.append((p, t - int(self.starts[p]), t - int(self.starts[p]) + take))
+                need, t, p = need - take, t + take, p + 1
+            pieces = [q for q in pieces if q[2] > q[1]]
+            s = Sample(np.asarray(self.ds.tokens[k * self.window : (k + 1) * self.window], dtype=np.int64))
+            lens = np.array([b - a for _, a, b in pieces], dtype=np.int64)
+            pos = np.concatenate([[0], np.cumsum(lens)[:-1]])
+            s.starts = np.array([q for q, (_, a, _) in zip(pos, pieces) if a == 0 and q > 0], dtype=np.int64)
+            s.doc_lens = lens
+            return s
+        return super().sample(epoch, k)
