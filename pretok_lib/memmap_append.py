@@ -1,12 +1,12 @@
 """In-order, crash-safe appending of finished parts into one Megatron `.bin` (the memmap format's write path).
 
-Workers return each part's tokens, lengths and the sha256 of its token bytes; the main process appends them
-in unit order to `OUT/data.bin.tmp` and `OUT/.pretok/data.lens`, hashing as it goes, and commits every part by
-atomically rewriting `.pretok/append.json` ({"parts", "bin_bytes", "lens_bytes", "part_sha256"}). After a kill
-the files are truncated back to the committed sizes, the committed prefix is re-read and checked part by part
-against `part_sha256` (so data lost by a power cut is detected and redone, without an fsync per part), and the
-run continues with the next part: no part files and no final copy of the token data. `finish` fsyncs, writes
-the `.idx` from the lengths and renames `.bin` then `.idx`.
+Workers write each part (`.pretok/parts/part-N.bin` + `.lens`, streamed: bounded memory) and the sha256 of
+its token bytes; the main process appends finished parts in unit order to `OUT/data.bin.tmp` and
+`OUT/.pretok/data.lens` (in-kernel copy_file_range), commits every part by atomically rewriting
+`.pretok/append.json` (parts appended, their sizes, document counts and checksums), then deletes the part files.
+After a kill the files are truncated back to the committed sizes and the committed prefix is re-read and
+checked part by part (data lost by a power cut is detected and redone, without an fsync per part). `finish`
+fsyncs, hashes the `.bin` in one sequential read, renames it, then streams the `.idx` from the lengths.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ class MemmapAppender:
         self.part_sha, self.part_sizes, self.part_docs = st["part_sha256"], st["part_sizes"], st["part_docs"]
         self.bin = open(self.bin_path, "r+b" if self.bin_path.exists() else "w+b")
         self.lens = open(self.lens_path, "r+b" if self.lens_path.exists() else "w+b")
-        self.sha = hashlib.sha256()
         self.committed = self._intact_prefix(st["parts"])
         del self.part_sha[self.committed :], self.part_sizes[self.committed :], self.part_docs[self.committed :]
         self.bin_bytes, self.lens_bytes = sum(self.part_sizes), 4 * sum(self.part_docs)
@@ -45,40 +44,52 @@ class MemmapAppender:
             fh.seek(size)
 
     def _intact_prefix(self, parts: int) -> int:
-        """How many committed parts are intact on disk; their bytes are fed into the running sha256."""
+        """How many committed parts are intact on disk (each re-read and checked against its sha256)."""
         for k in range(parts):
-            part, whole, left = hashlib.sha256(), self.sha.copy(), self.part_sizes[k]
+            part, left = hashlib.sha256(), self.part_sizes[k]
             while left and (block := self.bin.read(min(64 << 20, left))):
                 part.update(block)
-                whole.update(block)
                 left -= len(block)
             if left or "sha256:" + part.hexdigest() != self.part_sha[k]:
                 return k  # lost or damaged (e.g. a power cut before writeback): redo from this part on
-            self.sha = whole
         return parts
 
     def committed_units(self) -> list[int]:
         return self.order[: self.committed]
 
-    def add(self, unit_index: int, tokens: np.ndarray, lengths: np.ndarray, sha256: str) -> None:
-        """Take a finished part (its token bytes' sha256 computed by the worker); append every part now in order."""
-        self.pending[unit_index] = (tokens, lengths, sha256)
+    def add(self, unit_index: int, part_prefix: Path, sha256: str) -> None:
+        """Take a finished part (files `<part_prefix>.bin/.lens`); append every part that is now in order."""
+        self.pending[unit_index] = (Path(part_prefix), sha256)
         while self.committed < len(self.order) and self.order[self.committed] in self.pending:
-            tok, lens, digest = self.pending.pop(self.order[self.committed])
-            data = np.ascontiguousarray(tok, dtype=np.dtype(self.dtype).newbyteorder("<")).data
-            self.bin.write(data)
-            self.sha.update(data)
-            self.lens.write(np.ascontiguousarray(lens, dtype="<i4").data)
+            prefix, digest = self.pending.pop(self.order[self.committed])
+            size = self._copy(prefix.with_name(prefix.name + ".bin"), self.bin)
+            docs = self._copy(prefix.with_name(prefix.name + ".lens"), self.lens) // 4
             self.bin_bytes, self.lens_bytes = self.bin.tell(), self.lens.tell()
             self.part_sha.append(digest)
-            self.part_sizes.append(data.nbytes)
-            self.part_docs.append(len(lens))
+            self.part_sizes.append(size)
+            self.part_docs.append(docs)
             self.committed += 1
             for fh in (self.bin, self.lens):
                 fh.flush()
             atomic_write_json(self.commit_path, {"order": self.order, "parts": self.committed,
                                                  "part_sha256": self.part_sha, "part_sizes": self.part_sizes,
                                                  "part_docs": self.part_docs}, fsync=False)
+            for ext in (".bin", ".lens"):
+                prefix.with_name(prefix.name + ext).unlink()
+
+    @staticmethod
+    def _copy(src: Path, dst) -> int:
+        """Append `src` to `dst` in the kernel (copy_file_range: no copy through Python)."""
+        dst.flush()
+        size, done = src.stat().st_size, 0
+        with open(src, "rb") as fh:
+            while done < size:
+                n = os.copy_file_range(fh.fileno(), dst.fileno(), size - done)
+                if n == 0:
+                    raise OSError(f"{src}: short copy")
+                done += n
+        dst.seek(0, os.SEEK_END)
+        return size
 
     def finish(self) -> list[dict]:
         """Write the index, rename .bin then .idx into place; returns both files' records."""
@@ -87,10 +98,14 @@ class MemmapAppender:
             fh.flush()
             os.fsync(fh.fileno())
             fh.close()
+        sha = hashlib.sha256()
+        with open(self.bin_path, "rb") as fh:  # one sequential read (page cache) instead of hashing per append
+            while block := fh.read(16 << 20):
+                sha.update(block)
         final_bin = self.out / f"{self.prefix}.bin"
         os.replace(self.bin_path, final_bin)
         idx = mm.write_index(self.lens_path, self.out / f"{self.prefix}.idx", self.dtype)
-        return [{"path": final_bin.name, "size": self.bin_bytes, "sha256": "sha256:" + self.sha.hexdigest()}, idx]
+        return [{"path": final_bin.name, "size": self.bin_bytes, "sha256": "sha256:" + sha.hexdigest()}, idx]
 
     def close(self) -> None:
         for fh in (self.bin, self.lens):

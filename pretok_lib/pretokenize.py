@@ -32,6 +32,7 @@ import numpy as np
 from . import __version__
 from .errors import PretokError
 from .formats import parquet as pqf
+from .formats import memmap as mm
 from .formats.manifest import FORMAT_VERSIONS, atomic_write_json, environment, write_manifest
 from .memmap_append import MemmapAppender
 from .progress import Progress
@@ -150,35 +151,32 @@ def part_name(index: int) -> str:
     return f"part-{index:06d}"
 
 
-class _TokenBuffer:
-    """The memmap 'writer' inside a worker: keeps the part's tokens for the main process to append in order."""
+class _HashedPart(mm.PartWriter):
+    """A memmap part (`.bin` + `.lens` under .pretok/parts) that also hashes its token bytes as written."""
 
-    def __init__(self, dtype: str):
-        self.dtype, self.tokens, self.lengths = dtype, [], []
+    def __init__(self, prefix: Path, dtype: str):
+        super().__init__(prefix, dtype)
+        self.le, self.sha = np.dtype(dtype).newbyteorder("<"), hashlib.sha256()
 
     def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        if tokens.size and int(tokens.max()) > np.iinfo(self.dtype).max:
-            raise PretokError(f"token id {int(tokens.max())} does not fit {self.dtype}")
-        self.tokens.append(tokens.astype(self.dtype))
-        self.lengths.append(lengths.astype(np.int32))
-
-    def close(self) -> dict:
-        self.tokens = np.concatenate(self.tokens) if self.tokens else np.zeros(0, self.dtype)
-        self.lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int32)
-        return {}
+        if tokens.size and int(tokens.max()) > np.iinfo(self.le).max:
+            raise PretokError(f"token id {int(tokens.max())} does not fit {self.le}")
+        data = np.ascontiguousarray(tokens, dtype=self.le)
+        self.sha.update(data.data)
+        super().add(data, lengths)
 
 
 def _open_part(job: Job, unit: Unit):
     name = part_name(unit.index)
     if job.fmt == "memmap":
-        return _TokenBuffer(job.dtype)
+        return _HashedPart(Path(job.out_dir) / STATE / "parts" / name, job.dtype)
     schema = pqf.schema_for(job.fmt, job.dtype, job.seq_len, job.pad_id)
     return pqf.ParquetPartWriter(Path(job.out_dir) / f"{name}.parquet", schema, job.compression)
 
 
 def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int], None]) -> dict:
-    """Read, tokenize and write one unit. Parquet parts are written and committed here (record on disk);
-    memmap parts come back as arrays (`record["arrays"]`) for the main process to append in order."""
+    """Read, tokenize and write one unit as a part, committed by its record (`.pretok/parts/part-N.json`).
+    Memmap parts are then appended in order to the one `.bin` by the main process (`MemmapAppender`)."""
     writer = _open_part(job, unit)
     counts = {"documents": 0, "tokens": 0, "padding": 0, "truncated": 0, "input_bytes": 0}
     skipped: dict[str, int] = {}
@@ -208,15 +206,24 @@ def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int]
         counts["tokens"] += t
         report(batch.text_bytes, n, t)
     result = writer.close()
-    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # this process (worker) so far
+    peak_rss_mb = _peak_rss_mb()
     record = {"unit": asdict(unit), **counts, "skipped": skipped, "peak_rss_mb": round(peak_rss_mb, 1),
               "files": [result] if job.fmt != "memmap" else [], "part": part_name(unit.index)}
     if job.fmt == "memmap":
-        digest = "sha256:" + hashlib.sha256(np.ascontiguousarray(writer.tokens).data).hexdigest()
-        record["arrays"] = (writer.tokens, writer.lengths, digest)
-    else:
-        atomic_write_json(Path(job.out_dir) / STATE / "parts" / f"{part_name(unit.index)}.json", record)
+        record["part_sha256"] = "sha256:" + writer.sha.hexdigest()
+    atomic_write_json(Path(job.out_dir) / STATE / "parts" / f"{part_name(unit.index)}.json", record)
     return record
+
+
+def _peak_rss_mb() -> float:
+    """This process's own peak RSS (VmHWM; ru_maxrss would include what a spawned child inherited)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 _WORKER: dict = {}
@@ -290,11 +297,10 @@ def prepare_output(out: Path, key: dict, overwrite: bool) -> tuple[bool, int]:
     return (out / "manifest.json").exists(), fd
 
 
-def committed_parts(out: Path, units: Sequence[Unit], committed: Sequence[int] | None = None) -> dict[int, dict]:
-    """Records of parts already committed (all with a record, or only `committed` if given); removes the
-    leftovers of uncommitted ones (temp files, half parts, records beyond the commit point)."""
+def committed_parts(out: Path, units: Sequence[Unit]) -> dict[int, dict]:
+    """Records of parts already committed; removes the leftovers of uncommitted ones (temp files, half parts)."""
     parts = out / STATE / "parts"
-    allowed = set(committed) if committed is not None else {u.index for u in units}
+    allowed = {u.index for u in units}
     done = {}
     for u in units:
         rec = parts / f"{part_name(u.index)}.json"
@@ -342,10 +348,11 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
     try:
         if complete:
             return json.loads((out / "manifest.json").read_text())
+        done = committed_parts(out, mine)
         appender = None
         if cfg.format == "memmap":
             appender = MemmapAppender(out, out / STATE, MEMMAP_PREFIX, policy["dtype"], [u.index for u in mine])
-        done = committed_parts(out, mine, appender.committed_units() if appender else None)
+            _resume_appends(appender, out, done)
         pending = [u for u in mine if u.index not in done]
         hashes: dict[str, str] = {}
         hasher = _hash_inputs(sorted({p for u in mine for p in u.paths}), hashes)
@@ -354,10 +361,8 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
         records = dict(done)
 
         def on_record(rec: dict) -> None:
-            if appender is not None:  # record first: a record beyond the append commit point is discarded
-                arrays = rec.pop("arrays")
-                atomic_write_json(out / STATE / "parts" / f"{rec['part']}.json", rec)
-                appender.add(rec["unit"]["index"], *arrays)
+            if appender is not None:
+                appender.add(rec["unit"]["index"], out / STATE / "parts" / rec["part"], rec["part_sha256"])
             records[rec["unit"]["index"]] = rec
 
         with _Workers(info, job, cfg.workers if pending else 0, len(pending)) as workers:  # start while we check
@@ -379,6 +384,22 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
         return manifest
     finally:
         os.close(lock)
+
+
+def _resume_appends(appender: MemmapAppender, out: Path, done: dict[int, dict]) -> None:
+    """Hand finished-but-unappended parts to the appender; forget parts whose data is gone (appended once, but
+    beyond the intact prefix after a crash) so they are tokenized again."""
+    appended = set(appender.committed_units())
+    for i in sorted(done):
+        prefix = out / STATE / "parts" / done[i]["part"]
+        if i in appended:  # a crash between the append commit and the deletion of the part's files
+            for ext in (".bin", ".lens"):
+                prefix.with_name(prefix.name + ext).unlink(missing_ok=True)
+            continue
+        if all(prefix.with_name(prefix.name + ext).exists() for ext in (".bin", ".lens")):
+            appender.add(i, prefix, done[i]["part_sha256"])
+        else:
+            (out / STATE / "parts" / f"{done.pop(i)['part']}.json").unlink()
 
 
 class _Workers:

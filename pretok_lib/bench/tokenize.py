@@ -1,15 +1,14 @@
 """`pretok bench tokenize`: per-doc loop vs datasets.map vs in-memory backend ceiling vs the engine, in one run.
 
-Every method sees the same documents (read by the engine's own readers, bad documents dropped). The slow
-baselines (a) and (b) run on a prefix of the corpus; ratios compare MB/s (text bytes per second), which is
-comparable across sizes. Tokens are text tokens (BOS/EOS excluded); bytes/token is on-disk bytes per stored token.
-Peak RSS: VmHWM of the spawned child for (a) and (c); for (b) and the engine, the largest RSS of any one worker,
-sampled every 20 ms (ru_maxrss is not used: a spawned process inherits its parent's).
+Every method sees the same documents (the engine's readers, bad documents dropped); the slow baselines run on a
+prefix and all ratios compare MB/s. How each number is measured is printed under the table (NOTES). Peak RSS never
+uses ru_maxrss: a spawned process inherits its parent's.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -26,6 +25,14 @@ from ..errors import PretokError
 
 FORMATS = ("memmap", "token-list", "padded")
 GPT2_REL = Path("shared/data/tokenizers/gpt2/tokenizer.json")
+NOTES = """\
+(a), (b) measured on the first {k} docs ({kmb:.1f} MB), the others on all {docs} docs ({mb:.1f} MB); ratios: MB/s.
+(a) HF fast tokenizer, 1 pinned core, ids -> np.uint32 per doc. (b) map(batched, num_proc={n}) + save_to_disk as
+    run_clm.py (input_ids + attention_mask; from_parquet excluded). (c) {backend} encode_batch on texts in memory,
+    1 pinned core; x{n} = {n} x 1 core (derived). (d) end to end: read + tokenize + write + checksums + manifest.
+Peak RSS: (a), (c) VmHWM of the process (it holds all its texts); (b) max of its main process and any map worker,
+    (d) any single worker, sampled every 20 ms. tokens/s: text tokens (no BOS/EOS). bytes/token: bytes on disk per
+    stored token (BOS/EOS included, padding and truncated tokens excluded)."""
 LOOP, MAP, CEIL = "(a) per-doc tok(text) loop", "(b) datasets.map", "(c) ceiling 1 core"
 
 
@@ -41,14 +48,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     p.add_argument("--skip", nargs="*", default=[], choices=["loop", "datasets-map", "ceiling", "engine-1", "rss-scan"])
     p.add_argument("--loop-mb", type=float, default=20.0, help="corpus prefix measured by (a) and (b)")
-    p.add_argument("--rss-scan", default="10,500", help="corpus MB sizes for the worker-RSS flatness check ('' = off)")
+    p.add_argument("--rss-scan", default="10,100,500", help="corpus MB sizes for the worker-RSS check ('' = off)")
     p.add_argument("--part-mb", type=float, default=None, help="engine --part-mb (default: the engine's)")
     p.add_argument("--batch-mb", type=float, default=None, help="engine --batch-mb, also the ceiling's batch size")
     p.add_argument("--json", default=None, metavar="OUT", help="write all results here")
     p.add_argument("--check", action="store_true", help="exit 1 if a target fails")
-
-
-# ---------------------------------------------------------------- inputs
 
 
 def resolve_tokenizer(spec: str | None, workdir: Path) -> str:
@@ -79,10 +83,9 @@ def cached_corpus(workdir: Path, mb: float) -> Path:
 
 def iter_docs(path: str) -> Iterator[str]:
     """Documents of `path` in engine order, through the engine's readers and default bad-document policy."""
-    from ..pretokenize import TokenizeConfig
-    from ..sources import expand_inputs, plan_units, read_unit
+    from ..sources import SourceOptions, expand_inputs, plan_units, read_unit
 
-    opts = TokenizeConfig([], "", "").source_options()
+    opts = SourceOptions()  # the engine's defaults; document order does not depend on the part size
     for unit in plan_units(expand_inputs([path]), opts):
         for batch in read_unit(unit, opts):
             yield from batch.texts
@@ -106,9 +109,6 @@ def scan_corpus(path: str, prefix_bytes: int, prefix_out: Path) -> dict:
     pq.write_table(pa.table({"text": prefix}), prefix_out)
     return {"path": path, "documents": docs, "text_bytes": nbytes, "prefix_documents": k, "prefix_bytes": kbytes,
             "prefix_path": str(prefix_out)}
-
-
-# ---------------------------------------------------------------- measuring helpers
 
 
 def in_child(fn: Callable[..., dict], *args: Any) -> dict:
@@ -142,8 +142,7 @@ class ChildRss:
                     pass
 
     def __enter__(self) -> ChildRss:
-        self._thread.start()
-        return self
+        return self._thread.start() or self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
@@ -179,29 +178,25 @@ def hf_tokenizer(tok_file: str) -> Any:
 
 
 def child_loop(prefix: str, tok_file: str, ref: dict | None) -> dict:
-    """(a) `tok(text)["input_ids"]` per document on one pinned core, like a Dataset.__getitem__ on the fly."""
+    """(a) `tok(text)["input_ids"]` per document on one pinned core, kept as a uint32 array per document (what a
+    Dataset.__getitem__ tokenizing on the fly returns)."""
     from ..tokenizer import limit_threads_to_one_cpu
 
     limit_threads_to_one_cpu(0)
     tok = hf_tokenizer(tok_file)
     texts = list(iter_docs(prefix))
     t0 = time.perf_counter()
-    out = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    out = [np.array(tok(t, add_special_tokens=False)["input_ids"], np.uint32) for t in texts]
     secs, rss = time.perf_counter() - t0, hwm_mb()
     off = np.concatenate([[0], np.cumsum([len(x) for x in out], dtype=np.int64)])
-    ids = np.fromiter((i for x in out for i in x), np.uint32, int(off[-1]))
+    ids = np.concatenate(out) if out else np.empty(0, np.uint32)
     return {"seconds": secs, "documents": len(texts), "tokens": int(off[-1]), "peak_rss_mb": rss,
             "ids_identical": same_as_engine(ids, off, ref)}
 
 
-class _HFEncode:
-    """Picklable `datasets.map` function: run_clm.py's `tokenize_function` (input_ids + attention_mask)."""
-
-    def __init__(self, tok_file: str):
-        self.tok = hf_tokenizer(tok_file)
-
-    def __call__(self, batch: dict) -> dict:
-        return self.tok(batch["text"], add_special_tokens=False)
+def _hf_encode(tok: Any, batch: dict) -> dict:
+    """The `datasets.map` function: run_clm.py's `tokenize_function` (input_ids + attention_mask)."""
+    return tok(batch["text"], add_special_tokens=False)
 
 
 def child_datasets(prefix: str, tok_file: str, workers: int, workdir: str, ref: dict | None) -> dict:
@@ -212,20 +207,21 @@ def child_datasets(prefix: str, tok_file: str, workers: int, workdir: str, ref: 
     cache, saved = Path(workdir) / "hf-cache", Path(workdir) / "hf-saved"
     for d in (cache, saved):
         shutil.rmtree(d, ignore_errors=True)
-    fn = _HFEncode(tok_file)
+    fn = functools.partial(_hf_encode, hf_tokenizer(tok_file))
     t0 = time.perf_counter()
     ds = datasets.Dataset.from_parquet(prefix, cache_dir=str(cache))
     t1 = time.perf_counter()
     with ChildRss() as workers_rss:
         out = ds.map(fn, batched=True, num_proc=workers, remove_columns=ds.column_names, load_from_cache_file=False)
         out.save_to_disk(str(saved))
-    secs, rss = time.perf_counter() - t1, max(hwm_mb(), workers_rss.peak_mb)
+    secs, main_rss = time.perf_counter() - t1, hwm_mb()
     col = datasets.load_from_disk(str(saved)).data.column("input_ids").combine_chunks()
     off = col.offsets.to_numpy().astype(np.int64)
     ids, off = col.flatten().to_numpy(), off - off[0]
     disk = sum(f.stat().st_size for f in saved.rglob("*") if f.is_file())
     return {"seconds": secs, "load_seconds": t1 - t0, "documents": len(off) - 1, "tokens": int(off[-1]),
-            "stored_tokens": int(off[-1]), "disk_bytes": disk, "peak_rss_mb": rss, "columns": out.column_names,
+            "stored_tokens": int(off[-1]), "disk_bytes": disk, "peak_rss_mb": max(main_rss, workers_rss.peak_mb),
+            "main_peak_rss_mb": main_rss, "workers_peak_rss_mb": workers_rss.peak_mb, "columns": out.column_names,
             "ids_identical": same_as_engine(ids, off, ref)}
 
 
@@ -271,14 +267,12 @@ def run_engine(corpus: str, tok: str, fmt: str, workers: int, out: Path, part_mb
     c, pol = m["counts"], m["policy"]
     specials = (pol["bos_id"] is not None) + (pol["eos_id"] is not None)
     return {"seconds": secs, "manifest_wall_seconds": m["run"]["wall_seconds"], "documents": c["documents"],
-            "tokens": c["tokens"] - specials * c["documents"], "engine_tokens": c["tokens"],
-            "stored_tokens": c["tokens"] + c.get("padding", 0), "disk_bytes": sum(f["size"] for f in m["files"]),
+            # padded: counts.tokens are the kept tokens; the truncated ones are counted apart
+            "tokens": c["tokens"] + c.get("truncated", 0) - specials * c["documents"], "engine_tokens": c["tokens"],
+            "stored_tokens": c["tokens"], "disk_bytes": sum(f["size"] for f in m["files"]),
             "peak_rss_mb": workers_rss.peak_mb, "manifest_worker_peak_rss_mb": m["run"]["worker_peak_rss_mb"],
             "units": len(m["parts"]), "workers": workers, "backend": m["tokenizer"]["backend"]["backend"],
             "out": str(out), "policy": pol}
-
-
-# ---------------------------------------------------------------- report
 
 
 def rates(r: dict, text_bytes: int) -> dict:
@@ -362,6 +356,8 @@ def main(args: argparse.Namespace) -> dict:
     def note(name: str, r: dict) -> None:
         print(f"  {name}: {r['seconds']:.2f} s", flush=True)
 
+    warm = run_engine(cinfo["prefix_path"], tok, "memmap", n, work / "warm-up", None, args.batch_mb)  # untimed:
+    shutil.rmtree(warm["out"], ignore_errors=True)  # page cache, imports and lazy inits warm before the first timing
     methods: dict[str, dict] = {}
     ref = None  # the engine's memmap output (N workers): the ids every other method is checked against
     for fmt in args.formats:
@@ -373,10 +369,12 @@ def main(args: argparse.Namespace) -> dict:
                 ref = {"out": r["out"], "bos": r["policy"]["bos_id"], "eos": r["policy"]["eos_id"]}
     if "ceiling" not in skip:
         batch = int((args.batch_mb or 4.0) * 1e6)
-        note(CEIL, r := in_child(child_ceiling, corpus, tok, backends[0], batch, ref))
+        fastest = next((r["backend"] for k, r in methods.items() if k.startswith("(d)")), backends[0])
+        note(CEIL, r := in_child(child_ceiling, corpus, tok, fastest, batch, ref))
         methods[CEIL] = rates(r, cinfo["text_bytes"])
-        derived = {**r, "seconds": r["seconds"] / n, "peak_rss_mb": None, "ids_identical": None, "derived": True}
-        methods[f"(c) ceiling x{n} (derived)"] = rates(derived, cinfo["text_bytes"])
+        if n > 1:
+            derived = {**r, "seconds": r["seconds"] / n, "peak_rss_mb": None, "ids_identical": None, "derived": True}
+            methods[f"(c) ceiling x{n} (derived)"] = rates(derived, cinfo["text_bytes"])
     if "loop" not in skip:
         note(LOOP, r := in_child(child_loop, cinfo["prefix_path"], tok, ref))
         methods[LOOP] = rates(r, cinfo["prefix_bytes"])
@@ -389,22 +387,17 @@ def main(args: argparse.Namespace) -> dict:
         path = str(cached_corpus(work, mb))
         r = run_engine(path, tok, "memmap", n, work / f"rss-{mb:g}mb", args.part_mb, args.batch_mb)
         shutil.rmtree(r["out"], ignore_errors=True)
-        scan.append({"mb": mb, **{k: r[k] for k in ("peak_rss_mb", "manifest_worker_peak_rss_mb", "seconds",
-                                                    "units", "documents")}})
-        print(f"  rss scan {mb:g} MB: worker peak {r['peak_rss_mb']} MB ({r['seconds']:.1f} s)", flush=True)
+        scan.append({"mb": mb, "mb_per_s": mb / r["seconds"], **{k: r[k] for k in (
+            "peak_rss_mb", "manifest_worker_peak_rss_mb", "seconds", "units", "documents")}})
+        print(f"  rss scan {mb:g} MB: worker peak {r['peak_rss_mb']} MB, {mb / r['seconds']:.1f} MB/s", flush=True)
 
     b, ceil = methods.get(MAP), methods.get(CEIL)
     print("\n" + table(methods, b["mb_per_s"] if b else None, ceil["mb_per_s"] if ceil else None))
-    print(f"\n(a), (b) measured on the first {cinfo['prefix_documents']} docs ({cinfo['prefix_bytes'] / 1e6:.1f} MB), "
-          f"the others on all {cinfo['documents']} docs ({cinfo['text_bytes'] / 1e6:.1f} MB); ratios are of MB/s.\n"
-          f"(a) HF fast tokenizer, 1 pinned core. (b) map(batched, num_proc={n}) + save_to_disk, as run_clm.py "
-          f"(input_ids + attention_mask), from_parquet load excluded. (c) {backends[0]} encode_batch on texts in "
-          f"memory, 1 pinned core; x{n} = {n} x 1 core, derived.\n(d) end to end: read + tokenize + write + "
-          "checksums + manifest. Peak RSS: (a), (c) VmHWM of the process; (b), (d) the largest single worker, "
-          "sampled.\ntokens/s counts text tokens (no BOS/EOS); bytes/token = bytes on disk / stored tokens.")
+    print("\n" + NOTES.format(k=cinfo["prefix_documents"], kmb=cinfo["prefix_bytes"] / 1e6, docs=cinfo["documents"],
+                              mb=cinfo["text_bytes"] / 1e6, n=n, backend=ceil["backend"] if ceil else "-"))
     if scan:
         print("engine memmap worker peak RSS by input size: " + ", ".join(
-            f"{s['mb']:g} MB -> {s['peak_rss_mb']} MB ({s['units']} units)" for s in scan))
+            f"{s['mb']:g} MB -> {s['peak_rss_mb']} MB ({s['units']} units, {s['mb_per_s']:.1f} MB/s)" for s in scan))
     tg = targets(methods, n, scan)
     print()
     for t in tg:

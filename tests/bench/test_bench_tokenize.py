@@ -1,0 +1,57 @@
+"""Smoke test of `pretok bench tokenize`: every method measured, ids identical, token counts consistent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pretok_lib.bench.tokenize import CEIL, LOOP, MAP
+from pretok_lib.cli import build_parser
+from pretok_lib.formats.memmap import MemmapDataset
+
+GPT2_EOT = 50256
+
+
+def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path) -> None:
+    out, work = tmp_path / "b.json", tmp_path / "w"
+    args = build_parser().parse_args(
+        ["bench", "tokenize", "--mb", "2", "--loop-mb", "0.5", "--rss-scan", "1,3", "--workers", "2",
+         "--json", str(out), "--workdir", str(work),
+         "--tokenizer", str(shared_data / "tokenizers" / "gpt2" / "tokenizer.json")])
+    returned = args.fn(args) or json.loads(out.read_text())  # the CLI wrapper drops main()'s return value
+    res = json.loads(out.read_text())
+    assert res["methods"].keys() == returned["methods"].keys()
+    m = res["methods"]
+    engine = {f"(d) engine {fmt} w{w}" for fmt in ("memmap", "token-list", "padded") for w in (1, 2)}
+    assert {LOOP, MAP, CEIL, "(c) ceiling x2 (derived)"} | engine == m.keys(), sorted(m)
+    for name, r in m.items():
+        for key in ("docs_per_s", "tokens_per_s", "mb_per_s"):
+            assert r[key] > 0, (name, key, r[key])
+    for name in (LOOP, MAP, CEIL):
+        assert m[name]["ids_identical"] is True, name
+        assert 0 < m[name]["peak_rss_mb"] < 4000, name
+
+    corpus, ceil, eng = res["corpus"], m[CEIL], m["(d) engine memmap w2"]
+    assert 1.5e6 < corpus["text_bytes"] <= 2e6 and 0 < corpus["prefix_bytes"] <= 0.5e6
+    # (a) and (b) ran on the same prefix and counted the same tokens; the ceiling and the engine on the whole corpus
+    assert m[LOOP]["documents"] == m[MAP]["documents"] == corpus["prefix_documents"] < corpus["documents"]
+    assert m[LOOP]["tokens"] == m[MAP]["tokens"] > 0
+    assert ceil["documents"] == eng["documents"] == corpus["documents"]
+    assert eng["policy"]["bos_id"] == GPT2_EOT and eng["policy"]["eos_id"] is None
+    assert eng["engine_tokens"] == ceil["tokens"] + corpus["documents"]  # the engine adds one BOS per document
+    for name in engine:  # every format tokenized every text token (padded counts kept + truncated)
+        assert m[name]["tokens"] == ceil["tokens"], name
+
+    ds = MemmapDataset(Path(eng["out"]) / "data")
+    assert len(ds) == corpus["documents"] and ds.num_tokens == eng["engine_tokens"]
+    assert int(ds[0][0]) == GPT2_EOT
+    for name in engine:
+        assert (Path(m[name]["out"]) / "manifest.json").is_file(), name
+        assert m[name]["bytes_per_token"] > 0 and 0 < m[name]["peak_rss_mb"] < 4000, name
+    assert 2.0 <= eng["bytes_per_token"] < 2.2  # uint16 tokens + a small index
+
+    assert [s["mb"] for s in res["rss_scan"]] == [1.0, 3.0]
+    assert all(s["peak_rss_mb"] > 0 and s["mb_per_s"] > 0 for s in res["rss_scan"])
+    ids_target = next(t for t in res["targets"] if t["target"].startswith("(b) ids identical"))
+    assert ids_target["pass"] is True
+    assert res["environment"]["cpus"] >= 1 and res["tokenizer"]["backends"][0] == ceil["backend"]
