@@ -110,6 +110,12 @@ def cmd_bench_tokenize(a: argparse.Namespace) -> None:
     bench_main(a)
 
 
+def cmd_bench_loaders(a: argparse.Namespace) -> None:
+    from .bench.loaders import main as bench_main
+
+    bench_main(a)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pretok", description=__doc__.split(":")[0] if __doc__ else None)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -149,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_args(p)
     p.set_defaults(fn=cmd_bench_tokenize)
+    p = bsub.add_parser("loaders", help="loader-only throughput of the five data paths vs the raw memmap ceiling")
+    from .bench.loaders import add_args as add_loader_args
+
+    add_loader_args(p)
+    p.set_defaults(fn=cmd_bench_loaders)
     return ap
 
 

@@ -16,7 +16,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 
 from .formats import memmap as mm
 from .formats.manifest import atomic_write_json

@@ -13,35 +13,29 @@ for any number of workers, any interruption, and any sharding followed by `preto
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
-import multiprocessing as mp
 import os
-import resource
 import shutil
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Sequence
-
-import numpy as np
+from typing import Sequence
 
 from . import __version__
 from .errors import PretokError
 from .formats import parquet as pqf
-from .formats import memmap as mm
 from .formats.manifest import FORMAT_VERSIONS, atomic_write_json, environment, write_manifest
 from .memmap_append import MemmapAppender
+from .parts import STATE, Job, part_name
 from .progress import Progress
-from .sources import SourceOptions, Unit, expand_inputs, file_sha256, plan_units, read_unit, sample_texts, shard_units
-from .tokenizer import (TokenizerInfo, backends_for, id_dtype_for, limit_threads_to_one_cpu, load_tokenizer,
-                        make_encoder, select_backend)
+from .sources import SourceOptions, Unit, expand_inputs, file_sha256, plan_units, sample_texts, shard_units
+from .tokenizer import TokenizerInfo, id_dtype_for, load_tokenizer, select_backend
+from .workers import Workers
 
 FORMATS = ("padded", "token-list", "memmap")
-STATE = ".pretok"
 MEMMAP_PREFIX = "data"
 
 
@@ -83,44 +77,6 @@ class TokenizeConfig:
                              self.part_bytes(total_input_bytes), int(self.batch_mb * 1e6))
 
 
-@dataclass(frozen=True)
-class Job:
-    """What a worker needs to turn a unit into a committed part (picklable)."""
-
-    fmt: str
-    dtype: str
-    seq_len: int
-    bos_id: int | None
-    eos_id: int | None
-    pad_id: int
-    compression: str
-    sources: SourceOptions
-    out_dir: str
-    vocab_size: int
-
-
-# ---------------------------------------------------------------- policy: BOS/EOS, dtype
-
-
-def add_special(ids: np.ndarray, offsets: np.ndarray, bos: int | None, eos: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Insert BOS before / EOS after every document of a flat batch; returns (ids, offsets)."""
-    extra = (bos is not None) + (eos is not None)
-    if not extra:
-        return ids, offsets.astype(np.int64, copy=False)
-    lens = np.diff(offsets).astype(np.int64) + extra
-    new_off = np.concatenate([[0], np.cumsum(lens)])
-    out = np.empty(int(new_off[-1]), dtype=ids.dtype)
-    body = np.ones(len(out), dtype=bool)
-    if bos is not None:
-        out[new_off[:-1]] = bos
-        body[new_off[:-1]] = False
-    if eos is not None:
-        out[new_off[1:] - 1] = eos
-        body[new_off[1:] - 1] = False
-    out[body] = ids
-    return out, new_off
-
-
 def resolve_policy(info: TokenizerInfo, cfg: TokenizeConfig) -> dict:
     """The explicit BOS/EOS/padding/dtype policy recorded in the manifest."""
     def pick(flag: str, tok_id: int | None, name: str) -> int | None:
@@ -145,118 +101,6 @@ def resolve_policy(info: TokenizerInfo, cfg: TokenizeConfig) -> dict:
 
 
 # ---------------------------------------------------------------- one unit → one committed part (worker side)
-
-
-def part_name(index: int) -> str:
-    return f"part-{index:06d}"
-
-
-class _HashedPart(mm.PartWriter):
-    """A memmap part (`.bin` + `.lens` under .pretok/parts) that also hashes its token bytes as written."""
-
-    def __init__(self, prefix: Path, dtype: str):
-        super().__init__(prefix, dtype)
-        self.le, self.sha = np.dtype(dtype).newbyteorder("<"), hashlib.sha256()
-
-    def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        if tokens.size and int(tokens.max()) > np.iinfo(self.le).max:
-            raise PretokError(f"token id {int(tokens.max())} does not fit {self.le}")
-        data = np.ascontiguousarray(tokens, dtype=self.le)
-        self.sha.update(data.data)
-        super().add(data, lengths)
-
-
-def _open_part(job: Job, unit: Unit):
-    name = part_name(unit.index)
-    if job.fmt == "memmap":
-        return _HashedPart(Path(job.out_dir) / STATE / "parts" / name, job.dtype)
-    schema = pqf.schema_for(job.fmt, job.dtype, job.seq_len, job.pad_id)
-    return pqf.ParquetPartWriter(Path(job.out_dir) / f"{name}.parquet", schema, job.compression)
-
-
-def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int], None]) -> dict:
-    """Read, tokenize and write one unit as a part, committed by its record (`.pretok/parts/part-N.json`).
-    Memmap parts are then appended in order to the one `.bin` by the main process (`MemmapAppender`)."""
-    writer = _open_part(job, unit)
-    counts = {"documents": 0, "tokens": 0, "padding": 0, "truncated": 0, "input_bytes": 0}
-    skipped: dict[str, int] = {}
-    for batch in read_unit(unit, job.sources):
-        for k, v in batch.skipped.items():
-            skipped[k] = skipped.get(k, 0) + v
-        counts["input_bytes"] += batch.text_bytes
-        if not batch.texts:
-            report(batch.text_bytes, 0, 0)
-            continue
-        ids, offsets = encoder.encode_batch(batch.texts)
-        if ids.size and int(ids.max()) >= job.vocab_size:
-            raise PretokError(f"tokenizer produced id {int(ids.max())} >= vocab size {job.vocab_size}", unit.paths[0])
-        ids, offsets = add_special(ids, offsets, job.bos_id, job.eos_id)
-        n, t = len(offsets) - 1, int(offsets[-1])
-        if job.fmt == "memmap":
-            writer.add(ids, np.diff(offsets).astype(np.int32))
-        elif job.fmt == "token-list":
-            writer.write(pqf.tokenlist_table(ids, offsets, writer.writer.schema), t)
-        else:
-            table, st = pqf.padded_table(ids, offsets, writer.writer.schema)
-            writer.write(table, n * (job.seq_len + 1))
-            counts["padding"] += st.padding
-            counts["truncated"] += st.truncated
-            t -= st.truncated  # padded rows store the kept tokens only
-        counts["documents"] += n
-        counts["tokens"] += t
-        report(batch.text_bytes, n, t)
-    result = writer.close()
-    peak_rss_mb = _peak_rss_mb()
-    record = {"unit": asdict(unit), **counts, "skipped": skipped, "peak_rss_mb": round(peak_rss_mb, 1),
-              "files": [result] if job.fmt != "memmap" else [], "part": part_name(unit.index)}
-    if job.fmt == "memmap":
-        record["part_sha256"] = "sha256:" + writer.sha.hexdigest()
-    atomic_write_json(Path(job.out_dir) / STATE / "parts" / f"{part_name(unit.index)}.json", record)
-    return record
-
-
-def _peak_rss_mb() -> float:
-    """This process's own peak RSS (VmHWM; ru_maxrss would include what a spawned child inherited)."""
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-_WORKER: dict = {}
-
-
-def _set_parent_death_signal() -> None:
-    """Die with the parent (a kill -9 of the main process must not leave workers writing parts)."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-def _init_worker(info: TokenizerInfo, job: Job, queue, slot) -> None:
-    """Pin to one CPU and build the most likely backend while the main process is still checking backends."""
-    _set_parent_death_signal()
-    with slot.get_lock():
-        cpu = slot.value
-        slot.value += 1
-    limit_threads_to_one_cpu(cpu)
-    first = backends_for(info)[0]
-    _WORKER.update(info=info, job=job, queue=queue, encoders={first: make_encoder(info, first)})
-
-
-def _worker_unit(unit: Unit, backend: str) -> dict:
-    encoders = _WORKER["encoders"]
-    if backend not in encoders:
-        encoders[backend] = make_encoder(_WORKER["info"], backend)
-    q = _WORKER["queue"]
-    return process_unit(unit, encoders[backend], _WORKER["job"], lambda b, d, t: q.put((b, d, t)))
 
 
 # ---------------------------------------------------------------- output directory: lock, config, resume
@@ -365,7 +209,7 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
                 appender.add(rec["unit"]["index"], out / STATE / "parts" / rec["part"], rec["part_sha256"])
             records[rec["unit"]["index"]] = rec
 
-        with _Workers(info, job, cfg.workers if pending else 0, len(pending)) as workers:  # start while we check
+        with Workers(info, job, cfg.workers if pending else 0, len(pending)) as workers:  # start while we check
             choice = select_backend(info, sample_texts(mine, sopts), cfg.backend)
             bar = Progress(sum(u.est_bytes for u in pending), f"{cfg.format} {len(pending)}/{len(mine)} parts",
                            enabled=cfg.progress)
@@ -400,67 +244,6 @@ def _resume_appends(appender: MemmapAppender, out: Path, done: dict[int, dict]) 
             appender.add(i, prefix, done[i]["part_sha256"])
         else:
             (out / STATE / "parts" / f"{done.pop(i)['part']}.json").unlink()
-
-
-class _Workers:
-    """The worker pool (spawned, one pinned CPU each), or inline processing for `workers <= 0`."""
-
-    def __init__(self, info: TokenizerInfo, job: Job, workers: int, units: int):
-        self.info, self.job, self.pool = info, job, None
-        if workers > 0 and units > 0:
-            ctx = mp.get_context("spawn")
-            self.queue, slot = ctx.Queue(), ctx.Value("i", 0)
-            self.pool = ctx.Pool(min(workers, units), _init_worker, (info, job, self.queue, slot))
-
-    def __enter__(self) -> "_Workers":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-
-    def run(self, pending: list[Unit], backend: str, bar: Progress, on_record: Callable[[dict], None]) -> None:
-        """Process `pending` units; `on_record` gets each finished part's record in the main process. At most
-        4 parts per worker are in flight, which bounds what the main process buffers for in-order appending."""
-        if self.pool is None:  # inline, for debugging and tiny inputs
-            enc = make_encoder(self.info, backend) if pending else None
-            for u in pending:
-                on_record(process_unit(u, enc, self.job, bar.update))
-            return
-        import queue as queue_mod
-
-        done: queue_mod.SimpleQueue = queue_mod.SimpleQueue()  # filled by the pool's result thread, in order of completion
-        todo, running = list(pending), 0
-        window = 4 * self.pool._processes  # noqa: SLF001 — the pool's size
-        while todo or running:
-            while todo and running < window:
-                self.pool.apply_async(_worker_unit, (todo.pop(0), backend), callback=lambda r: done.put((r, None)),
-                                      error_callback=lambda e: done.put((None, e)))
-                running += 1
-            try:
-                rec, err = done.get(timeout=0.05)
-            except queue_mod.Empty:
-                _drain(self.queue, bar, timeout=0)
-                continue
-            running -= 1
-            if err is not None:
-                raise err  # a worker's PretokError, with its one-line message
-            on_record(rec)
-            _drain(self.queue, bar, timeout=0)
-        _drain(self.queue, bar, timeout=0)
-
-
-def _drain(queue, bar: Progress, timeout: float) -> None:
-    import queue as queue_mod
-
-    try:
-        item = queue.get(timeout=timeout) if timeout else queue.get_nowait()
-        while True:
-            bar.update(*item)
-            item = queue.get_nowait()
-    except queue_mod.Empty:
-        pass
 
 
 def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: TokenizerInfo, choice, policy: dict,

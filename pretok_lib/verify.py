@@ -14,7 +14,8 @@ from .errors import PretokError
 from .formats import memmap as mm
 from .formats import parquet as pqf
 from .formats.manifest import read_manifest
-from .pretokenize import MEMMAP_PREFIX, add_special
+from .parts import add_special
+from .pretokenize import MEMMAP_PREFIX
 from .sources import SourceOptions, Unit, read_unit
 
 

@@ -154,7 +154,7 @@ def same_as_engine(ids: np.ndarray, offsets: np.ndarray, ref: dict | None) -> bo
     if ref is None:
         return None
     from ..formats.memmap import MemmapDataset
-    from ..pretokenize import add_special
+    from ..parts import add_special
 
     ds = MemmapDataset(Path(ref["out"]) / "data")
     want, want_off = add_special(np.asarray(ids, np.uint32), np.asarray(offsets, np.int64), ref["bos"], ref["eos"])

@@ -13,6 +13,9 @@ from typing import Callable
 import numpy as np
 
 
+_NO_STARTS = np.zeros(0, dtype=np.int64)
+
+
 @dataclass
 class Sample:
     """One training row: `tokens` (W ids); `mask` (W bools, padded rows only); `starts`: positions > 0 where a
@@ -52,6 +55,9 @@ class PackedIndex:
 
 def assemble(pieces: list[tuple[int, int, int]], doc_tokens: Callable[[int, int, int], np.ndarray]) -> Sample:
     """Concatenate document pieces into one packed Sample (a piece starting at 0 is a document start)."""
+    if len(pieces) == 1:  # most windows lie inside one document: no boundary to record
+        d, a, b = pieces[0]
+        return Sample(np.asarray(doc_tokens(d, a, b), dtype=np.int64), starts=_NO_STARTS, doc_lens=np.array([b - a]))
     parts = [doc_tokens(d, a, b) for d, a, b in pieces]
     lens = np.array([b - a for _, a, b in pieces], dtype=np.int64)
     pos = np.concatenate([[0], np.cumsum(lens)[:-1]])

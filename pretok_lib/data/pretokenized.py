@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import PretokError
@@ -30,6 +31,17 @@ def open_checked(path: str | os.PathLike, fmt: str, tokenizer_fingerprint: str |
     return m
 
 
+def _read_table(path: Path, sha256: str | None = None):
+    """The whole parquet part (read in full anyway, so its manifest checksum is checked too: flipped bytes in a
+    zstd page often decode without error into wrong tokens), or a PretokError naming it."""
+    if sha256 and pqf.sha256_file(path) != sha256:
+        raise PretokError("sha256 differs from manifest.json (corrupted or modified)", path)
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowException) as e:
+        raise PretokError(f"corrupt parquet data ({type(e).__name__}: {str(e).splitlines()[0]})", path) from None
+
+
 class PaddedRows:
     """`pretok-padded`: one document per row, `seq_len + 1` slots; the order permutes rows."""
 
@@ -47,7 +59,7 @@ class PaddedRows:
         rows, masks = [], []
         for f in self.m["files"]:
             meta = pqf.read_contract(self.path / f["path"], "padded")
-            t = pq.read_table(self.path / f["path"])
+            t = _read_table(self.path / f["path"], f.get("sha256"))
             L = meta["row_length"]
             rows.append(t.column("input_ids").combine_chunks().values.to_numpy().reshape(-1, L))
             masks.append(t.column("attention_mask").combine_chunks().values.to_numpy().reshape(-1, L))
@@ -97,7 +109,7 @@ class TokenListPacked(_Packed):
         values, offsets, base = [], [np.zeros(1, np.int64)], 0
         for f in self.m["files"]:
             pqf.read_contract(self.path / f["path"], "token-list")
-            col = pq.read_table(self.path / f["path"]).column("input_ids").combine_chunks()
+            col = _read_table(self.path / f["path"], f.get("sha256")).column("input_ids").combine_chunks()
             values.append(col.values.to_numpy())
             offsets.append(col.offsets.to_numpy()[1:].astype(np.int64) + base)
             base += len(values[-1])
@@ -120,11 +132,16 @@ class MemmapPacked(_Packed):
             raise PretokError(f"data.idx holds {len(self.ds)} documents, manifest.json says "
                               f"{self.m['counts']['documents']}", self.path)
         self.starts = np.asarray(self.ds.pointers, dtype=np.int64) // self.ds.dtype.itemsize
+        self.tokens = self.ds.tokens.view(np.ndarray)  # same mapping, without np.memmap's per-slice overhead
+        lengths = np.asarray(self.ds.lengths, dtype=np.int64)
+        if len(lengths) and not np.array_equal(self.starts[1:], np.cumsum(lengths)[:-1]):  # windows assume this
+            raise PretokError("sequence pointers are not contiguous in document order (corrupt index)",
+                              self.ds.idx_path)
         super().__init__(np.asarray(self.ds.lengths, dtype=np.int64), seq_len, seed, shuffle)
 
     def doc_tokens(self, doc: int, a: int, b: int) -> np.ndarray:
         s = int(self.starts[doc])
-        return self.ds.tokens[s + a : s + b]
+        return self.tokens[s + a : s + b]
 
     def sample(self, epoch: int, k: int) -> Sample:
         if not self.shuffle:  # sequential: one contiguous slice of the .bin (the nanoGPT fast path)
@@ -136,7 +153,7 @@ class MemmapPacked(_Packed):
                 pieces.append((p, t - int(self.starts[p]), t - int(self.starts[p]) + take))
                 need, t, p = need - take, t + take, p + 1
             pieces = [q for q in pieces if q[2] > q[1]]
-            s = Sample(np.asarray(self.ds.tokens[k * self.window : (k + 1) * self.window], dtype=np.int64))
+            s = Sample(np.asarray(self.tokens[k * self.window : (k + 1) * self.window], dtype=np.int64))
             lens = np.array([b - a for _, a, b in pieces], dtype=np.int64)
             pos = np.concatenate([[0], np.cumsum(lens)[:-1]])
             s.starts = np.array([q for q, (_, a, _) in zip(pos, pieces) if a == 0 and q > 0], dtype=np.int64)

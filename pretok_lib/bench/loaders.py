@@ -1,0 +1,368 @@
+"""`pretok bench loaders`: loader-only throughput of the five data paths vs a raw-memmap ceiling, in one run.
+
+Every path reads the same corpus with the same tokenizer (pretokenized once into the workdir) and is timed as a
+consumer of collated batches: tokens/s and batches/s, with 0 and N DataLoader workers. References run in the same
+process: nanoGPT's `get_batch` on the memmap output's `data.bin` (random windows, the ceiling), a `torch.randint`
+batch (no data at all) and, per worker count N > 0, that batch made in DataLoader workers (the cost of the process
+boundary alone). A second table reads the padded / token-list parquet files written with each compression codec.
+How each number is measured is printed under the tables (NOTES).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+from ..errors import PretokError
+
+SLOW = ("padded", "padding-free")  # tokenize on the fly: measured over --slow-batches
+FORMAT_OF = {"pretok-padded": "padded", "pretok-token-list": "token-list", "pretok-memmap": "memmap"}
+COMPRESSIONS = ("none", "snappy", "zstd:3", "zstd:22")
+CEIL, RAND = "ref: raw memmap get_batch", "ref: in-memory torch.randint"
+VIA = "ref: torch.randint via DataLoader w{}"
+COUNTS = ("tokens", "effective_tokens", "padding_tokens", "masked_tokens")
+NOTES = """\
+Timed: {n} batches ({slow} for the on-the-fly paths padded / padding-free) after {warm} untimed warm-up batches,
+    which absorb DataLoader worker start-up, lazy loads and tokenizer init; "setup s" = dataset construction + first
+    batch (what the warm-up hides). Rates are per batch, so different batch counts compare. shuffle=True, seed {seed}.
+    Every row is measured {reps} times (fresh dataset and loader each time) and the fastest is shown (shared machine).
+    An epoch end inside the timed batches restarts the DataLoader: the restart and its first batch are not timed.
+tokens/s: input slots of the collated batches (B x seq_len, padding included); eff tok/s: labels that count
+    (not -100). pad frac = padding_tokens / tokens (padded paths); masked frac = masked_tokens / tokens (labels
+    crossing a document start, packed paths). x ceiling: tokens/s / {ceil}; x padded: / padded at the same workers.
+{ceil}: nanoGPT train.py's get_batch in-process (np.memmap opened per batch,
+    torch.randint offsets, x/y sliced, astype int64, stacked): random windows, no document masking.
+{rand}: two torch.randint int64 tensors of the batch shape per batch (no data read at all);
+    "via DataLoader wN": the same batches made in N DataLoader workers: the cost of moving a batch between processes.
+Compression: every part file read with pq.read_table + to numpy (all columns), best of {rep}, warm page cache
+    (caches cannot be dropped here). MB/s: decoded array bytes; tokens/s: stored tokens (padding excluded);
+    bytes/token: file bytes / stored tokens. Loader: the pretok path on that variant, 0 workers, no
+    tokenizer check: setup = open + load into memory + first batch."""
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """Arguments of `pretok bench loaders`."""
+    p.add_argument("--corpus", default=None, help="parquet/jsonl input (default: build the embedded corpus of --mb MB)")
+    p.add_argument("--mb", type=float, default=20.0, help="size of the embedded default corpus to build")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer.json (default: ../shared/data GPT-2 if present, else the trained default)")
+    p.add_argument("--workdir", default="runs/bench/loaders", help="corpus cache and pretokenized outputs")
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--workers", default="0,2", help="DataLoader worker counts, comma-separated")
+    p.add_argument("--batches", type=int, default=500, help="timed batches per measurement")
+    p.add_argument("--slow-batches", type=int, default=20, help="timed batches for padded / padding-free")
+    p.add_argument("--warmup", type=int, default=5, help="untimed batches before timing starts")
+    p.add_argument("--compressions", default=",".join(COMPRESSIONS), help="parquet codecs to read ('' = skip)")
+    p.add_argument("--read-repeats", type=int, default=3, help="reads per compression variant (best is kept)")
+    p.add_argument("--repeats", type=int, default=3, help="measurements per row; the fastest is kept")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, metavar="OUT", help="write all results here")
+    p.add_argument("--check", action="store_true", help="exit 1 if a target fails")
+
+
+def variant_dir(fmt: str, compression: str) -> str:
+    """Output directory name of one format x codec (memmap has no codec)."""
+    return fmt if fmt == "memmap" else f"{fmt}-{compression.replace(':', '')}"
+
+
+def pretokenize(corpus: str, tok: str, fmt: str, seq_len: int, compression: str, out: Path) -> dict:
+    """`run_tokenize` into `out`; reuses a finished output of the same config, replaces one of another config."""
+    from ..pretokenize import TokenizeConfig, run_tokenize
+
+    cfg = TokenizeConfig(inputs=[corpus], out=str(out), tokenizer=tok, format=fmt, seq_len=seq_len,
+                         compression=compression, progress=False, overwrite=False, command=["pretok", "bench"])
+    try:
+        return run_tokenize(cfg)
+    except PretokError as e:
+        if "different config" not in str(e):
+            raise
+        cfg.overwrite = True
+        return run_tokenize(cfg)
+
+
+def measure(make_iter: Callable[[], Iterator[dict]], n: int, warmup: int) -> dict:
+    """Pull `warmup` + `n` batches and time the last `n`. At an epoch end the iterable is re-entered; the restart
+    (new DataLoader workers) and the first batch after it are not timed."""
+    t0 = time.perf_counter()
+    it, epochs, skip, done, first, secs = make_iter(), 1, warmup, 0, None, 0.0
+    start = t0 if warmup == 0 else None
+    totals = dict.fromkeys(COUNTS, 0)
+    try:
+        while done < n:
+            try:
+                b = next(it)
+            except StopIteration:
+                if first is None:
+                    raise PretokError("the data path yields no batches (corpus too small for the batch?)") from None
+                if start is not None:
+                    secs, start = secs + time.perf_counter() - start, None
+                it, epochs, skip = make_iter(), epochs + 1, max(skip, 1)
+                continue
+            if first is None:
+                first = time.perf_counter() - t0
+            if skip:
+                skip -= 1
+                start = time.perf_counter() if skip == 0 else None
+                continue
+            for k in COUNTS:
+                totals[k] += int(b.get(k, 0))
+            done += 1
+        secs += time.perf_counter() - start
+    finally:
+        getattr(it, "close", lambda: None)()  # shuts DataLoader workers down
+    return {"batches": n, "seconds": secs, "first_batch_s": first, "epochs": epochs, **totals}
+
+
+def best_of(k: int, fn: Callable[[], dict]) -> dict:
+    """The fastest of `k` measurements (the machine may be shared), with every rate kept."""
+    runs = [fn() for _ in range(max(1, k))]
+    best = max(runs, key=lambda r: r["tokens_per_s"])
+    return {**best, "tokens_per_s_all": [r["tokens_per_s"] for r in runs]}
+
+
+def rates(r: dict) -> dict:
+    """Add tokens/s, effective tokens/s, batches/s and the padding / masked fractions."""
+    s, t = r["seconds"], r["tokens"]
+    r.update(tokens_per_s=t / s, effective_tokens_per_s=r["effective_tokens"] / s, batches_per_s=r["batches"] / s,
+             padding_fraction=r["padding_tokens"] / t if t else None,
+             masked_fraction=r["masked_tokens"] / t if t else None)
+    return r
+
+
+def bench_path(kind: str, src: str, tok: str | None, a: argparse.Namespace, workers: int, n: int) -> dict:
+    """One data path at one worker count: construction (timed apart), then `measure`. A pretokenized path given
+    `tok` checks the output's tokenizer fingerprint on construction (loads the tokenizer), as training would."""
+    from ..data import make_dataset, make_loader
+
+    t0 = time.perf_counter()
+    ds = make_dataset(kind, src, a.seq_len, micro_batch=a.micro_batch, tokenizer=tok, seed=a.seed, shuffle=True)
+    loader = make_loader(ds, num_workers=workers)
+    build = time.perf_counter() - t0
+    r = measure(lambda: iter(loader), n, a.warmup)
+    return rates({"kind": kind, "workers": workers, "build_s": build, "setup_s": build + r["first_batch_s"], **r})
+
+
+def nanogpt_batches(bin_path: Path, dtype: str, block: int, batch: int, seed: int) -> Iterator[dict]:
+    """nanoGPT train.py `get_batch` (memmap re-opened per batch to avoid its leak), as count-carrying batches."""
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        data = np.memmap(bin_path, dtype=dtype, mode="r")
+        ix = torch.randint(len(data) - block, (batch,), generator=g)
+        x = torch.stack([torch.from_numpy((data[i : i + block]).astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy((data[i + 1 : i + 1 + block]).astype(np.int64)) for i in ix])
+        yield {"input_ids": x, "labels": y, "tokens": x.numel(), "effective_tokens": y.numel()}
+
+
+def random_batches(vocab: int, block: int, batch: int, seed: int) -> Iterator[dict]:
+    """Two random int64 tensors of the batch shape: the cost of a batch with no data behind it."""
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        x = torch.randint(vocab, (batch, block), generator=g)
+        y = torch.randint(vocab, (batch, block), generator=g)
+        yield {"input_ids": x, "labels": y, "tokens": x.numel(), "effective_tokens": y.numel()}
+
+
+class RandomBatches(torch.utils.data.IterableDataset):
+    """`random_batches` as a dataset, to measure the DataLoader's own cost with workers."""
+
+    def __init__(self, vocab: int, block: int, batch: int, seed: int) -> None:
+        super().__init__()
+        self.args = (vocab, block, batch, seed)
+
+    def __iter__(self) -> Iterator[dict]:
+        info = torch.utils.data.get_worker_info()
+        vocab, block, batch, seed = self.args
+        return random_batches(vocab, block, batch, seed + (info.id if info else 0))
+
+
+def via_dataloader(ds: torch.utils.data.IterableDataset, workers: int) -> Iterator[dict]:
+    """Iterate `ds` through a DataLoader set up like `make_loader` (batch_size=None, prefetch 2)."""
+    return iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers,
+                                            prefetch_factor=2 if workers else None))
+
+
+def read_parquet_files(out: Path, m: dict) -> tuple[float, int]:
+    """Seconds to read every part file into numpy arrays (all columns), and the decoded bytes."""
+    import pyarrow.parquet as pq
+
+    t0, nbytes = time.perf_counter(), 0
+    for f in m["files"]:
+        for col in pq.read_table(out / f["path"]).columns:
+            nbytes += col.combine_chunks().flatten().to_numpy().nbytes
+    return time.perf_counter() - t0, nbytes
+
+
+def bench_compression(corpus: str, tok: str, a: argparse.Namespace, work: Path) -> list[dict]:
+    """Write padded and token-list with each codec; time warm reads and the pretok loader's first load."""
+    rows = []
+    for fmt, kind in (("padded", "pretok-padded"), ("token-list", "pretok-token-list")):
+        for comp in [c.strip() for c in a.compressions.split(",") if c.strip()]:
+            out = work / variant_dir(fmt, comp)
+            t0 = time.perf_counter()
+            m = pretokenize(corpus, tok, fmt, a.seq_len, comp, out)
+            write_s = time.perf_counter() - t0
+            reads = [read_parquet_files(out, m) for _ in range(max(1, a.read_repeats))]
+            secs, nbytes = min(r[0] for r in reads), reads[0][1]
+            disk, stored = sum(f["size"] for f in m["files"]), m["counts"]["tokens"]
+            ld = bench_path(kind, str(out), None, a, 0, a.batches)
+            rows.append({"format": fmt, "compression": comp, "disk_bytes": disk, "stored_tokens": stored,
+                         "bytes_per_token": disk / stored, "decoded_bytes": nbytes, "read_s": secs,
+                         "read_s_all": [r[0] for r in reads], "read_mb_per_s": nbytes / 1e6 / secs,
+                         "read_tokens_per_s": stored / secs, "write_or_reuse_s": write_s,
+                         "loader_setup_s": ld["setup_s"], "loader_tokens_per_s": ld["tokens_per_s"]})
+            print(f"  {fmt} {comp}: {disk / 1e6:.1f} MB, read {secs:.3f} s, loader setup {ld['setup_s']:.2f} s",
+                  flush=True)
+    return rows
+
+
+def _num(v: float | None, rate: bool = False) -> str:
+    if v is None:
+        return "-"
+    if rate:
+        return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}k" if v >= 1e4 else f"{v:.0f}"
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 0.1 else f"{v:.3f}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.2f}%"
+
+
+def render(rows: list[list[str]]) -> str:
+    """Aligned plain-text table (first column left-aligned)."""
+    w = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(row)) for row in rows]
+    return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
+
+
+def loader_table(res: dict[str, dict]) -> str:
+    """The loader throughput table: references and every path x worker count."""
+    rows = [["path", "workers", "batches", "tokens/s", "eff tok/s", "batches/s", "pad frac", "masked frac",
+             "setup s", "x ceiling", "x padded"]]
+    for name, r in res.items():
+        rows.append([name, str(r["workers"]), str(r["batches"]), _num(r["tokens_per_s"], True),
+                     _num(r["effective_tokens_per_s"], True), _num(r["batches_per_s"]),
+                     _pct(r["padding_fraction"]) if r["kind"] in ("padded", "pretok-padded") else "-",
+                     _pct(r["masked_fraction"]) if r["kind"] in ("padding-free", "pretok-token-list",
+                                                                  "pretok-memmap") else "-",
+                     _num(r.get("setup_s")), _num(r.get("x_ceiling")), _num(r.get("x_padded"))])
+    return render(rows)
+
+
+def compression_table(rows: list[dict]) -> str:
+    """The parquet read table: one row per format x codec."""
+    out = [["format", "compression", "file MB", "bytes/token", "read s", "read MB/s", "read tokens/s",
+            "loader setup s", "loader tokens/s"]]
+    for r in rows:
+        out.append([r["format"], r["compression"], _num(r["disk_bytes"] / 1e6), _num(r["bytes_per_token"]),
+                    _num(r["read_s"]), _num(r["read_mb_per_s"]), _num(r["read_tokens_per_s"], True),
+                    _num(r["loader_setup_s"]), _num(r["loader_tokens_per_s"], True)])
+    return render(out)
+
+
+def targets(res: dict[str, dict], workers: list[int]) -> list[dict]:
+    """The issue's targets on tokens/s. Primary (what --check uses): pretok-memmap with 0 workers, in-process like
+    the ceiling, and each path at its fastest worker count vs padded. With workers, informational: every batch then
+    crosses a process boundary, a cost the in-process ceiling does not pay (see the "via DataLoader" reference)."""
+    out = []
+
+    def add(name: str, num: dict | None, den: dict | None, need: float, primary: bool) -> None:
+        value = num["tokens_per_s"] / den["tokens_per_s"] if num and den else None
+        out.append({"target": name, "value": value, "need": f">= {need:g}", "primary": primary,
+                    "pass": None if value is None else value >= need})
+
+    def best(kind: str) -> dict | None:
+        rows = [res[f"{kind} w{w}"] for w in workers if f"{kind} w{w}" in res]
+        return max(rows, key=lambda r: r["tokens_per_s"]) if rows else None
+
+    for w in workers:
+        mm, primary = res.get(f"pretok-memmap w{w}"), w == 0
+        add(f"pretok-memmap w{w} / raw memmap ceiling (in-process)", mm, res.get(CEIL), 0.5, primary)
+        add(f"pretok-memmap w{w} / padded w{w}", mm, res.get(f"padded w{w}"), 100.0, primary)
+    m, p = best("pretok-memmap"), best("padded")
+    if m and p and len(workers) > 1:
+        add(f"pretok-memmap best (w{m['workers']}) / padded best (w{p['workers']})", m, p, 100.0, True)
+    return out
+
+
+def main(args: argparse.Namespace) -> dict:
+    """Measure the references and every data path, then the compression variants; print, write --json."""
+    from ..formats.manifest import environment
+    from ..tokenizer import load_tokenizer
+    from .tokenize import cached_corpus, resolve_tokenizer
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # DataLoader workers fork after the tokenizer ran
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    workers = [int(w) for w in str(args.workers).split(",") if w.strip()]
+    tok = resolve_tokenizer(args.tokenizer, work)
+    info = load_tokenizer(tok)
+    corpus = str(Path(args.corpus).resolve()) if args.corpus else str(cached_corpus(work, args.mb).resolve())
+    pre = work / f"pretok-s{args.seq_len}"
+    outs, manifests = {}, {}
+    for kind, fmt in FORMAT_OF.items():
+        outs[kind] = str(pre / variant_dir(fmt, "zstd:3"))
+        manifests[fmt] = pretokenize(corpus, tok, fmt, args.seq_len, "zstd:3", Path(outs[kind]))
+    mm = manifests["memmap"]
+    print(f"corpus {corpus}: {mm['counts']['documents']} docs, {mm['counts']['tokens']} tokens; tokenizer {tok}; "
+          f"seq_len {args.seq_len}, micro-batch {args.micro_batch}", flush=True)
+
+    res: dict[str, dict] = {}
+    B, L = args.micro_batch, args.seq_len
+    bin_path = Path(outs["pretok-memmap"]) / "data.bin"
+
+    def reference(name: str, w: int, make_iter: Callable[[], Iterator[dict]]) -> None:
+        r = res[name] = best_of(args.repeats, lambda: rates({"kind": "reference", "workers": w,
+                                                              **measure(make_iter, args.batches, args.warmup)}))
+        r["setup_s"] = r["first_batch_s"]
+        print(f"  {name}: {r['tokens_per_s'] / 1e6:.1f} M tokens/s", flush=True)
+
+    reference(CEIL, 0, lambda: nanogpt_batches(bin_path, mm["dtype"], L, B, args.seed))
+    reference(RAND, 0, lambda: random_batches(info.vocab_size, L, B, args.seed))
+    for w in workers:
+        if w > 0:
+            reference(VIA.format(w), w, lambda: via_dataloader(RandomBatches(info.vocab_size, L, B, args.seed), w))
+        for kind in ("padded", "padding-free", *FORMAT_OF):
+            src = corpus if kind in SLOW else outs[kind]
+            n = args.slow_batches if kind in SLOW else args.batches
+            r = res[f"{kind} w{w}"] = best_of(args.repeats, lambda: bench_path(kind, src, tok, args, w, n))
+            print(f"  {kind} w{w}: {r['tokens_per_s'] / 1e6:.3f} M tokens/s, setup {r['setup_s']:.2f} s", flush=True)
+    ceil = res[CEIL]["tokens_per_s"]
+    for name, r in res.items():
+        pad = res.get(f"padded w{r['workers']}")
+        r["x_ceiling"] = r["tokens_per_s"] / ceil
+        r["x_padded"] = r["tokens_per_s"] / pad["tokens_per_s"] if pad and not name.startswith("ref:") else None
+
+    comp = bench_compression(corpus, tok, args, pre) if args.compressions else []
+    load = [round(x, 2) for x in os.getloadavg()]  # other processes skew the rates: say how busy the machine was
+    print(f"\nloader throughput: {Path(corpus).name}, {info.spec}, seq_len {L}, micro-batch {B}; "
+          f"load average {load[0]} (1 min), {len(os.sched_getaffinity(0))} cpus\n")
+    print(loader_table(res))
+    if comp:
+        print("\n" + compression_table(comp))
+    print("\n" + NOTES.format(n=args.batches, slow=args.slow_batches, warm=args.warmup, seed=args.seed, ceil=CEIL,
+                              rand=RAND, rep=args.read_repeats, reps=args.repeats))
+    tg = targets(res, workers)
+    print()
+    for t in tg:
+        status = {True: "PASS", False: "FAIL", None: "N/A"}[t["pass"]]
+        v = "n/a" if t["value"] is None else f"{t['value']:.2f}"
+        print(f"  [{status}] {t['target']}: {v} (need {t['need']}){'' if t['primary'] else ' (info)'}")
+    result = {"corpus": {"path": corpus, "documents": mm["counts"]["documents"], "tokens": mm["counts"]["tokens"]},
+              "tokenizer": {"spec": tok, "info": info.to_dict()}, "seq_len": L, "micro_batch": B,
+              "workers": workers, "load_average": load, "outputs": outs, "loaders": res, "compression": comp,
+              "targets": tg, "environment": environment(), "args": {k: v for k, v in vars(args).items() if k != "fn"}}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    if args.check and any(t["pass"] is False for t in tg if t["primary"]):
+        raise PretokError("benchmark targets failed (see above)")
+    return result

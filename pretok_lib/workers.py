@@ -1,0 +1,104 @@
+"""The worker pool: spawned processes pinned to one CPU each, fed units, reporting progress and records."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from typing import Callable
+
+from .parts import Job, process_unit
+from .progress import Progress
+from .sources import Unit
+from .tokenizer import TokenizerInfo, backends_for, limit_threads_to_one_cpu, make_encoder
+
+_WORKER: dict = {}
+
+
+def _set_parent_death_signal() -> None:
+    """Die with the parent (a kill -9 of the main process must not leave workers writing parts)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _init_worker(info: TokenizerInfo, job: Job, queue, slot) -> None:
+    """Pin to one CPU and build the most likely backend while the main process is still checking backends."""
+    _set_parent_death_signal()
+    with slot.get_lock():
+        cpu = slot.value
+        slot.value += 1
+    limit_threads_to_one_cpu(cpu)
+    first = backends_for(info)[0]
+    _WORKER.update(info=info, job=job, queue=queue, encoders={first: make_encoder(info, first)})
+
+
+def _worker_unit(unit: Unit, backend: str) -> dict:
+    encoders = _WORKER["encoders"]
+    if backend not in encoders:
+        encoders[backend] = make_encoder(_WORKER["info"], backend)
+    q = _WORKER["queue"]
+    return process_unit(unit, encoders[backend], _WORKER["job"], lambda b, d, t: q.put((b, d, t)))
+
+
+class Workers:
+    """The worker pool (spawned, one pinned CPU each), or inline processing for `workers <= 0`."""
+
+    def __init__(self, info: TokenizerInfo, job: Job, workers: int, units: int):
+        self.info, self.job, self.pool = info, job, None
+        if workers > 0 and units > 0:
+            ctx = mp.get_context("spawn")
+            self.queue, slot = ctx.Queue(), ctx.Value("i", 0)
+            self.pool = ctx.Pool(min(workers, units), _init_worker, (info, job, self.queue, slot))
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+    def run(self, pending: list[Unit], backend: str, bar: Progress, on_record: Callable[[dict], None]) -> None:
+        """Process `pending` units; `on_record` gets each finished part's record in the main process. At most
+        4 parts per worker are in flight, which bounds what the main process buffers for in-order appending."""
+        if self.pool is None:  # inline, for debugging and tiny inputs
+            enc = make_encoder(self.info, backend) if pending else None
+            for u in pending:
+                on_record(process_unit(u, enc, self.job, bar.update))
+            return
+        import queue as queue_mod
+
+        done: queue_mod.SimpleQueue = queue_mod.SimpleQueue()  # filled by the pool's result thread, in order of completion
+        todo, running = list(pending), 0
+        window = 4 * self.pool._processes  # noqa: SLF001 — the pool's size
+        while todo or running:
+            while todo and running < window:
+                self.pool.apply_async(_worker_unit, (todo.pop(0), backend), callback=lambda r: done.put((r, None)),
+                                      error_callback=lambda e: done.put((None, e)))
+                running += 1
+            try:
+                rec, err = done.get(timeout=0.05)
+            except queue_mod.Empty:
+                _drain(self.queue, bar, timeout=0)
+                continue
+            running -= 1
+            if err is not None:
+                raise err  # a worker's PretokError, with its one-line message
+            on_record(rec)
+            _drain(self.queue, bar, timeout=0)
+        _drain(self.queue, bar, timeout=0)
+
+
+def _drain(queue, bar: Progress, timeout: float) -> None:
+    import queue as queue_mod
+
+    try:
+        item = queue.get(timeout=timeout) if timeout else queue.get_nowait()
+        while True:
+            bar.update(*item)
+            item = queue.get_nowait()
+    except queue_mod.Empty:
+        pass
