@@ -96,6 +96,6 @@ class PaddingFreeStream(_TextDocs):
                 if have == self.window:
                     lens = np.diff(np.array([0, *starts, self.window], dtype=np.int64))
                     yield (Sample(np.concatenate(buf).astype(np.int64), starts=np.array(starts, np.int64),
-                                  doc_lens=lens), (pos + 1, 0))
+                                  doc_lens=lens), (pos, i) if i < len(full) else (pos + 1, 0))
                     buf, starts, have = [], [], 0
             pos, i = pos + 1, 0
