@@ -3,7 +3,8 @@
 Workers write each part (`.pretok/parts/part-N.bin` + `.lens`, streamed: bounded memory) and the sha256 of
 its token bytes; the main process appends finished parts in unit order to `OUT/data.bin.tmp` and
 `OUT/.pretok/data.lens` (in-kernel copy_file_range), commits every part by atomically rewriting
-`.pretok/append.json` (parts appended, their sizes, document counts and checksums), then deletes the part files.
+`.pretok/append.json` (parts appended, their sizes, document counts and checksums) at most once a second, then
+deletes the committed parts' files.
 After a kill the files are truncated back to the committed sizes and the committed prefix is re-read and
 checked part by part (data lost by a power cut is detected and redone, without an fsync per part). `finish`
 fsyncs, hashes the `.bin` in one sequential read, renames it, then streams the `.idx` from the lengths.
@@ -14,11 +15,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 
 from .formats import memmap as mm
 from .formats.manifest import atomic_write_json
+
+COMMIT_EVERY_S = 1.0  # commit appends at most once a second (a crash redoes at most ~1 s of appending)
 
 
 class MemmapAppender:
@@ -29,6 +34,9 @@ class MemmapAppender:
         self.order, self.pending = unit_order, {}
         self.bin_path, self.lens_path = out / f"{prefix}.bin.tmp", state / f"{prefix}.lens"
         self.commit_path = state / "append.json"
+        self.to_delete: list[Path] = []  # files of parts appended but not yet committed
+        self.deleters: list[threading.Thread] = []
+        self.last_commit = 0.0
         st = json.loads(self.commit_path.read_text()) if self.commit_path.exists() else {}
         if st.get("order") != unit_order:  # a fresh run (or another plan): start from nothing
             st = {"parts": 0, "part_sha256": [], "part_sizes": [], "part_docs": []}
@@ -68,13 +76,22 @@ class MemmapAppender:
             self.part_sizes.append(size)
             self.part_docs.append(docs)
             self.committed += 1
-            for fh in (self.bin, self.lens):
-                fh.flush()
-            atomic_write_json(self.commit_path, {"order": self.order, "parts": self.committed,
-                                                 "part_sha256": self.part_sha, "part_sizes": self.part_sizes,
-                                                 "part_docs": self.part_docs}, fsync=False)
-            for ext in (".bin", ".lens"):
-                prefix.with_name(prefix.name + ext).unlink()
+            self.to_delete += [prefix.with_name(prefix.name + ext) for ext in (".bin", ".lens")]
+        if self.to_delete and time.monotonic() - self.last_commit >= COMMIT_EVERY_S:
+            self._commit()
+
+    def _commit(self) -> None:
+        """Record what is appended; only then delete those parts' files (in a thread: unlink is slow here)."""
+        for fh in (self.bin, self.lens):
+            fh.flush()
+        atomic_write_json(self.commit_path, {"order": self.order, "parts": self.committed,
+                                             "part_sha256": self.part_sha, "part_sizes": self.part_sizes,
+                                             "part_docs": self.part_docs}, fsync=False)
+        files, self.to_delete = self.to_delete, []
+        t = threading.Thread(target=lambda: [f.unlink(missing_ok=True) for f in files], daemon=True)
+        t.start()
+        self.deleters.append(t)
+        self.last_commit = time.monotonic()
 
     @staticmethod
     def _copy(src: Path, dst) -> int:
@@ -93,6 +110,7 @@ class MemmapAppender:
     def finish(self) -> list[dict]:
         """Write the index, rename .bin then .idx into place; returns both files' records."""
         assert self.committed == len(self.order), "finish() before every part was appended"
+        self._commit()
         for fh in (self.bin, self.lens):
             fh.flush()
             os.fsync(fh.fileno())
@@ -104,6 +122,8 @@ class MemmapAppender:
         final_bin = self.out / f"{self.prefix}.bin"
         os.replace(self.bin_path, final_bin)
         idx = mm.write_index(self.lens_path, self.out / f"{self.prefix}.idx", self.dtype)
+        for t in self.deleters:
+            t.join()
         return [{"path": final_bin.name, "size": self.bin_bytes, "sha256": "sha256:" + sha.hexdigest()}, idx]
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ for any number of workers, any interruption, and any sharding followed by `preto
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from . import __version__
 from .errors import PretokError
@@ -31,8 +32,8 @@ from .formats.manifest import FORMAT_VERSIONS, atomic_write_json, environment, w
 from .memmap_append import MemmapAppender
 from .parts import STATE, Job, part_name
 from .progress import Progress
-from .sources import SourceOptions, Unit, expand_inputs, file_sha256, plan_units, sample_texts, shard_units
-from .tokenizer import TokenizerInfo, id_dtype_for, load_tokenizer, select_backend
+from .sources import SourceOptions, Unit, expand_inputs, plan_units, sample_texts, shard_units
+from .tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
 from .workers import Workers
 
 FORMATS = ("padded", "token-list", "memmap")
@@ -161,13 +162,30 @@ def committed_parts(out: Path, units: Sequence[Unit]) -> dict[int, dict]:
 # ---------------------------------------------------------------- the run
 
 
-def _hash_inputs(paths: list[str], out: dict) -> threading.Thread:
-    def work() -> None:
-        for p in paths:
-            out[p] = file_sha256(p)
-    t = threading.Thread(target=work, daemon=True)
-    t.start()
-    return t
+class _InputHasher(threading.Thread):
+    """sha256 of the input files beside the workers; `stop()` ends it between chunks (no thread left running
+    in C code at interpreter exit)."""
+
+    def __init__(self, paths: list[str]):
+        super().__init__(daemon=True)
+        self.paths, self.hashes, self.stopped = paths, {}, threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        for p in self.paths:
+            files = sorted(q for q in Path(p).rglob("*") if q.is_file()) if os.path.isdir(p) else [Path(p)]
+            h = hashlib.sha256()
+            for f in files:
+                with open(f, "rb") as fh:
+                    while not self.stopped.is_set() and (block := fh.read(8 << 20)):
+                        h.update(block)
+            if self.stopped.is_set():
+                return
+            self.hashes[p] = "sha256:" + h.hexdigest()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
 
 
 def run_tokenize(cfg: TokenizeConfig) -> dict:
@@ -189,6 +207,7 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
     out = Path(cfg.out)
     key = _output_key(cfg, sopts, info, policy, inputs, mine)
     complete, lock = prepare_output(out, key, cfg.overwrite)
+    restart = None
     try:
         if complete:
             return json.loads((out / "manifest.json").read_text())
@@ -198,8 +217,6 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
             appender = MemmapAppender(out, out / STATE, MEMMAP_PREFIX, policy["dtype"], [u.index for u in mine])
             _resume_appends(appender, out, done)
         pending = [u for u in mine if u.index not in done]
-        hashes: dict[str, str] = {}
-        hasher = _hash_inputs(sorted({p for u in mine for p in u.paths}), hashes)
         job = Job(cfg.format, policy["dtype"], cfg.seq_len, policy["bos_id"], policy["eos_id"], policy["pad_id"],
                   cfg.compression, sopts, str(out), info.vocab_size)
         records = dict(done)
@@ -209,25 +226,69 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
                 appender.add(rec["unit"]["index"], out / STATE / "parts" / rec["part"], rec["part_sha256"])
             records[rec["unit"]["index"]] = rec
 
-        with Workers(info, job, cfg.workers if pending else 0, len(pending)) as workers:  # start while we check
-            choice = select_backend(info, sample_texts(mine, sopts), cfg.backend)
+        # Optimistic start: workers tokenize with the fastest candidate at once while the check of that choice
+        # on a sample of this input runs beside them; if the check picks another backend, everything made with
+        # the first one is discarded and the run starts over with the checked backend.
+        guess = cfg.backend or backends_for(info)[0]
+        with Workers(info, job, cfg.workers if pending else 0, len(pending)) as workers:  # forked before any thread
+            hasher = _InputHasher(sorted({p for u in mine for p in u.paths}))
+            check = _BackendCheck(info, lambda: sample_texts(mine, sopts), cfg.backend, guess)
             bar = Progress(sum(u.est_bytes for u in pending), f"{cfg.format} {len(pending)}/{len(mine)} parts",
                            enabled=cfg.progress)
             try:
-                workers.run(pending, choice.backend, bar, on_record)
-            except BaseException:
+                workers.run(pending, guess, bar, on_record, check.raise_if_other)
+                choice = check.result()
+            except BaseException as e:
+                hasher.stop()
+                check.thread.join()  # select_backend runs in C: let it end before any interpreter exit
                 bar.close(ok=False)
                 if appender is not None:
                     appender.close()
-                raise
-            bar.close()
-        hasher.join()
-        files = appender.finish() if appender is not None else None
-        manifest = _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hashes, len(units), t0,
+                if not isinstance(e, _OtherBackend):
+                    raise
+                restart = e.choice.backend
+            else:
+                bar.close()
+        if restart is None:
+            hasher.join()
+            files = appender.finish() if appender is not None else None
+            return _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hasher.hashes, len(units), t0,
                              files)
-        return manifest
     finally:
         os.close(lock)
+    shutil.rmtree(out)  # the fast guess failed the check: drop what it made, rerun with the checked backend
+    return run_tokenize(TokenizeConfig(**{**cfg.__dict__, "backend": restart}))
+
+
+class _OtherBackend(Exception):
+    def __init__(self, choice):
+        self.choice = choice
+
+
+class _BackendCheck:
+    """`select_backend` in a thread beside the workers; `raise_if_other` stops the run if it picks another."""
+
+    def __init__(self, info: TokenizerInfo, sample: Callable[[], list[str]], force: str | None, guess: str):
+        self.guess, self.choice, self.error = guess, None, None
+        self.thread = threading.Thread(target=self._run, args=(info, sample, force), daemon=True)
+        self.thread.start()
+
+    def _run(self, info, sample, force) -> None:
+        try:
+            self.choice = select_backend(info, sample(), force)
+        except BaseException as e:  # re-raised in the main thread
+            self.error = e
+
+    def raise_if_other(self) -> None:
+        if self.error is not None:
+            raise self.error
+        if self.choice is not None and self.choice.backend != self.guess:
+            raise _OtherBackend(self.choice)
+
+    def result(self):
+        self.thread.join()
+        self.raise_if_other()
+        return self.choice
 
 
 def _resume_appends(appender: MemmapAppender, out: Path, done: dict[int, dict]) -> None:

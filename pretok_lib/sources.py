@@ -13,7 +13,6 @@ import glob
 import gzip
 import io
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -458,16 +457,3 @@ def sample_texts(units: Sequence[Unit], opts: SourceOptions, max_bytes: int = 51
                 if total >= max_bytes:
                     return out
     return out
-
-
-def file_sha256(path: str, chunk: int = 8 << 20) -> str:
-    """sha256 of a file (or of every file in a directory, in sorted order), as 'sha256:<hex>'."""
-    import hashlib
-
-    h = hashlib.sha256()
-    paths = sorted(p for p in Path(path).rglob("*") if p.is_file()) if os.path.isdir(path) else [Path(path)]
-    for p in paths:
-        with open(p, "rb") as fh:
-            while block := fh.read(chunk):
-                h.update(block)
-    return "sha256:" + h.hexdigest()

@@ -1,4 +1,4 @@
-"""The worker pool: spawned processes pinned to one CPU each, fed units, reporting progress and records."""
+"""The worker pool: forked processes pinned to one CPU each, fed units, reporting progress and records."""
 
 from __future__ import annotations
 
@@ -49,7 +49,9 @@ class Workers:
     def __init__(self, info: TokenizerInfo, job: Job, workers: int, units: int):
         self.info, self.job, self.pool = info, job, None
         if workers > 0 and units > 0:
-            ctx = mp.get_context("spawn")
+            # fork: workers start in milliseconds. Safe here because the pool is created before the main process
+            # starts any thread or runs a tokenizer; workers build their own encoders after pinning to a CPU.
+            ctx = mp.get_context("fork")
             self.queue, slot = ctx.Queue(), ctx.Value("i", 0)
             self.pool = ctx.Pool(min(workers, units), _init_worker, (info, job, self.queue, slot))
 
@@ -61,12 +63,15 @@ class Workers:
             self.pool.terminate()
             self.pool.join()
 
-    def run(self, pending: list[Unit], backend: str, bar: Progress, on_record: Callable[[dict], None]) -> None:
+    def run(self, pending: list[Unit], backend: str, bar: Progress, on_record: Callable[[dict], None],
+            keep_going: Callable[[], None] = lambda: None) -> None:
         """Process `pending` units; `on_record` gets each finished part's record in the main process. At most
-        4 parts per worker are in flight, which bounds what the main process buffers for in-order appending."""
+        4 parts per worker are in flight, which bounds what the main process buffers for in-order appending.
+        `keep_going` is called between parts and may raise to stop the run."""
         if self.pool is None:  # inline, for debugging and tiny inputs
             enc = make_encoder(self.info, backend) if pending else None
             for u in pending:
+                keep_going()
                 on_record(process_unit(u, enc, self.job, bar.update))
             return
         import queue as queue_mod
@@ -79,6 +84,7 @@ class Workers:
                 self.pool.apply_async(_worker_unit, (todo.pop(0), backend), callback=lambda r: done.put((r, None)),
                                       error_callback=lambda e: done.put((None, e)))
                 running += 1
+            keep_going()
             try:
                 rec, err = done.get(timeout=0.05)
             except queue_mod.Empty:

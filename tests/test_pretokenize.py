@@ -220,6 +220,7 @@ def test_memmap_resume_redoes_parts_damaged_on_disk(corpus, tmp_path, monkeypatc
             raise KeyboardInterrupt("simulated crash")
         real_add(self, *a)
 
+    monkeypatch.setattr("pretok_lib.memmap_append.COMMIT_EVERY_S", 0.0)  # commit every append
     monkeypatch.setattr(MemmapAppender, "add", crashing_add)
     with pytest.raises(KeyboardInterrupt):
         tok(corpus, out, part_mb=0.3)

@@ -31,7 +31,7 @@ NOTES = """\
     run_clm.py (input_ids + attention_mask; from_parquet excluded). (c) {backend} encode_batch on texts in memory,
     1 pinned core; x{n} = {n} x 1 core (derived). (d) end to end: read + tokenize + write + checksums + manifest.
 Peak RSS: (a), (c) VmHWM of the process (it holds all its texts); (b) max of its main process and any map worker,
-    (d) any single worker, sampled every 20 ms. tokens/s: text tokens (no BOS/EOS). bytes/token: bytes on disk per
+    (d) the largest worker VmHWM recorded in the manifest. tokens/s: text tokens (no BOS/EOS). bytes/token: bytes on disk per
     stored token (BOS/EOS included, padding and truncated tokens excluded)."""
 LOOP, MAP, CEIL = "(a) per-doc tok(text) loop", "(b) datasets.map", "(c) ceiling 1 core"
 
@@ -258,8 +258,10 @@ def run_engine(corpus: str, tok: str, fmt: str, workers: int, out: Path, part_mb
     from ..pretokenize import TokenizeConfig, run_tokenize
 
     cfg = TokenizeConfig(inputs=[corpus], out=str(out), tokenizer=tok, format=fmt, workers=workers,
-                         overwrite=True, progress=False)
+                         progress=False)
     cfg.part_mb, cfg.batch_mb = part_mb or cfg.part_mb, batch_mb or cfg.batch_mb
+    shutil.rmtree(out, ignore_errors=True)  # deleting an old output is not part of the measurement
+    os.sync()  # start each timing without dirty pages of earlier runs being written back meanwhile
     t0 = time.perf_counter()
     with ChildRss() as workers_rss:
         m = run_tokenize(cfg)
@@ -270,7 +272,9 @@ def run_engine(corpus: str, tok: str, fmt: str, workers: int, out: Path, part_mb
             # padded: counts.tokens are the kept tokens; the truncated ones are counted apart
             "tokens": c["tokens"] + c.get("truncated", 0) - specials * c["documents"], "engine_tokens": c["tokens"],
             "stored_tokens": c["tokens"], "disk_bytes": sum(f["size"] for f in m["files"]),
-            "peak_rss_mb": workers_rss.peak_mb, "manifest_worker_peak_rss_mb": m["run"]["worker_peak_rss_mb"],
+            # each worker's own VmHWM, from the manifest; sampling children also catches spawn's fork-before-exec
+            # copies of this (large) process, which are not workers
+            "peak_rss_mb": m["run"]["worker_peak_rss_mb"], "sampled_children_peak_rss_mb": workers_rss.peak_mb,
             "units": len(m["parts"]), "workers": workers, "backend": m["tokenizer"]["backend"]["backend"],
             "out": str(out), "policy": pol}
 
@@ -388,7 +392,7 @@ def main(args: argparse.Namespace) -> dict:
         r = run_engine(path, tok, "memmap", n, work / f"rss-{mb:g}mb", args.part_mb, args.batch_mb)
         shutil.rmtree(r["out"], ignore_errors=True)
         scan.append({"mb": mb, "mb_per_s": mb / r["seconds"], **{k: r[k] for k in (
-            "peak_rss_mb", "manifest_worker_peak_rss_mb", "seconds", "units", "documents")}})
+            "peak_rss_mb", "sampled_children_peak_rss_mb", "seconds", "units", "documents")}})
         print(f"  rss scan {mb:g} MB: worker peak {r['peak_rss_mb']} MB, {mb / r['seconds']:.1f} MB/s", flush=True)
 
     b, ceil = methods.get(MAP), methods.get(CEIL)
