@@ -234,3 +234,26 @@ def test_memmap_resume_redoes_parts_damaged_on_disk(corpus, tmp_path, monkeypatc
     tmp_bin.write_bytes(bytes(raw))
     tok(corpus, out, part_mb=0.3)
     assert data_files(out) == data_files(ref)
+
+
+def test_optimistic_backend_restarts_when_the_check_disagrees(corpus, tmp_path, monkeypatch):
+    """Workers start with the fastest candidate; if the check (beside them) picks another backend, the output
+    made so far is dropped and the run redone with the checked one."""
+    import pretok_lib.pretokenize as engine
+    from pretok_lib.tokenizer import BackendChoice
+
+    ref = tok(corpus, tmp_path / "ref", workers=2)
+    real = engine.select_backend
+    calls = []
+
+    def pick_reference(info, sample, force=None):
+        calls.append(force)
+        if force is None:
+            return BackendChoice("hf-tokenizers", "hf-tokenizers", 0, 0, {"fastokens": "rejected for the test"})
+        return real(info, sample, force)
+
+    monkeypatch.setattr(engine, "select_backend", pick_reference)
+    m = tok(corpus, tmp_path / "o", workers=2)
+    assert calls == [None, "hf-tokenizers"]
+    assert m["tokenizer"]["backend"]["backend"] == "hf-tokenizers"
+    assert data_files(tmp_path / "o") == data_files(tmp_path / "ref") and ref["counts"] == m["counts"]
