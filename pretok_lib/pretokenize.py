@@ -230,7 +230,7 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
         # on a sample of this input runs beside them; if the check picks another backend, everything made with
         # the first one is discarded and the run starts over with the checked backend.
         guess = cfg.backend or backends_for(info)[0]
-        with Workers(info, job, cfg.workers if pending else 0, len(pending)) as workers:  # forked before any thread
+        with Workers(info, job, cfg.workers if pending else 0, len(pending)) as workers:
             hasher = _InputHasher(sorted({p for u in mine for p in u.paths}))
             check = _BackendCheck(info, lambda: sample_texts(mine, sopts), cfg.backend, guess)
             bar = Progress(sum(u.est_bytes for u in pending), f"{cfg.format} {len(pending)}/{len(mine)} parts",

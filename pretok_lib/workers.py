@@ -1,4 +1,4 @@
-"""The worker pool: forked processes pinned to one CPU each, fed units, reporting progress and records."""
+"""The worker pool: spawned processes pinned to one CPU each, fed units, reporting progress and records."""
 
 from __future__ import annotations
 
@@ -49,9 +49,10 @@ class Workers:
     def __init__(self, info: TokenizerInfo, job: Job, workers: int, units: int):
         self.info, self.job, self.pool = info, job, None
         if workers > 0 and units > 0:
-            # fork: workers start in milliseconds. Safe here because the pool is created before the main process
-            # starts any thread or runs a tokenizer; workers build their own encoders after pinning to a CPU.
-            ctx = mp.get_context("fork")
+            # spawn, not fork: a worker's memory is its own (a forked one would carry, and be charged for, the
+            # parent's pages) and no lock or thread state of the parent leaks in. Workers start while the main
+            # process plans and checks; each builds its own encoder after pinning to a CPU.
+            ctx = mp.get_context("spawn")
             self.queue, slot = ctx.Queue(), ctx.Value("i", 0)
             self.pool = ctx.Pool(min(workers, units), _init_worker, (info, job, self.queue, slot))
 

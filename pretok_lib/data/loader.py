@@ -13,6 +13,7 @@ from typing import Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ..errors import PretokError
 from .collate import collate
 from .order import Position, Shard, my_steps
 
@@ -29,6 +30,8 @@ class ShardedBatches(IterableDataset):
 
     def __init__(self, source, micro_batch: int, rank: int | None = None, world: int | None = None,
                  doc_aware: bool = False):
+        if (rank is None) != (world is None):
+            raise ValueError("give both rank and world, or neither (then torch.distributed decides)")
         if rank is None or world is None:
             rank, world = dist_rank_world()
         if not 0 <= rank < world or micro_batch < 1:
@@ -101,8 +104,19 @@ class StatefulLoader:
             yield batch
         self.dataset.position = Position(start.epoch + 1, 0, None)
 
+    def _identity(self) -> dict:
+        src = self.dataset.source
+        return {"source": type(src).__name__, "window": src.window, "seed": src.seed, "shuffle": src.shuffle,
+                "num_samples": getattr(src, "num_samples", None)}
+
     def state_dict(self) -> dict:
-        return {"position": self.position.to_dict(), "global_batch": self.dataset.global_batch}
+        """The position, and what it is a position in (checked on load; the global batch may change)."""
+        return {"position": self.position.to_dict(), "global_batch": self.dataset.global_batch, **self._identity()}
 
     def load_state_dict(self, state: dict) -> None:
+        mine = self._identity()
+        diff = [k for k in mine if k in state and state[k] != mine[k]]
+        if diff:
+            raise PretokError(f"loader state is for another data order (differs in: {', '.join(diff)}): "
+                              f"{ {k: state[k] for k in diff} } vs { {k: mine[k] for k in diff} }")
         self.dataset.position = Position.from_dict(state["position"])

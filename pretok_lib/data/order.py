@@ -1,8 +1,9 @@
 """The global sample order: a permutation per (seed, epoch), cut into global batches, sliced by rank and worker.
 
 Contract (see README "Sharding and resume"):
-- An epoch's order is `permutation(num_samples)` from `numpy.random.default_rng([seed, epoch])` (identity when
-  not shuffling). It does not depend on world size, micro-batch size or DataLoader workers.
+- An epoch's order comes from `numpy.random.default_rng([seed, epoch])` (identity when not shuffling): a
+  permutation of the rows for the padded paths, of the documents for the packed paths (which then cut the
+  permuted stream into consecutive windows). It does not depend on world size, micro-batch or workers.
 - The order is consumed in global batches of `micro_batch * world_size` samples; rank r takes the r-th
   contiguous slice of each global batch. A remainder smaller than one global batch is dropped at the end of
   the epoch (a different tail each epoch when shuffling), so every rank yields the same number of batches.

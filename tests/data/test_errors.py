@@ -149,3 +149,28 @@ def test_unknown_kind_and_bad_arguments(wiki):
     for kind in ("padded", "padding-free"):
         with pytest.raises(PretokError, match="give a tokenizer"):
             make_dataset(kind, wiki.text, 32)
+
+
+def test_state_of_another_data_order_is_refused(wiki):
+    """A loader state records what it is a position in: another seed or sequence length is refused."""
+    ds = make_dataset("pretok-memmap", wiki.dirs["pretok-memmap"], 32, micro_batch=2, rank=0, world=1, seed=1)
+    loader = make_loader(ds)
+    next(iter(loader))
+    state = loader.state_dict()
+    other = make_loader(make_dataset("pretok-memmap", wiki.dirs["pretok-memmap"], 32, micro_batch=2, rank=0,
+                                     world=1, seed=2))
+    with pytest.raises(PretokError, match="seed"):
+        other.load_state_dict(state)
+    longer = make_loader(make_dataset("pretok-memmap", wiki.dirs["pretok-memmap"], 64, micro_batch=4, rank=0,
+                                      world=1, seed=1))
+    with pytest.raises(PretokError, match="window"):
+        longer.load_state_dict(state)
+    elastic = make_loader(make_dataset("pretok-memmap", wiki.dirs["pretok-memmap"], 32, micro_batch=4, rank=0,
+                                       world=1, seed=1))
+    elastic.load_state_dict(state)  # another global batch is fine (elastic resume)
+    assert elastic.position.consumed == 2
+
+
+def test_rank_without_world_is_refused(wiki):
+    with pytest.raises(ValueError, match="both rank and world"):
+        make_dataset("pretok-memmap", wiki.dirs["pretok-memmap"], 32, micro_batch=2, rank=1)
