@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import PretokError
+from . import fmt_num
 
 SLOW = ("padded", "padding-free")  # tokenize on the fly: measured over --slow-batches
 FORMAT_OF = {"pretok-padded": "padded", "pretok-token-list": "token-list", "pretok-memmap": "memmap"}
@@ -223,12 +224,7 @@ def bench_compression(corpus: str, tok: str, a: argparse.Namespace, work: Path) 
     return rows
 
 
-def _num(v: float | None, rate: bool = False) -> str:
-    if v is None:
-        return "-"
-    if rate:
-        return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}k" if v >= 1e4 else f"{v:.0f}"
-    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 0.1 else f"{v:.3f}"
+_num = fmt_num
 
 
 def _pct(v: float | None) -> str:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..errors import PretokError
+from . import fmt_num
 
 FORMATS = ("memmap", "token-list", "padded")
 GPT2_REL = Path("shared/data/tokenizers/gpt2/tokenizer.json")
@@ -289,12 +290,7 @@ def rates(r: dict, text_bytes: int) -> dict:
     return r
 
 
-def _num(v: float | None, rate: bool = False) -> str:
-    if v is None:
-        return "-"
-    if rate:
-        return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}k" if v >= 1e4 else f"{v:.0f}"
-    return f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+_num = fmt_num
 
 
 def table(methods: dict[str, dict], ref_b: float | None, ceil1: float | None) -> str:
