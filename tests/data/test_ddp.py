@@ -38,6 +38,8 @@ WORKER = textwrap.dedent("""
         result[name] = {"batches": batches, "counts": [int(c) for c in counts],
                         "position": loader.state_dict()["position"]}
     dist.barrier()
+    del loader, ds  # INFRA.md: drop torch objects and collect before teardown (gloo can abort at exit otherwise)
+    import gc; gc.collect()
     dist.destroy_process_group()
     with open(out, "w") as fh:
         json.dump(result, fh)
