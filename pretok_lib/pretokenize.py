@@ -145,11 +145,10 @@ def prepare_output(out: Path, key: dict, overwrite: bool) -> tuple[bool, int]:
 def committed_parts(out: Path, units: Sequence[Unit]) -> dict[int, dict]:
     """Records of parts already committed; removes the leftovers of uncommitted ones (temp files, half parts)."""
     parts = out / STATE / "parts"
-    allowed = {u.index for u in units}
     done = {}
     for u in units:
         rec = parts / f"{part_name(u.index)}.json"
-        if rec.exists() and u.index in allowed:
+        if rec.exists():
             done[u.index] = json.loads(rec.read_text())
     for p in list(parts.iterdir()) + list(out.glob("part-*")):
         stem = p.name.split(".")[0]

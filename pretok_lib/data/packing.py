@@ -53,13 +53,19 @@ class PackedIndex:
         return assemble(self.pieces(k), doc_tokens)
 
 
+def boundaries(pieces: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(positions > 0 where a document starts, lengths of the pieces) of a window made of `pieces`."""
+    lens = np.array([b - a for _, a, b in pieces], dtype=np.int64)
+    pos = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    starts = np.array([p for p, (_, a, _) in zip(pos, pieces) if a == 0 and p > 0], dtype=np.int64)
+    return starts, lens
+
+
 def assemble(pieces: list[tuple[int, int, int]], doc_tokens: Callable[[int, int, int], np.ndarray]) -> Sample:
     """Concatenate document pieces into one packed Sample (a piece starting at 0 is a document start)."""
     if len(pieces) == 1:  # most windows lie inside one document: no boundary to record
         d, a, b = pieces[0]
         return Sample(np.asarray(doc_tokens(d, a, b), dtype=np.int64), starts=_NO_STARTS, doc_lens=np.array([b - a]))
-    parts = [doc_tokens(d, a, b) for d, a, b in pieces]
-    lens = np.array([b - a for _, a, b in pieces], dtype=np.int64)
-    pos = np.concatenate([[0], np.cumsum(lens)[:-1]])
-    starts = np.array([p for p, (_, a, _) in zip(pos, pieces) if a == 0 and p > 0], dtype=np.int64)
-    return Sample(np.concatenate(parts).astype(np.int64, copy=False), starts=starts, doc_lens=lens)
+    starts, lens = boundaries(pieces)
+    tokens = np.concatenate([doc_tokens(d, a, b) for d, a, b in pieces]).astype(np.int64, copy=False)
+    return Sample(tokens, starts=starts, doc_lens=lens)

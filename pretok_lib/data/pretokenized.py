@@ -19,7 +19,7 @@ from ..formats import parquet as pqf
 from ..formats.manifest import read_manifest
 from ..formats.memmap import MemmapDataset
 from .order import epoch_permutation
-from .packing import PackedIndex, Sample
+from .packing import PackedIndex, Sample, boundaries
 
 
 def open_checked(path: str | os.PathLike, fmt: str, tokenizer_fingerprint: str | None) -> dict:
@@ -144,19 +144,8 @@ class MemmapPacked(_Packed):
         return self.tokens[s + a : s + b]
 
     def sample(self, epoch: int, k: int) -> Sample:
-        if not self.shuffle:  # sequential: one contiguous slice of the .bin (the nanoGPT fast path)
-            t = k * self.window
-            p = int(np.searchsorted(self.starts, t, side="right")) - 1
-            pieces, need = [], self.window
-            while need:
-                take = min(need, int(self.doc_lengths[p]) - (t - int(self.starts[p])))
-                pieces.append((p, t - int(self.starts[p]), t - int(self.starts[p]) + take))
-                need, t, p = need - take, t + take, p + 1
-            pieces = [q for q in pieces if q[2] > q[1]]
-            s = Sample(np.asarray(self.tokens[k * self.window : (k + 1) * self.window], dtype=np.int64))
-            lens = np.array([b - a for _, a, b in pieces], dtype=np.int64)
-            pos = np.concatenate([[0], np.cumsum(lens)[:-1]])
-            s.starts = np.array([q for q, (_, a, _) in zip(pos, pieces) if a == 0 and q > 0], dtype=np.int64)
-            s.doc_lens = lens
-            return s
+        if not self.shuffle:  # sequential: the window is one contiguous slice of the .bin (nanoGPT's fast path)
+            starts, lens = boundaries(self.index(epoch).pieces(k))
+            tokens = np.asarray(self.tokens[k * self.window : (k + 1) * self.window], dtype=np.int64)
+            return Sample(tokens, starts=starts, doc_lens=lens)
         return super().sample(epoch, k)
