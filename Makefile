@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.pretok-installed
 DEMO_DIR ?= runs/demo
 
-.PHONY: setup demo test bench clean
+.PHONY: setup sysdeps demo test bench clean
 
 setup: $(STAMP)
 
@@ -23,7 +23,10 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(VENV)/bin/pretok demo --out $(DEMO_DIR)
 
-test: setup
+sysdeps:
+	bash scripts/install_system_deps.sh
+
+test: setup sysdeps
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
 
 bench: setup
