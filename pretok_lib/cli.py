@@ -116,6 +116,57 @@ def cmd_bench_loaders(a: argparse.Namespace) -> None:
     bench_main(a)
 
 
+def cmd_bench_train(a: argparse.Namespace) -> None:
+    from .bench.train import main as bench_main
+
+    bench_main(a)
+
+
+def cmd_train(args) -> int:
+    from .train.run import run_from_args
+
+    return run_from_args(args)
+
+
+def cmd_sweep(a: argparse.Namespace) -> None:
+    from .sweep import Grid, command, parse_axis, run_status, run_sweep
+
+    grid = Grid.from_yaml(a.grid) if a.grid else Grid()
+    grid.axes.update(dict(parse_axis(x) for x in a.axis))
+    for item in a.set:
+        key, value = parse_axis(item)
+        grid.base[key] = value[0] if len(value) == 1 else value
+    grid.prefix = a.prefix or grid.prefix
+    if a.dry_run:
+        for p in grid.points():
+            print(f"{p.run_id}  [{run_status(Path(a.runs_dir) / p.run_id) or 'not run'}]  "
+                  f"{' '.join(command(p, a.config, a.launcher, a.runs_dir, a.module))}")
+        return
+    res = run_sweep(a.config, grid, a.runs_dir, a.launcher, module=a.module, timeout_s=a.timeout)
+    failed = [p.run_id for p, s in res if s == "failed"]
+    print(f"sweep: {sum(s == 'completed' for _, s in res)} completed now, {sum(s == 'skipped' for _, s in res)} "
+          f"skipped (completed before), {len(failed)} failed; runs in {a.runs_dir}/")
+    if failed:
+        raise PretokError(f"{len(failed)} of {len(res)} grid points failed: {', '.join(failed)} "
+                          f"(see <run>/launcher.log; rerun the same command to retry them)")
+
+
+def cmd_study(a: argparse.Namespace) -> None:
+    from .study import run_study
+
+    run_study(a.profile, out=a.out, notebooks=a.notebooks, parameters=dict(_kv(x) for x in a.set),
+              kernel=a.kernel)
+
+
+def _kv(text: str) -> tuple[str, object]:
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise PretokError(f"'{text}' is not of the form name=value")
+    return key.strip(), yaml.safe_load(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pretok", description=__doc__.split(":")[0] if __doc__ else None)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -148,6 +199,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     p.set_defaults(fn=cmd_demo)
+    p = sub.add_parser("train", help="train a causal LM on one data path (torchrun for DDP); see docs/RUNS.md")
+    from .train.run import add_args as add_train_args
+
+    add_train_args(p)
+    p.set_defaults(fn=cmd_train)
+    p = sub.add_parser("sweep", help="a grid of training runs, one process (or SLURM job) per point, resumable")
+    p.add_argument("--config", required=True, help="training config YAML (e.g. configs/tiny.yaml)")
+    p.add_argument("--grid", default=None, help="YAML with axes / base / linked / prefix")
+    p.add_argument("--axis", action="append", default=[], metavar="KEY=V1,V2",
+                   help="an axis: world, data, micro_batch, precision, lr, seq_len or any dotted config key")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every point")
+    p.add_argument("--prefix", default=None, help="run id prefix (default: sweep)")
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--launcher", default="local", choices=["local", "slurm"])
+    p.add_argument("--timeout", type=float, default=None, help="seconds per local run before it is stopped")
+    p.add_argument("--dry-run", action="store_true", help="print run ids, their status and commands; run nothing")
+    p.add_argument("--module", default="pretok_lib.train", help=argparse.SUPPRESS)  # tests use a stand-in trainer
+    p.set_defaults(fn=cmd_sweep)
+    p = sub.add_parser("study", help="execute notebooks 01-05 (papermill) and export the HTML report")
+    p.add_argument("--profile", default="quick", choices=["quick", "full", "smoke"],
+                   help="quick: 2 CPU cores, ~10 min; full: real hardware (GPUs); smoke: ~1 min check")
+    p.add_argument("--out", default=None, help="default: runs/study-<profile>")
+    p.add_argument("--notebooks", nargs="*", default=None, help="a subset, e.g. 01 02 (default: all)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="notebook parameter for every notebook that has it (YAML value)")
+    p.add_argument("--kernel", default="pretok", help="Jupyter kernel (registered in the venv if missing)")
+    p.set_defaults(fn=cmd_study)
     bench = sub.add_parser("bench", help="benchmarks that print tables and ratios measured in one run")
     bsub = bench.add_subparsers(dest="bench", required=True)
     p = bsub.add_parser("tokenize", help="tokenization: on-the-fly loop vs datasets.map vs backend ceiling vs engine")
@@ -160,20 +238,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_loader_args(p)
     p.set_defaults(fn=cmd_bench_loaders)
+    p = bsub.add_parser("train", help="training throughput of the five data paths (effective tok/s, data stall)")
+    from .bench.train import add_args as add_train_bench_args
+
+    add_train_bench_args(p)
+    p.set_defaults(fn=cmd_bench_train)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.fn(args)
+        rc = args.fn(args)
     except PretokError as e:
         print(f"pretok: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("pretok: interrupted (rerun the same command to resume)", file=sys.stderr)
         return 130
-    return 0
+    return rc or 0
 
 
 if __name__ == "__main__":

@@ -27,16 +27,21 @@ def _canonical(data: dict) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
-def atomic_write_json(path: str | os.PathLike, data: dict, fsync: bool = True) -> None:
-    """Write JSON to a temp name, fsync (unless told not to), rename: readers never see a half-written file."""
+def atomic_write_text(path: str | os.PathLike, text: str, fsync: bool = True) -> None:
+    """Write to a temp name, fsync (unless told not to), rename: readers never see a half-written file."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as fh:
-        fh.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        fh.write(text)
         if fsync:
             fh.flush()
             os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def atomic_write_json(path: str | os.PathLike, data: dict, fsync: bool = True) -> None:
+    """`data` as indented JSON, written atomically (see `atomic_write_text`)."""
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n", fsync)
 
 
 def write_manifest(out_dir: str | os.PathLike, data: dict) -> Path:

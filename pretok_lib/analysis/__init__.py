@@ -1,0 +1,14 @@
+"""Analysis of training runs (docs/RUNS.md): load runs, derive numbers from metrics.jsonl, plotly figures, reports.
+
+    from pretok_lib.analysis import load_runs, summary_table, figures, report
+    runs = load_runs("runs")
+"""
+
+from .metrics import (RunMetrics, all_metrics, isolated_tokenization_speedups, path_speedups, precision_groups,
+                      rows_to_text, run_metrics, scaling_efficiency, storage_rows, summary_table, time_to_target,
+                      tokenization_speedups)
+from .runs import Records, Run, config_signature, load_run, load_runs
+
+__all__ = ["Records", "Run", "RunMetrics", "all_metrics", "config_signature", "isolated_tokenization_speedups",
+           "load_run", "load_runs", "path_speedups", "precision_groups", "rows_to_text", "run_metrics",
+           "scaling_efficiency", "storage_rows", "summary_table", "time_to_target", "tokenization_speedups"]

@@ -1,0 +1,387 @@
+"""Plotly figure builders: each takes runs (and settings) and returns a `go.Figure`.
+
+Bars are means over repeated runs of one setting (error bar: standard deviation); every run is also a marker
+(circle completed, x failed, open diamond incomplete) so a failed run's partial numbers stay visible. A builder
+given nothing to show returns a figure saying "no runs with ..." instead of raising.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+from .metrics import (RunMetrics, all_metrics, format_value, path_rank, precision_groups, resolve_target_loss,
+                      scaling_efficiency, storage_rows, summary_table, tokenization_speedups)
+from .runs import Run
+
+PATH_COLORS = {"padded": "#d62728", "padding-free": "#ff7f0e", "pretok-padded": "#9467bd",
+               "pretok-token-list": "#2ca02c", "pretok-memmap": "#1f77b4"}
+STATUS_SYMBOLS = {"completed": "circle", "failed": "x", "incomplete": "diamond-open"}
+STATUS_FILL = {"completed": "#ffffff", "failed": "#fde0dd", "incomplete": "#fff3cd"}
+PALETTE = qualitative.Plotly + qualitative.D3
+VARYING = ("world_size", "global_batch", "seq_len", "precision")
+LAYOUT = dict(template="plotly_white", height=460, margin=dict(l=70, r=30, t=70, b=70))
+PERCENT = {"mfu", "data_stall", "padding_frac", "masked_frac"}
+
+
+def path_color(kind: str | None, i: int = 0) -> str:
+    """The fixed color of a data path (others: palette by index)."""
+    return PATH_COLORS.get(kind or "", PALETTE[i % len(PALETTE)])
+
+
+def empty_figure(title: str, message: str) -> go.Figure:
+    """A figure with only a centered message, for groups with no data."""
+    fig = go.Figure(layout=dict(title=title, **LAYOUT))
+    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=16))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def _varying(ms: list[RunMetrics], fields: Iterable[str] = VARYING) -> list[str]:
+    return [f for f in fields if len({getattr(m, f) for m in ms}) > 1]
+
+
+def _category(m: RunMetrics, varying: list[str]) -> str:
+    fmt = {"world_size": "N={}", "global_batch": "B={}", "seq_len": "L={}", "precision": "{}"}
+    return " · ".join([m.data_kind or "?"] + [fmt[f].format(getattr(m, f)) for f in varying])
+
+
+def _path_of(category: str) -> str:
+    return category.split(" · ")[0]
+
+
+def _swap_path(category: str, path: str) -> str:
+    """The category with the same settings on another data path."""
+    return " · ".join([path] + category.split(" · ")[1:])
+
+
+def _ordered_categories(ms: list[RunMetrics], cat: Callable[[RunMetrics], str]) -> list[str]:
+    key = {cat(m): (path_rank(m.data_kind), [str(getattr(m, f)) for f in VARYING]) for m in ms}
+    return sorted(key, key=lambda c: key[c])
+
+
+def _mean_std(vals: list[float]) -> tuple[float | None, float | None]:
+    if not vals:
+        return None, None
+    return float(np.mean(vals)), float(np.std(vals, ddof=1)) if len(vals) > 1 else None
+
+
+def _ratio_text(v: float | None, base: float | None) -> str:
+    return "" if v is None or not base else f"x{v / base:.3g}"
+
+
+def _add_bars(fig: go.Figure, ms: list[RunMetrics], cats: list[str], cat: Callable[[RunMetrics], str], key: str,
+              name: str, color: str | list[str], *, row: int | None = None, col: int | None = None,
+              texts: list[str] | None = None, showlegend: bool = True, points_legend: bool = False,
+              group: str | None = None) -> None:
+    """One bar per category (mean of `key` over its runs, std error bar) plus one marker per run; bars and
+    markers share the offset group `group` (default: `key`)."""
+    group = group or key
+    by: dict[str, list[RunMetrics]] = defaultdict(list)
+    for m in ms:
+        if getattr(m, key) is not None and math.isfinite(getattr(m, key)):
+            by[cat(m)].append(m)
+    stats = [_mean_std([getattr(m, key) for m in by[c]]) for c in cats]
+    pos = dict(row=row, col=col) if row else {}
+    fig.add_trace(go.Bar(x=cats, y=[s[0] for s in stats], name=name, marker_color=color, offsetgroup=group,
+                         legendgroup=group, showlegend=showlegend, text=texts, textposition="outside",
+                         error_y=dict(type="data", array=[s[1] or 0 for s in stats], visible=True),
+                         hovertemplate="%{x}<br>" + name + ": %{y:.4g}<extra></extra>"), **pos)
+    pts = [m for c in cats for m in by[c]]
+    fig.add_trace(go.Scatter(x=[cat(m) for m in pts], y=[getattr(m, key) for m in pts], mode="markers",
+                             offsetgroup=group, name="runs", legendgroup="runs", showlegend=points_legend,
+                             marker=dict(color="#222", size=7, symbol=[STATUS_SYMBOLS.get(m.status) for m in pts]),
+                             hovertext=[f"{m.run_id} ({m.status})" for m in pts],
+                             hovertemplate="%{hovertext}<br>" + name + ": %{y:.4g}<extra></extra>"), **pos)
+
+
+def _path_bars(runs: Iterable[Run], series: list[tuple[str, str]], title: str, ytitle: str, what: str,
+               skip: int | None, ratio_to: str | None = None) -> go.Figure:
+    """Grouped bars per data path (x: path + any setting that varies) of the given (metric, name) series.
+    `ratio_to`: label the last series' bars with their ratio to that path's bar of the same other settings."""
+    ms = [m for m in all_metrics(runs, skip) if any(getattr(m, k) is not None for k, _ in series)]
+    if not ms:
+        return empty_figure(title, f"no runs with {what}")
+    var = _varying(ms)
+    cat = lambda m: _category(m, var)  # noqa: E731
+    cats = _ordered_categories(ms, cat)
+    fig = go.Figure(layout=dict(title=title, barmode="group", scattermode="group", yaxis_title=ytitle, **LAYOUT))
+    for i, (key, name) in enumerate(series):
+        texts = None
+        if ratio_to and i == len(series) - 1:
+            means = {c: _mean_std([getattr(m, key) for m in ms if cat(m) == c and getattr(m, key) is not None])[0]
+                     for c in cats}
+            texts = [_ratio_text(means[c], means.get(_swap_path(c, ratio_to))) for c in cats]
+        color = [path_color(_path_of(c)) for c in cats] if len(series) == 1 else PALETTE[i % len(PALETTE)]
+        _add_bars(fig, ms, cats, cat, key, name, color, texts=texts, showlegend=len(series) > 1,
+                  points_legend=i == 0)
+    if all(k in PERCENT for k, _ in series):
+        fig.update_yaxes(tickformat=".0%")
+    if ratio_to and any(m.data_kind == ratio_to for m in ms):
+        fig.add_annotation(text=f"labels: ratio to {ratio_to} with the same settings", x=1, y=1.08, xref="paper",
+                           yref="paper", showarrow=False, xanchor="right", font=dict(size=11))
+    return fig
+
+
+def throughput_figure(runs: Iterable[Run], skip: int | None = None, baseline: str = "padded") -> go.Figure:
+    """Tokens/s and effective tokens/s per data path, effective bars labelled with the speedup over `baseline`."""
+    return _path_bars(runs, [("tokens_per_s", "tokens/s"), ("effective_tokens_per_s", "effective tokens/s")],
+                      "Training throughput per data path", "tokens / s (global)", "throughput records", skip,
+                      ratio_to=baseline)
+
+
+def mfu_figure(runs: Iterable[Run], skip: int | None = None) -> go.Figure:
+    """Model FLOPs utilisation per data path."""
+    return _path_bars(runs, [("mfu", "MFU")], "MFU per data path", "MFU",
+                      "MFU (null when the device's peak FLOP/s is unknown)", skip)
+
+
+def data_stall_figure(runs: Iterable[Run], skip: int | None = None) -> go.Figure:
+    """Share of step time spent waiting for batches, per data path."""
+    return _path_bars(runs, [("data_stall", "data stall")], "Data-stall fraction per data path",
+                      "data wait / step time", "data-stall records", skip)
+
+
+def padding_figure(runs: Iterable[Run], skip: int | None = None) -> go.Figure:
+    """Padding share (padded paths) and masked-label share (packed paths) of the token slots, per data path."""
+    return _path_bars(runs, [("padding_frac", "padding"), ("masked_frac", "masked labels")],
+                      "Padding share per data path", "share of token slots", "padding/masked records", skip)
+
+
+def _run_colors(runs: list[Run]) -> dict[str, str]:
+    return {r.run_id: PALETTE[i % len(PALETTE)] for i, r in enumerate(runs)}
+
+
+def loss_curves_figure(runs: Iterable[Run], x: str = "step") -> go.Figure:
+    """Train loss (left) and val loss (right) vs `x` ("step" or "wall_s"), one line per run; failed and
+    incomplete runs dashed."""
+    runs = [r for r in runs if r.train.has("loss") or r.val.has("val_loss")]
+    title = "Loss curves"
+    if not runs:
+        return empty_figure(title, "no runs with logged loss")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("train loss", "val loss"))
+    colors = _run_colors(runs)
+    for r in runs:
+        dash = "solid" if r.status == "completed" else "dash"
+        for col, recs, key in ((1, r.train, "loss"), (2, r.val, "val_loss")):
+            if recs.has(key):
+                fig.add_trace(go.Scatter(x=recs[x], y=recs[key], mode="lines+markers" if col == 2 else "lines",
+                                         name=r.label, legendgroup=r.run_id, showlegend=col == 1 or not r.train.has(
+                                             "loss"), line=dict(color=colors[r.run_id], dash=dash),
+                                         marker=dict(size=5)), row=1, col=col)
+    fig.update_layout(title=title, **LAYOUT)
+    fig.update_xaxes(title_text=x)
+    fig.update_yaxes(title_text="loss", col=1)
+    return fig
+
+
+def val_loss_by_batch_figure(runs: Iterable[Run], x: str = "step") -> go.Figure:
+    """Val loss vs `x`, one line per run, colored by global batch size."""
+    runs = [r for r in runs if r.val.has("val_loss")]
+    title = "Val loss by global batch size"
+    if not runs:
+        return empty_figure(title, "no runs with val loss")
+    batches = sorted({r.settings["global_batch"] for r in runs}, key=lambda b: (b is None, b or 0))
+    fig = go.Figure(layout=dict(title=title, xaxis_title=x, yaxis_title="val loss", legend_title="global batch",
+                                **LAYOUT))
+    shown: set = set()
+    for r in sorted(runs, key=lambda r: batches.index(r.settings["global_batch"])):
+        b = r.settings["global_batch"]
+        fig.add_trace(go.Scatter(x=r.val[x], y=r.val["val_loss"], mode="lines+markers", name=f"B={b}",
+                                 legendgroup=str(b), showlegend=b not in shown, hovertext=r.label,
+                                 line=dict(color=PALETTE[batches.index(b) % len(PALETTE)],
+                                           dash="solid" if r.status == "completed" else "dash")))
+        shown.add(b)
+    return fig
+
+
+def scaling_figure(runs: Iterable[Run], metric: str = "tokens_per_s", skip: int | None = None
+                   ) -> go.Figure:
+    """DDP scaling: `metric` vs world size (left, dashed: ideal linear) and scaling efficiency (right), per group
+    of runs equal in all but the world size; points labelled with their efficiency."""
+    rows = scaling_efficiency(runs, metric, skip)
+    title = "DDP scaling"
+    if not rows:
+        return empty_figure(title, "no runs with >= 2 world sizes and otherwise equal settings")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(metric.replace("_", " "), "scaling efficiency"))
+    for i, group in enumerate(dict.fromkeys(r["group"] for r in rows)):
+        g = [r for r in rows if r["group"] == group]
+        color = path_color(g[0]["data_kind"], i)
+        ns = [r["world_size"] for r in g]
+        fig.add_trace(go.Scatter(x=ns, y=[r["value"] for r in g], mode="lines+markers+text", name=group,
+                                 legendgroup=group, line_color=color, textposition="top center",
+                                 text=[f"{r['efficiency']:.0%}" if r["efficiency"] is not None and
+                                       r["world_size"] != r["base_world_size"] else "" for r in g]),
+                      row=1, col=1)
+        base, n0 = g[0]["value"], g[0]["base_world_size"]
+        fig.add_trace(go.Scatter(x=ns, y=[base * n / n0 for n in ns], mode="lines", name=f"{group} ideal",
+                                 legendgroup=group, showlegend=False, line=dict(color=color, dash="dot")),
+                      row=1, col=1)
+        pts = [(r["world_size"], v) for r in g for v in r["values"]]
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="markers", legendgroup=group,
+                                 showlegend=False, marker=dict(color=color, size=5, opacity=0.5)), row=1, col=1)
+        fig.add_trace(go.Scatter(x=ns, y=[r["efficiency"] for r in g], mode="lines+markers", legendgroup=group,
+                                 showlegend=False, line_color=color), row=1, col=2)
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#888", row=1, col=2)
+    fig.update_layout(title=title, **LAYOUT)
+    fig.update_xaxes(title_text="world size", dtick=1)
+    fig.update_yaxes(tickformat=".0%", rangemode="tozero", row=1, col=2)
+    fig.update_yaxes(rangemode="tozero", row=1, col=1)
+    return fig
+
+
+def time_to_target_figure(runs: Iterable[Run], target_loss: float | None = None, baseline: str = "padded",
+                          skip: int | None = None) -> go.Figure:
+    """Wall time until the loss first reaches `target_loss` (val loss if logged, else train), per data path, bars
+    labelled with the speedup over `baseline`. Target: given, else the runs' common configured one, else the
+    highest final loss among completed runs (so every completed run reaches it)."""
+    runs = list(runs)
+    target_loss = resolve_target_loss(runs, target_loss, skip)
+    ms = all_metrics(runs, skip, target_loss)
+    title = "Time to target loss" + (f" (loss <= {target_loss:.4g})" if target_loss is not None else "")
+    reached = [m for m in ms if m.time_to_target_s is not None]
+    if not reached:
+        return empty_figure(title, "no runs with a logged loss reaching the target" if target_loss is not None
+                            else "no runs with a loss to set a target from")
+    var = _varying(reached)
+    cat = lambda m: _category(m, var)  # noqa: E731
+    cats = _ordered_categories(reached, cat)
+    means = {c: _mean_std([m.time_to_target_s for m in reached if cat(m) == c])[0] for c in cats}
+    texts = []
+    for c in cats:
+        base = means.get(_swap_path(c, baseline))
+        texts.append(f"{means[c]:.3g} s" + (f" · x{base / means[c]:.3g}" if base and means[c] else ""))
+    fig = go.Figure(layout=dict(title=title, barmode="group", scattermode="group", yaxis_title="wall time (s)",
+                                **LAYOUT))
+    _add_bars(fig, reached, cats, cat, "time_to_target_s", "time to target",
+              [path_color(_path_of(c)) for c in cats], texts=texts, showlegend=False, points_legend=True)
+    missed = [m.run_id + ("" if m.status == "completed" else f" [{m.status}]") for m in ms
+              if m.time_to_target_s is None and m.logged]
+    has_base = any(m.data_kind == baseline for m in reached)
+    note = " · ".join(([f"x = speedup over {baseline}"] if has_base else [])
+                      + ([f"not reached: {', '.join(missed)}"] if missed else []))
+    if note:
+        fig.add_annotation(text=note, x=1, y=1.08, xref="paper", yref="paper", showarrow=False, xanchor="right",
+                           font=dict(size=11))
+    return fig
+
+
+def storage_figure(rows: list[dict[str, Any]] | Iterable[str | Path]) -> go.Figure:
+    """Bytes on disk per stored token of each pretokenized output (bar label: total size). Takes `storage_rows`
+    or dataset directories."""
+    rows = list(rows)
+    if rows and not isinstance(rows[0], dict):
+        rows = storage_rows(rows)
+    rows = [r for r in rows if r.get("bytes_per_token")]
+    title = "Storage per format"
+    if not rows:
+        return empty_figure(title, "no datasets with a manifest.json")
+    xs = [f"{r['name']}<br>{r['format']}" + (f" · {r['compression']}" if r.get("compression") else "") for r in rows]
+    colors = [path_color("pretok-" + (r["format"] or ""), i) for i, r in enumerate(rows)]
+    hover = [f"{r['path']}<br>{format_value(r.get('tokens'))} tokens, {format_value(r.get('documents'))} documents"
+             + (f", {format_value(r['padding'])} padding slots" if r.get("padding") else "") for r in rows]
+    fig = go.Figure(go.Bar(x=xs, y=[r["bytes_per_token"] for r in rows], marker_color=colors, hovertext=hover,
+                           text=[f"{r['disk_bytes'] / 1e6:.3g} MB" for r in rows], textposition="outside"),
+                    layout=dict(title=title, yaxis_title="bytes on disk per stored token", **LAYOUT))
+    return fig
+
+
+def tokenization_speedup_figure(bench: str | Path | dict | None, runs: Iterable[Run],
+                                skip: int | None = None, metric: str = "effective_tokens_per_s") -> go.Figure:
+    """Tokenization speedup in isolation (benchmark: engine vs per-document tokenizer, MB/s) next to the speedup
+    it buys in training (`metric`, pretokenized path / on-the-fly path of the same layout), log scale."""
+    rows = tokenization_speedups(bench, runs, metric, skip)
+    title = "Tokenization speedup: in isolation vs in training"
+    if not rows:
+        return empty_figure(title, "no tokenize benchmark and no pretokenized / on-the-fly run pairs")
+    multi = len({r["group"] for r in rows if r["group"]}) > 1
+    xs = [f"{r['pretok']}<br>vs {r['on_the_fly']}" + (f"<br>{r['group']}" if multi and r["group"] else "")
+          for r in rows]
+    fig = go.Figure(layout=dict(title=title, barmode="group", yaxis_title="speedup (x)", yaxis_type="log",
+                                **LAYOUT))
+    for key, name, color in (("isolated", "isolated (tokenize benchmark)", "#7f7f7f"),
+                             ("training", f"in training ({metric.replace('_', ' ')})", "#1f77b4")):
+        ys = [r[key] for r in rows]
+        fig.add_trace(go.Bar(x=xs, y=ys, name=name, marker_color=color, textposition="outside",
+                             text=["" if y is None else f"x{y:.3g}" for y in ys]))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
+    return fig
+
+
+def precision_figure(runs: Iterable[Run], skip: int | None = None) -> go.Figure:
+    """Mixed vs full precision for runs equal in all else: effective tokens/s, peak memory, final val loss and
+    perplexity per precision (one bar series per group of otherwise equal runs)."""
+    groups = precision_groups(runs, skip)
+    title = "Mixed vs full precision"
+    if not groups:
+        return empty_figure(title, "no runs differing only in precision")
+    panels = (("effective_tokens_per_s", "effective tokens/s"), ("peak_mem_mb", "peak memory MB"),
+              ("final_val_loss", "final val loss"), ("final_val_ppl", "final val ppl"))
+    fig = make_subplots(rows=1, cols=4, subplot_titles=[p[1] for p in panels])
+    cat = lambda m: str(m.precision)  # noqa: E731
+    for i, (label, ms) in enumerate(groups):
+        cats = sorted({cat(m) for m in ms})
+        for j, (key, _) in enumerate(panels):
+            _add_bars(fig, ms, cats, cat, key, label, path_color(ms[0].data_kind, i), row=1, col=j + 1,
+                      showlegend=j == 0, points_legend=i == 0 and j == 0, group=f"g{i}")
+    fig.update_layout(title=title, barmode="group", scattermode="group", **LAYOUT)
+    return fig
+
+
+TABLE_COLUMNS = ("run_id", "status", "data_kind", "world_size", "global_batch", "seq_len", "precision", "steps",
+                 "tokens_per_s", "effective_tokens_per_s", "mfu", "data_stall", "padding_frac", "peak_mem_mb",
+                 "final_loss", "final_val_loss", "final_val_ppl", "time_to_target_s", "note")
+
+
+def status_table_figure(runs: Iterable[Run], skip: int | None = None, target_loss: float | None = None
+                        ) -> go.Figure:
+    """All runs as a table, rows colored by status (failed red, incomplete yellow), with error/problems."""
+    rows = summary_table(runs, skip, target_loss)
+    if not rows:
+        return empty_figure("Runs", "no runs found")
+
+    def cell(k: str, v: Any) -> str:
+        if k in PERCENT and isinstance(v, float):
+            return f"{v:.1%}"
+        return (v[:157] + "...") if k == "note" and isinstance(v, str) and len(v) > 160 else format_value(v)
+
+    values = [[cell(c, r[c]) for r in rows] for c in TABLE_COLUMNS]
+    widths = [max(6, min(40, max(len(x) for x in col))) for col in values]
+    fills = [STATUS_FILL.get(r["status"], "#fff") for r in rows]
+    counts = ", ".join(f"{sum(r['status'] == s for r in rows)} {s}" for s in ("completed", "failed", "incomplete"))
+    target = rows[0]["target_loss"]
+    title = f"Runs: {counts}" + (f" (time to target: loss <= {target:.4g})" if target is not None else "")
+    return go.Figure(go.Table(
+        columnwidth=widths,
+        header=dict(values=[c.replace("_", " ") for c in TABLE_COLUMNS], fill_color="#e8e8e8", align="left"),
+        cells=dict(values=values, fill_color=[fills] * len(TABLE_COLUMNS), align="left", height=24)),
+        layout=dict(title=title, **{**LAYOUT, "height": min(1400, 200 + 30 * len(rows))}))
+
+
+def all_figures(runs: Iterable[Run], bench: str | Path | dict | None = None,
+                dataset_dirs: Iterable[str | Path] = (), skip: int | None = None,
+                target_loss: float | None = None) -> dict[str, go.Figure]:
+    """Every figure of the study by file name, ready for `report.save_figures`."""
+    runs = list(runs)
+    return {
+        "runs_status": status_table_figure(runs, skip, target_loss),
+        "throughput": throughput_figure(runs, skip),
+        "mfu": mfu_figure(runs, skip),
+        "data_stall": data_stall_figure(runs, skip),
+        "padding": padding_figure(runs, skip),
+        "loss_curves": loss_curves_figure(runs),
+        "val_loss_by_batch": val_loss_by_batch_figure(runs),
+        "ddp_scaling": scaling_figure(runs, skip=skip),
+        "time_to_target": time_to_target_figure(runs, target_loss, skip=skip),
+        "storage": storage_figure(storage_rows(dataset_dirs, bench)),
+        "tokenization_speedup": tokenization_speedup_figure(bench, runs, skip),
+        "precision": precision_figure(runs, skip),
+    }

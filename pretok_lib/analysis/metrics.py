@@ -1,0 +1,396 @@
+"""Derived numbers, all recomputed from metrics.jsonl records (never from summary.json).
+
+Means over logged train records skip the first `skip` of them (warm-up: compilation, first batches, page cache);
+`skip=None` takes each run's `log.skip_steps` (as `pretok train`'s summary does; default 2), and a run with no
+more records than that keeps them all (as the summary does). Every comparison groups runs by `config_signature`:
+runs equal in all settings but the one compared.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from .runs import BATCH_SHAPE_KEYS, DATA_PATH_KEYS, PRECISION_KEYS, WORLD_SIZE_KEYS, Run, config_signature
+
+PATH_ORDER = ("padded", "padding-free", "pretok-padded", "pretok-token-list", "pretok-memmap")
+ON_THE_FLY = ("padded", "padding-free")
+# Each pretokenized path and the on-the-fly path with the same layout: their ratio isolates tokenization.
+PRETOK_PAIRS = {"pretok-padded": "padded", "pretok-token-list": "padding-free", "pretok-memmap": "padding-free"}
+PATH_FORMAT = {"pretok-padded": "padded", "pretok-token-list": "token-list", "pretok-memmap": "memmap"}
+LOOP_PREFIX, MAP_PREFIX, ENGINE_PREFIX = "(a)", "(b)", "(d) engine"
+DEFAULT_SKIP = 2  # `pretok train`'s log.skip_steps default
+
+
+@dataclass
+class RunMetrics:
+    """The derived numbers of one run; None when the run did not log what they need."""
+
+    run_id: str
+    status: str
+    data_kind: str | None
+    world_size: int | None
+    global_batch: int | None
+    seq_len: int | None
+    precision: str | None
+    steps: int | None = None
+    logged: int = 0
+    used: int = 0
+    tokens_per_s: float | None = None
+    effective_tokens_per_s: float | None = None
+    tokens_per_s_per_device: float | None = None
+    mfu: float | None = None
+    data_stall: float | None = None
+    padding_frac: float | None = None
+    masked_frac: float | None = None
+    peak_mem_mb: float | None = None
+    final_loss: float | None = None
+    final_val_loss: float | None = None
+    final_val_ppl: float | None = None
+    wall_s: float | None = None
+    target_loss: float | None = None
+    time_to_target_s: float | None = None
+    step_to_target: int | None = None
+    note: str = ""
+    run: Run | None = field(default=None, repr=False, compare=False)
+
+
+def skip_of(run: Run, skip: int | None = None) -> int:
+    """Warm-up records to skip: `skip` if given, else the run's `log.skip_steps`, else DEFAULT_SKIP."""
+    if skip is None:
+        cfg = run.settings["skip_steps"]
+        skip = int(cfg) if isinstance(cfg, (int, float)) and not isinstance(cfg, bool) else DEFAULT_SKIP
+    return max(0, skip)
+
+
+def mean_after(values: np.ndarray, skip: int) -> float | None:
+    """Mean of the finite values after the first `skip` records (all of them if there are no more than `skip`);
+    None if no finite value."""
+    v = np.asarray(values, dtype=float)
+    v = v[skip:] if len(v) > skip else v
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if v.size else None
+
+
+def last_finite(values: np.ndarray) -> tuple[float | None, int | None]:
+    """The last finite value and its index."""
+    idx = np.flatnonzero(np.isfinite(values))
+    return (float(values[idx[-1]]), int(idx[-1])) if idx.size else (None, None)
+
+
+def time_to_target(run: Run, target: float, source: str = "auto") -> tuple[float | None, int | None]:
+    """(wall_s, step) of the first record with loss <= target; (None, None) if never reached. source: "val"
+    (val_loss), "train" (loss) or "auto" (val if the run logged any val loss, else train)."""
+    use_val = source == "val" or (source == "auto" and run.val.has("val_loss"))
+    recs, key = (run.val, "val_loss") if use_val else (run.train, "loss")
+    if not len(recs):
+        return None, None
+    hit = np.flatnonzero(recs[key] <= target)
+    if not hit.size:
+        return None, None
+    i = int(hit[0])
+    wall, step = recs["wall_s"][i], recs["step"][i]
+    return (float(wall) if np.isfinite(wall) else None), (int(step) if np.isfinite(step) else None)
+
+
+def run_metrics(run: Run, skip: int | None = None, target_loss: float | None = None) -> RunMetrics:
+    """Every derived number of one run. `target_loss` defaults to the run's configured target (if any)."""
+    s, t, v = run.settings, run.train, run.val
+    skip = skip_of(run, skip)
+    target = target_loss if target_loss is not None else _float(s.get("target_loss"))
+    m = RunMetrics(run_id=run.run_id, status=run.status, data_kind=s["data_kind"], world_size=s["world_size"],
+                   global_batch=s["global_batch"], seq_len=s["seq_len"],
+                   precision=None if s["precision"] is None else str(s["precision"]), run=run,
+                   logged=len(t), used=len(t) - skip if len(t) > skip else len(t), target_loss=target)
+    for key in ("tokens_per_s", "effective_tokens_per_s", "tokens_per_s_per_device", "mfu", "data_stall",
+                "padding_frac", "masked_frac"):
+        setattr(m, key, mean_after(t[key], skip) if len(t) else None)
+    if len(t):
+        m.steps = int(np.nanmax(t["step"]))
+        m.peak_mem_mb = float(np.nanmax(t["peak_mem_mb"])) if t.has("peak_mem_mb") else None
+        m.final_loss = last_finite(t["loss"])[0]
+    if len(v):
+        m.final_val_loss, i = last_finite(v["val_loss"])
+        if i is not None:
+            ppl = v["val_ppl"][i]
+            m.final_val_ppl = float(ppl) if np.isfinite(ppl) else _exp(m.final_val_loss)
+    walls = np.concatenate([t["wall_s"], v["wall_s"]]) if len(t) + len(v) else np.array([])
+    m.wall_s = float(np.nanmax(walls)) if np.isfinite(walls).any() else None
+    if target is not None:
+        m.time_to_target_s, m.step_to_target = time_to_target(run, target)
+    m.note = "; ".join([x for x in ([run.error] if run.error else []) + run.problems if x])
+    return m
+
+
+def _float(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _exp(x: float | None) -> float | None:
+    return None if x is None else (math.exp(x) if x < 700 else math.inf)
+
+
+def all_metrics(runs: Iterable[Run], skip: int | None = None, target_loss: float | None = None
+                ) -> list[RunMetrics]:
+    """`run_metrics` of every run, in order."""
+    return [run_metrics(r, skip, target_loss) for r in runs]
+
+
+SUMMARY_COLUMNS = ("run_id", "status", "data_kind", "world_size", "global_batch", "seq_len", "precision", "steps",
+                   "tokens_per_s", "effective_tokens_per_s", "mfu", "data_stall", "padding_frac", "peak_mem_mb",
+                   "final_loss", "final_val_loss", "final_val_ppl", "target_loss", "time_to_target_s", "wall_s",
+                   "note")
+
+
+def summary_table(runs: Iterable[Run], skip: int | None = None, target_loss: float | None = None
+                  ) -> list[dict[str, Any]]:
+    """One row per run (failed and incomplete runs included, with their status and error/problems in `note`).
+    Time to target uses `resolve_target_loss`."""
+    runs = list(runs)
+    target = resolve_target_loss(runs, target_loss, skip)
+    return [{k: asdict_shallow(m)[k] for k in SUMMARY_COLUMNS} for m in all_metrics(runs, skip, target)]
+
+
+def asdict_shallow(m: RunMetrics) -> dict[str, Any]:
+    """RunMetrics as a dict without the `run` back-reference."""
+    return {k: getattr(m, k) for k in RunMetrics.__dataclass_fields__ if k != "run"}
+
+
+def path_rank(kind: str | None) -> tuple[int, str]:
+    """Sort key putting the five data paths in their canonical order, others after."""
+    k = kind or "?"
+    return (PATH_ORDER.index(k) if k in PATH_ORDER else len(PATH_ORDER), k)
+
+
+def _groups(metrics: Iterable[RunMetrics], ignore: Iterable[str], keep: Iterable[str] = ()
+            ) -> dict[tuple, list[RunMetrics]]:
+    out: dict[tuple, list[RunMetrics]] = defaultdict(list)
+    for m in metrics:
+        if m.run is not None:
+            out[config_signature(m.run, ignore, keep)].append(m)
+    return out
+
+
+def group_label(ms: list[RunMetrics], fields: Iterable[str]) -> str:
+    """The settings among `fields` shared by all runs of a group, e.g. "padded, N=2, B=8, L=1024, bf16"."""
+    fmt = {"data_kind": "{}", "world_size": "N={}", "global_batch": "B={}", "seq_len": "L={}", "precision": "{}"}
+    parts = []
+    for f in fields:
+        vals = {getattr(m, f) for m in ms}
+        if len(vals) == 1 and (v := vals.pop()) is not None:
+            parts.append(fmt.get(f, "{}").format(v))
+    return ", ".join(parts) or "all runs"
+
+
+def _mean(vals: list[float]) -> float | None:
+    return float(np.mean(vals)) if vals else None
+
+
+def _values(ms: Iterable[RunMetrics], key: str) -> list[float]:
+    return [v for m in ms if (v := getattr(m, key)) is not None and math.isfinite(v)]
+
+
+def scaling_efficiency(runs: Iterable[Run], metric: str = "tokens_per_s", skip: int | None = None
+                       ) -> list[dict[str, Any]]:
+    """DDP scaling of groups of runs equal in all settings but the world size (only groups with >= 2 sizes).
+    Per group and world size N: mean `metric` over repeats, speedup = T(N)/T(N0) and efficiency =
+    T(N)/(N/N0 x T(N0)), N0 the smallest size measured (normally 1: efficiency = T(N)/(N x T(1)))."""
+    rows = []
+    groups = sorted(_groups(all_metrics(runs, skip), WORLD_SIZE_KEYS).values(),
+                    key=lambda g: path_rank(g[0].data_kind))
+    for ms in groups:
+        by_ws: dict[int, list[RunMetrics]] = defaultdict(list)
+        for m in ms:
+            if m.world_size and getattr(m, metric) is not None:
+                by_ws[m.world_size].append(m)
+        if len(by_ws) < 2:
+            continue
+        n0 = min(by_ws)
+        base = _mean(_values(by_ws[n0], metric))
+        label = group_label(ms, ("data_kind", "global_batch", "seq_len", "precision"))
+        for n in sorted(by_ws):
+            v = _mean(_values(by_ws[n], metric))
+            rows.append({"group": label, "data_kind": ms[0].data_kind, "world_size": n, "base_world_size": n0,
+                         "value": v, "values": _values(by_ws[n], metric), "runs": [m.run_id for m in by_ws[n]],
+                         "speedup": v / base if v is not None and base else None,
+                         "efficiency": v * n0 / (n * base) if v is not None and base else None})
+    return rows
+
+
+def path_speedups(runs: Iterable[Run], baseline: str = "padded", metric: str = "effective_tokens_per_s",
+                  skip: int | None = None) -> list[dict[str, Any]]:
+    """Per group of runs equal in all but the data path: each path's mean `metric` and its ratio to `baseline`'s
+    (None when the group has no baseline run)."""
+    rows = []
+    for ms in _groups(all_metrics(runs, skip), DATA_PATH_KEYS, BATCH_SHAPE_KEYS).values():
+        by_kind: dict[str | None, list[RunMetrics]] = defaultdict(list)
+        for m in ms:
+            by_kind[m.data_kind].append(m)
+        base = _mean(_values(by_kind.get(baseline, []), metric))
+        label = group_label(ms, ("world_size", "global_batch", "seq_len", "precision"))
+        for kind in sorted(by_kind, key=path_rank):
+            v = _mean(_values(by_kind[kind], metric))
+            rows.append({"group": label, "data_kind": kind, "value": v, "baseline": baseline, "baseline_value": base,
+                         "speedup": v / base if v is not None and base else None,
+                         "runs": [m.run_id for m in by_kind[kind]]})
+    return rows
+
+
+def load_bench(bench: str | Path | dict | None) -> dict | None:
+    """A `pretok bench tokenize --json` result (path or already loaded dict); None stays None."""
+    if bench is None or isinstance(bench, dict):
+        return bench
+    return json.loads(Path(bench).read_text())
+
+
+def isolated_tokenization_speedups(bench: str | Path | dict | None, baseline: str = LOOP_PREFIX
+                                   ) -> dict[str, dict[str, Any]]:
+    """Per output format: the fastest engine run of the tokenize benchmark vs the on-the-fly tokenizer (default
+    (a), the per-document `tok(text)` loop; "(b)" = datasets.map), as a ratio of MB/s (both on the same text)."""
+    b = load_bench(bench)
+    methods: dict[str, dict] = (b or {}).get("methods", {})
+    base = next(((k, r) for k, r in methods.items() if k.startswith(baseline)), None)
+    out: dict[str, dict[str, Any]] = {}
+    if base is None:
+        return out
+    for fmt in PATH_FORMAT.values():
+        eng = [(k, r) for k, r in methods.items() if k.startswith(f"{ENGINE_PREFIX} {fmt} w") and r.get("mb_per_s")]
+        if eng:
+            k, r = max(eng, key=lambda kr: kr[1]["mb_per_s"])
+            out[fmt] = {"engine": k, "engine_mb_per_s": r["mb_per_s"], "engine_tokens_per_s": r.get("tokens_per_s"),
+                        "baseline": base[0], "baseline_mb_per_s": base[1]["mb_per_s"],
+                        "baseline_tokens_per_s": base[1].get("tokens_per_s"),
+                        "speedup": r["mb_per_s"] / base[1]["mb_per_s"] if base[1].get("mb_per_s") else None}
+    return out
+
+
+def tokenization_speedups(bench: str | Path | dict | None, runs: Iterable[Run],
+                          metric: str = "effective_tokens_per_s", skip: int | None = None
+                          ) -> list[dict[str, Any]]:
+    """Isolated tokenization speedup (benchmark: engine vs on-the-fly tokenizer) next to the in-training speedup
+    (`metric` of the pretokenized path / its on-the-fly counterpart of the same layout, same settings otherwise).
+    One row per pair and group of runs; a pair with no runs still has its isolated value."""
+    iso = isolated_tokenization_speedups(bench)
+    sp = path_speedups(list(runs), "padded", metric, skip)
+    rows = []
+    for pre, otf in PRETOK_PAIRS.items():
+        i = iso.get(PATH_FORMAT[pre], {})
+        found = False
+        for group in dict.fromkeys(r["group"] for r in sp):
+            vals = {r["data_kind"]: r["value"] for r in sp if r["group"] == group}
+            if pre in vals and otf in vals:
+                found = True
+                rows.append({"pretok": pre, "on_the_fly": otf, "group": group, "isolated": i.get("speedup"),
+                             "training": vals[pre] / vals[otf] if vals[pre] is not None and vals[otf] else None,
+                             "pretok_value": vals[pre], "on_the_fly_value": vals[otf], "engine": i.get("engine")})
+        if not found and i:
+            rows.append({"pretok": pre, "on_the_fly": otf, "group": None, "isolated": i.get("speedup"),
+                         "training": None, "pretok_value": None, "on_the_fly_value": None, "engine": i.get("engine")})
+    return rows
+
+
+def _manifest_dirs(paths: Iterable[str | Path]) -> list[Path]:
+    out: list[Path] = []
+    for p in map(Path, paths):
+        subs = sorted(d for d in p.iterdir() if (d / "manifest.json").is_file()) if p.is_dir() else []
+        out += [p] if (p / "manifest.json").is_file() or not subs else subs
+    return out
+
+
+def storage_rows(dataset_dirs: Iterable[str | Path], bench: str | Path | dict | None = None) -> list[dict[str, Any]]:
+    """Bytes on disk and bytes per stored token of pretokenized outputs, from their manifest.json (a directory
+    without one is searched one level down, e.g. runs/demo). With a tokenize benchmark, adds its
+    `datasets.map` + `save_to_disk` output (HF Arrow) for reference. Unreadable outputs give a row with `error`."""
+    rows: list[dict[str, Any]] = []
+    for d in _manifest_dirs(dataset_dirs):
+        row: dict[str, Any] = {"name": d.name, "path": str(d)}
+        try:
+            m = json.loads((d / "manifest.json").read_text())
+            c = m["counts"]
+            disk = sum(int(f["size"]) for f in m["files"])
+            row.update(format=m["format"], compression=m.get("compression"), dtype=m.get("dtype"),
+                       documents=c.get("documents"), tokens=c["tokens"], padding=c.get("padding", 0),
+                       input_bytes=c.get("input_bytes"), disk_bytes=disk,
+                       bytes_per_token=disk / c["tokens"] if c["tokens"] else None, error=None)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            row.update(format=None, disk_bytes=None, bytes_per_token=None, error=f"{e.__class__.__name__}: {e}")
+        rows.append(row)
+    b = load_bench(bench)
+    hf = next((r for k, r in (b or {}).get("methods", {}).items() if k.startswith(MAP_PREFIX)), None)
+    if hf and hf.get("disk_bytes") and hf.get("stored_tokens"):
+        rows.append({"name": "datasets.map (HF Arrow)", "path": None, "format": "hf-arrow", "compression": None,
+                     "dtype": "int32", "documents": hf.get("documents"), "tokens": hf["stored_tokens"], "padding": 0,
+                     "input_bytes": None, "disk_bytes": hf["disk_bytes"],
+                     "bytes_per_token": hf["disk_bytes"] / hf["stored_tokens"], "error": None})
+    return rows
+
+
+def compare_by(runs: Iterable[Run], setting: str, ignore: Iterable[str], skip: int | None = None,
+               fields: Iterable[str] = ("data_kind", "world_size", "global_batch", "seq_len")
+               ) -> list[tuple[str, list[RunMetrics]]]:
+    """Groups (label, metrics) of runs equal in all but `setting` (config keys `ignore`), keeping only groups
+    where `setting` takes >= 2 values: the basis of e.g. the mixed vs full precision comparison."""
+    out = []
+    for ms in _groups(all_metrics(runs, skip), ignore).values():
+        if len({getattr(m, setting) for m in ms}) >= 2:
+            out.append((group_label(ms, fields), ms))
+    return out
+
+
+def precision_groups(runs: Iterable[Run], skip: int | None = None) -> list[tuple[str, list[RunMetrics]]]:
+    """Groups of runs equal in all but the precision (mixed vs full), each with >= 2 precisions."""
+    return compare_by(runs, "precision", PRECISION_KEYS, skip)
+
+
+def auto_target_loss(metrics: Iterable[RunMetrics]) -> float | None:
+    """A target every completed run reached: the highest final val loss (else final train loss) among them."""
+    finals = [m.final_val_loss if m.final_val_loss is not None else m.final_loss
+              for m in metrics if m.status == "completed"]
+    finals = [f for f in finals if f is not None and math.isfinite(f)]
+    return max(finals) if finals else None
+
+
+def resolve_target_loss(runs: Iterable[Run], target_loss: float | None = None, skip: int | None = None
+                        ) -> float | None:
+    """`target_loss` if given, else the target configured in every run that has one (if they agree), else
+    `auto_target_loss` (a loss every completed run reached)."""
+    if target_loss is not None:
+        return target_loss
+    ms = all_metrics(runs, skip)
+    cfg = {m.target_loss for m in ms if m.target_loss is not None}
+    return cfg.pop() if len(cfg) == 1 else auto_target_loss(ms)
+
+
+def rows_to_text(rows: list[dict[str, Any]], columns: Iterable[str] | None = None,
+                 fmt: Callable[[Any], str] | None = None) -> str:
+    """Rows (list of dicts) as an aligned plain-text table, for printing in notebooks and logs."""
+    if not rows:
+        return "(no rows)"
+    cols = list(columns or rows[0].keys())
+    f = fmt or format_value
+    cells = [cols] + [[f(r.get(c)) for c in cols] for r in rows]
+    w = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(row)) for row in cells]
+    return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
+
+
+def format_value(v: Any) -> str:
+    """Compact display of a number (1.23M, 45.6k, 0.123) or anything else; None as '-'."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    a = abs(v)
+    if a >= 1e6:
+        return f"{v / 1e6:.2f}M"
+    if a >= 1e4:
+        return f"{v / 1e3:.1f}k"
+    if isinstance(v, int) or a >= 100:
+        return f"{v:.0f}"
+    return f"{v:.3g}"

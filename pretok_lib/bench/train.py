@@ -1,0 +1,148 @@
+"""`pretok bench train`: the same tiny model on the same corpus through all five data paths, in one run.
+
+Each path trains as its own `python -m pretok_lib.train` process (fresh interpreter, like a real run), one
+after the other on the same machine, for --steps optimizer steps. Reported from each run's metrics.jsonl
+(after --skip warm-up steps): tokens/s, effective tokens/s (labels that count: no padding, no masked
+document crossings), data-stall fraction (time waiting for the batch / step time), padding and masked
+fractions, and effective tokens/s as a ratio to `padded` (the original study's baseline).
+Targets: the packed paths (padding-free, pretok-token-list, pretok-memmap) >= 3x padded's effective tokens/s;
+the pretokenized paths' data stall < 1%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ..data import KINDS
+from ..errors import PretokError
+from . import fmt_num
+from .loaders import FORMAT_OF, pretokenize, render, variant_dir
+
+PACKED = ("padding-free", "pretok-token-list", "pretok-memmap")
+PRETOK = ("pretok-padded", "pretok-token-list", "pretok-memmap")
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--corpus", default=None, help="parquet/jsonl input (default: the embedded corpus of --mb MB)")
+    p.add_argument("--mb", type=float, default=5.0, help="size of the embedded default corpus to build")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer.json (default: ../shared/data GPT-2 if present, else the trained default)")
+    p.add_argument("--workdir", default="runs/bench/train", help="corpus cache, pretokenized data, the runs")
+    p.add_argument("--config", default=None, help="base training config (default: configs/tiny.yaml values)")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--skip", type=int, default=5, help="warm-up steps left out of the means")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers of every path")
+    p.add_argument("--precision", default="bf16")
+    p.add_argument("--paths", default=",".join(KINDS), help="data paths to run, comma-separated")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more training overrides")
+    p.add_argument("--json", default=None, metavar="OUT", help="write all results here")
+    p.add_argument("--check", action="store_true", help="exit 1 if a target fails")
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def measure_run(run_dir: Path, skip: int) -> dict:
+    """Means over the steady-state train records of one run."""
+    from ..train.metrics import read_records
+
+    rec = [r for r in read_records(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    steady = rec[skip:] if len(rec) > skip else rec
+    if not steady:
+        raise PretokError("the run logged no steps", run_dir / "metrics.jsonl")
+    keys = ("tokens_per_s", "effective_tokens_per_s", "data_stall", "padding_frac", "masked_frac", "step_time_s",
+            "data_wait_s", "mfu", "loss")
+    return {"steps": rec[-1]["step"], "measured_steps": len(steady),
+            **{k: _mean([r[k] for r in steady]) for k in keys}, "final_loss": rec[-1]["loss"]}
+
+
+def run_path(kind: str, data_path: str, tok: str, a: argparse.Namespace, runs: Path) -> dict:
+    overrides = [f"run.dir={runs}", f"run.id={kind}", "run.overwrite=true", f"data.kind={kind}",
+                 f"data.path={data_path}", f"data.tokenizer={tok}", f"data.seq_len={a.seq_len}",
+                 f"data.micro_batch={a.micro_batch}", f"data.num_workers={a.num_workers}",
+                 f"train.steps={a.steps}", f"train.precision={a.precision}", "checkpoint.every=0",
+                 "log.tensorboard=false", "eval.path=null", *a.set]
+    if a.config is None:
+        overrides += ["model.hidden_size=128", "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2",
+                      "train.lr=1e-3"]
+    cmd = [sys.executable, "-m", "pretok_lib.train", *(["--config", a.config] if a.config else []), *overrides]
+    print(f"  {kind}: {' '.join(cmd[3:])}", flush=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if p.returncode != 0:
+        tail = p.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        raise PretokError(f"training on {kind} failed (exit {p.returncode}): {tail[0]}", runs / kind)
+    return {"kind": kind, "run_dir": str(runs / kind), **measure_run(runs / kind, a.skip)}
+
+
+def table(res: dict[str, dict]) -> str:
+    base = res.get("padded", {}).get("effective_tokens_per_s")
+    rows = [["data path", "tok/s", "eff tok/s", "x padded (eff)", "data stall", "padding", "masked", "step ms",
+             "MFU*", "loss"]]
+    for kind, r in res.items():
+        rows.append([kind, fmt_num(r["tokens_per_s"], True), fmt_num(r["effective_tokens_per_s"], True),
+                     f"{r['effective_tokens_per_s'] / base:.2f}x" if base else "-", f"{100 * r['data_stall']:.2f}%",
+                     f"{100 * r['padding_frac']:.1f}%", f"{100 * r['masked_frac']:.2f}%",
+                     f"{1000 * r['step_time_s']:.0f}", f"{100 * r['mfu']:.1f}%" if r["mfu"] else "-",
+                     f"{r['final_loss']:.3f}"])
+    return render(rows)
+
+
+def targets(res: dict[str, dict]) -> list[dict]:
+    out = []
+    base = res.get("padded")
+    for kind in PACKED:
+        if kind in res and base:
+            v = res[kind]["effective_tokens_per_s"] / base["effective_tokens_per_s"]
+            out.append({"target": f"{kind} effective tok/s >= 3x padded", "value": v, "pass": v >= 3.0})
+    for kind in PRETOK:
+        if kind in res:
+            v = res[kind]["data_stall"]
+            out.append({"target": f"{kind} data stall < 1%", "value": v, "pass": v < 0.01})
+    return out
+
+
+def main(args: argparse.Namespace) -> dict:
+    from ..formats.manifest import environment
+    from .tokenize import cached_corpus, resolve_tokenizer
+
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    tok = resolve_tokenizer(args.tokenizer, work)
+    corpus = str(Path(args.corpus).resolve()) if args.corpus else str(cached_corpus(work, args.mb).resolve())
+    kinds = [k.strip() for k in args.paths.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise PretokError(f"unknown data path(s) {', '.join(unknown)} (choose from {', '.join(KINDS)})")
+    pre = work / f"pretok-s{args.seq_len}"
+    data = {"padded": corpus, "padding-free": corpus}
+    for kind, fmt in FORMAT_OF.items():
+        if kind in kinds:
+            data[kind] = str(pre / variant_dir(fmt, "zstd:3"))
+            pretokenize(corpus, tok, fmt, args.seq_len, "zstd:3", Path(data[kind]))
+    print(f"corpus {corpus}; tokenizer {tok}; {args.steps} steps of micro-batch {args.micro_batch} x "
+          f"{args.seq_len}, {args.precision}, {args.num_workers} DataLoader workers; means after {args.skip} steps",
+          flush=True)
+    res = {kind: run_path(kind, data[kind], tok, args, work / "runs") for kind in kinds}
+    print()
+    print(table(res))
+    print("* MFU against the run's peak (datasheet on GPUs; a measured matmul peak on CPUs, see run.json).")
+    tg = targets(res)
+    for t in tg:
+        print(f"{'PASS' if t['pass'] else 'FAIL'}  {t['target']}: {t['value']:.3g}")
+    out = {"corpus": corpus, "tokenizer": tok, "args": vars(args), "results": res, "targets": tg,
+           "environment": environment()}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=2, default=str))
+        print(f"wrote {args.json}")
+    if args.check and not all(t["pass"] for t in tg):
+        raise SystemExit(1)
+    return out

@@ -1,0 +1,237 @@
+"""Training configuration: dataclasses, a YAML file, dotted CLI overrides, checked (unknown keys, types)."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..errors import PretokError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class RunConfig:
+    id: str | None = None          # directory name under `dir`; default: <config name>-<UTC time>
+    dir: str = "runs"
+    seed: int = 0
+    overwrite: bool = False         # start over even when the run directory holds a completed run
+
+
+@dataclass
+class ModelConfig:
+    """A Llama-style decoder (grouped-query attention, RoPE, SwiGLU, RMSNorm) built with transformers."""
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int | None = None   # default: Llama's 8/3·hidden rounded up to a multiple of 64
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+    vocab_size: int | None = None           # default: the tokenizer's, rounded up to vocab_multiple
+    vocab_multiple: int = 64
+    init_std: float = 0.02
+
+
+@dataclass
+class DataConfig:
+    kind: str = "pretok-memmap"     # one of pretok_lib.data.KINDS
+    path: str | list[str] = ""      # a `pretok tokenize` output dir, or text inputs for the on-the-fly baselines
+    tokenizer: str | None = None    # required by the baselines; checked against pretokenized data when given
+    seq_len: int = 256
+    micro_batch: int = 8            # per device
+    num_workers: int = 0            # DataLoader workers (0 is fastest for pretokenized paths, see README)
+    shuffle: bool = True
+    text_column: str = "text"
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100                # optimizer steps
+    grad_accum: int = 1
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    schedule: str = "cosine"        # cosine | constant (both after linear warmup)
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0          # 0 disables clipping
+    precision: str = "bf16"         # fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler)
+    compile: bool = False
+    activation_checkpointing: bool = False
+    target_loss: float | None = None   # time-to-target is reported when set
+
+
+@dataclass
+class EvalConfig:
+    kind: str = "pretok-memmap"     # the held-out split; the same for every data path so losses compare
+    path: str | None = None         # no validation when empty
+    every: int = 50
+    batches: int = 8                # micro-batches per rank
+
+
+@dataclass
+class LogConfig:
+    every: int = 1
+    tensorboard: bool = True
+    skip_steps: int = 2             # first steps left out of the summary means (compile, warm caches)
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 50                 # 0: only at the end and on SIGTERM/SIGUSR1
+    keep: int = 2
+    resume: bool = True             # continue from the newest checkpoint in the run directory
+
+
+@dataclass
+class HardwareConfig:
+    peak_tflops: float | None = None   # per-device peak for MFU; default from the device table
+    device: str | None = None          # default: cuda:<local rank> when available, else cpu
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    name: str = "run"                  # config name (file stem), used for default run ids
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _check_value(where: str, value, tp, source: str):
+    """`value` converted to the annotated type `tp`, or a one-line error."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _check_value(where, value, a, source)
+            except PretokError as e:
+                errors.append(e)
+        raise errors[0]
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise PretokError(f"{where}: expected a list, got {type(value).__name__} {value!r}", source)
+        return [_check_value(f"{where}[{i}]", v, item, source) for i, v in enumerate(value)]
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):   # YAML 1.1 reads 1e-3 as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if tp is bool and not isinstance(value, bool) or tp is not bool and isinstance(value, bool) \
+            or not isinstance(value, tp):
+        raise PretokError(f"{where}: expected {tp.__name__}, got {type(value).__name__} {value!r}", source)
+    return value
+
+
+def _merge(obj, data: dict, prefix: str, source: str) -> None:
+    if not isinstance(data, dict):
+        raise PretokError(f"{prefix or 'config'}: expected a mapping, got {data!r}", source)
+    hints = typing.get_type_hints(type(obj))
+    prefix = f"{prefix}." if prefix else ""
+    names = {f.name for f in dataclasses.fields(obj)}
+    for key, value in data.items():
+        where = f"{prefix}{key}"
+        if key not in names:
+            raise PretokError(f"unknown config key '{where}' (known: {', '.join(sorted(names))})", source)
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            _merge(current, value, where, source)
+        else:
+            setattr(obj, key, _check_value(where, value, hints[key], source))
+
+
+def _set_dotted(raw: dict, dotted: str, value) -> None:
+    keys = dotted.split(".")
+    node = raw
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise PretokError(f"override '{dotted}': '{k}' is not a section")
+    node[keys[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """The config in YAML file `path` (optional) with `key.sub=value` overrides (values parsed as YAML)."""
+    raw: dict = {}
+    source = str(path) if path else "overrides"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise PretokError("config file not found", p)
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise PretokError(f"not valid YAML ({str(e).splitlines()[0]})", p) from None
+    if not isinstance(raw, dict):
+        raise PretokError("a config must be a YAML mapping of sections", source)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise PretokError(f"override '{item}' is not of the form section.key=value")
+        _set_dotted(raw, key.strip(), yaml.safe_load(text) if text.strip() else None)
+    cfg = Config(name=Path(path).stem if path else "run")
+    _merge(cfg, raw, "", source)
+    validate(cfg, source)
+    return cfg
+
+
+def validate(cfg: Config, source: str = "config") -> None:
+    """Cross-field checks a type check cannot do."""
+    from ..data import KINDS
+
+    def bad(msg: str):
+        raise PretokError(msg, source)
+
+    if cfg.data.kind not in KINDS:
+        bad(f"data.kind '{cfg.data.kind}' is not one of {', '.join(KINDS)}")
+    if not cfg.data.path:
+        bad("data.path is empty: give a `pretok tokenize` output dir (or text inputs for the baselines)")
+    if cfg.data.kind in ("padded", "padding-free") and not cfg.data.tokenizer:
+        bad(f"data.kind '{cfg.data.kind}' tokenizes on the fly: set data.tokenizer")
+    if cfg.eval.path and cfg.eval.kind not in KINDS:
+        bad(f"eval.kind '{cfg.eval.kind}' is not one of {', '.join(KINDS)}")
+    if cfg.train.precision not in PRECISIONS:
+        bad(f"train.precision '{cfg.train.precision}' is not one of {', '.join(PRECISIONS)}")
+    if cfg.train.schedule not in ("cosine", "constant"):
+        bad(f"train.schedule '{cfg.train.schedule}' is not cosine or constant")
+    m = cfg.model
+    if m.hidden_size % m.num_heads or m.num_heads % m.num_kv_heads:
+        bad(f"model: hidden_size {m.hidden_size} must divide by num_heads {m.num_heads}, "
+            f"and num_heads by num_kv_heads {m.num_kv_heads}")
+    for name, v in [("train.steps", cfg.train.steps), ("train.grad_accum", cfg.train.grad_accum),
+                    ("data.seq_len", cfg.data.seq_len), ("data.micro_batch", cfg.data.micro_batch),
+                    ("log.every", cfg.log.every), ("checkpoint.keep", cfg.checkpoint.keep)]:
+        if v < 1:
+            bad(f"{name} must be >= 1 (got {v})")
+    if cfg.run.id is not None and ("/" in cfg.run.id or cfg.run.id in ("", ".", "..")):
+        bad(f"run.id '{cfg.run.id}' must be a plain directory name")
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    from ..formats.manifest import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -1,0 +1,312 @@
+"""The training loop: data → model → AdamW step, timed (data wait vs step), logged, checkpointed, resumable.
+
+The loss of a step is the mean over every effective label of the global batch (all micro-batches of all
+ranks): each micro-batch contributes sum(loss) · world / (global effective tokens), so DDP's gradient mean
+gives exactly the single-process gradient of the same global batch, whatever the split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..data import make_dataset, make_loader
+from ..data.order import Position
+from ..errors import PretokError
+from . import checkpoint
+from .config import Config
+from .distributed import Dist, all_reduce, barrier
+from .metrics import MetricsLog, peak_memory_mb, perplexity
+from .model import build_model, model_flops_per_token, peak_flops, vocab_size_for
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+
+
+@dataclass
+class Progress:
+    """What the loop carries across a resume (saved in state.pt)."""
+    step: int = 0
+    wall_s: float = 0.0
+    cum_tokens: int = 0
+    cum_effective_tokens: int = 0
+    samples: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class StopFlag:
+    """Set by SIGTERM / SIGUSR1 (preemption, time limit): the loop checkpoints at the end of the step and stops."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        for s in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(s, self._set)
+
+    def _set(self, signum, frame):
+        self.signum = signum
+
+
+def dataset_vocab(cfg: Config) -> tuple[int, str | None]:
+    """(tokenizer vocab size, fingerprint) of the training data: from the tokenizer, or the dataset manifest."""
+    if cfg.data.tokenizer:
+        from ..tokenizer import load_tokenizer
+
+        info = load_tokenizer(cfg.data.tokenizer)
+        return info.vocab_size, info.fingerprint
+    from ..formats.manifest import read_manifest
+
+    m = read_manifest(cfg.data.path)
+    return m["tokenizer"]["vocab_size"], m["tokenizer"]["fingerprint"]
+
+
+def _autocast(device: torch.device, precision: str):
+    dtype = DTYPES[precision]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def _forward_loss_sum(model, batch: dict, device: torch.device, precision: str) -> torch.Tensor:
+    """Summed cross-entropy over the micro-batch's effective labels (fp32 logits)."""
+    kw = {"input_ids": batch["input_ids"].to(device, non_blocking=True)}
+    for k in ("attention_mask", "position_ids"):
+        if k in batch:
+            kw[k] = batch[k].to(device, non_blocking=True)
+    labels = batch["labels"].to(device, non_blocking=True)
+    with _autocast(device, precision):
+        logits = model(**kw).logits
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+
+
+def _endless(loader):
+    """Batches across epochs; the loader's position moves to the next epoch at each end."""
+    while True:
+        n = 0
+        for batch in loader:
+            n += 1
+            yield batch
+        if n == 0:
+            raise PretokError("the training data has fewer samples than one global batch "
+                              "(micro_batch × world size); use a smaller batch or more data")
+
+
+def _optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    t = cfg.train
+    return torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=t.lr, betas=(t.beta1, t.beta2),
+                             eps=t.eps, fused=device.type == "cuda")
+
+
+def lr_factor(step: int, cfg: Config) -> float:
+    """Multiplier of the peak lr for 0-based optimizer step `step`: linear warmup, then cosine or constant."""
+    t = cfg.train
+    if step < t.warmup_steps:
+        return (step + 1) / t.warmup_steps
+    if t.schedule == "constant":
+        return 1.0
+    span = max(1, t.steps - t.warmup_steps)
+    progress = min(1.0, (step - t.warmup_steps) / span)
+    return t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class Trainer:
+    """One run: set up from `cfg` on this rank, `run()` until cfg.train.steps or a stop signal."""
+
+    def __init__(self, cfg: Config, d: Dist, run_dir: Path, log: "callable"):
+        self.cfg, self.d, self.run_dir, self.log = cfg, d, run_dir, log
+        c = cfg
+        torch.manual_seed(c.run.seed)
+        tok_vocab, fingerprint = dataset_vocab(c)
+        src_kw = dict(seed=c.run.seed, shuffle=c.data.shuffle, text_column=c.data.text_column)
+        if c.data.kind in ("padded", "padding-free"):
+            src_kw["tokenizer"] = c.data.tokenizer
+        elif c.data.tokenizer:
+            src_kw["tokenizer"] = c.data.tokenizer
+        self.dataset = make_dataset(c.data.kind, c.data.path, c.data.seq_len, micro_batch=c.data.micro_batch,
+                                    rank=d.rank, world=d.world, **src_kw)
+        self.loader = make_loader(self.dataset, num_workers=c.data.num_workers)
+        self.val = None
+        if c.eval.path:
+            self.val = self._val_dataset(fingerprint)
+        self.vocab = vocab_size_for(c.model, tok_vocab)
+        model = build_model(c.model, self.vocab, c.data.seq_len, c.run.seed, d.device)
+        self.flops_per_token = model_flops_per_token(model, c.model, c.data.seq_len)
+        self.peak, self.peak_source = peak_flops(d.device, c.train.precision, c.hardware.peak_tflops)
+        if c.train.activation_checkpointing:
+            if hasattr(model, "activation_checkpointing_enable"):      # transformers >= 5.x
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model = model
+        self.optimizer = _optimizer(model, c, d.device)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, c))
+        self.scaler = torch.amp.GradScaler(d.device.type, enabled=c.train.precision == "fp16")
+        self.progress = Progress()
+        self.resumed_from = None
+        self._resume()
+        net = model
+        if d.backend is not None:
+            net = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+        self.net = torch.compile(net) if c.train.compile else net
+
+    def facts(self) -> dict:
+        """Model and throughput facts recorded in run.json."""
+        return {"params": sum(p.numel() for p in self.model.parameters()), "vocab_size": self.vocab,
+                "flops_per_token": self.flops_per_token, "peak_flops": self.peak, "peak_source": self.peak_source,
+                "resumed_from_step": self.resumed_from}
+
+    def _val_dataset(self, fingerprint: str | None):
+        c, d = self.cfg, self.d
+        from ..formats.manifest import read_manifest
+
+        kw = {"seed": c.run.seed, "shuffle": False}
+        if c.eval.kind in ("padded", "padding-free"):
+            kw["tokenizer"] = c.data.tokenizer
+        else:
+            theirs = read_manifest(c.eval.path)["tokenizer"]["fingerprint"]
+            if fingerprint and theirs != fingerprint:
+                raise PretokError("eval data was tokenized with another tokenizer than the training data",
+                                  Path(c.eval.path) / "manifest.json")
+        return make_dataset(c.eval.kind, c.eval.path, c.data.seq_len, micro_batch=c.data.micro_batch,
+                            rank=d.rank, world=d.world, **kw)
+
+    def _resume(self) -> None:
+        found = checkpoint.list_checkpoints(self.run_dir / "checkpoints") if self.cfg.checkpoint.resume else []
+        if not found:
+            return
+        state = checkpoint.load(found[-1], self.model, self.optimizer, self.d.device)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.loader.load_state_dict(state["loader"])
+        self.progress = Progress(**state["progress"])
+        self.resumed_from = self.progress.step
+        checkpoint.set_rng_state(state["rng"])
+        self.log(f"resumed from {found[-1]} (step {self.progress.step})")
+
+    def save(self) -> None:
+        p = self.progress
+        state = {"scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                 "loader": self.loader.state_dict(), "progress": p.__dict__, "world_size": self.d.world}
+        if self.d.is_main:
+            path = checkpoint.save(self.run_dir / "checkpoints", p.step, self.model, self.optimizer, state,
+                                   self.cfg.checkpoint.keep)
+            self.log(f"checkpoint {path}")
+        barrier()
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Mean loss over the first eval.batches micro-batches of every rank of the held-out split."""
+        self.net.eval()
+        self.val.position = Position()
+        loss_sum = torch.zeros(2, dtype=torch.float64)
+        for i, batch in enumerate(make_loader(self.val)):
+            if i >= self.cfg.eval.batches:
+                break
+            loss_sum[0] += _forward_loss_sum(self.net, batch, self.d.device, self.cfg.train.precision).item()
+            loss_sum[1] += batch["effective_tokens"]
+        self.net.train()
+        all_reduce(loss_sum)
+        if loss_sum[1] == 0:
+            raise PretokError("the eval data yields no batch (fewer samples than micro_batch × world size)",
+                              self.cfg.eval.path)
+        loss = float(loss_sum[0] / loss_sum[1])
+        return {"val_loss": loss, "val_ppl": perplexity(loss), "val_tokens": int(loss_sum[1])}
+
+    def step(self, batches) -> dict:
+        """One optimizer step over grad_accum micro-batches; returns this rank's raw measurements."""
+        c, d = self.cfg, self.d
+        t0 = time.perf_counter()
+        micro, wait = [], 0.0
+        for _ in range(c.train.grad_accum):
+            t = time.perf_counter()
+            micro.append(next(batches))
+            wait += time.perf_counter() - t
+        counts = torch.tensor([[b[k] for k in ("tokens", "effective_tokens", "padding_tokens", "masked_tokens")]
+                               for b in micro], dtype=torch.float64).sum(0)
+        global_eff = float(all_reduce(counts[1:2].clone())[0])
+        scale = d.world / max(global_eff, 1.0)
+        loss_sum = 0.0
+        for i, batch in enumerate(micro):
+            last = i == len(micro) - 1
+            sync = contextlib.nullcontext() if last or d.backend is None else self.net.no_sync()
+            with sync:
+                ls = _forward_loss_sum(self.net, batch, d.device, c.train.precision)
+                self.scaler.scale(ls * scale).backward()
+            loss_sum += ls.item()
+        self.scaler.unscale_(self.optimizer)
+        clip = c.train.grad_clip if c.train.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if d.device.type == "cuda":
+            torch.cuda.synchronize(d.device)
+        return {"loss_sum": loss_sum, "counts": counts, "wait": wait, "time": time.perf_counter() - t0,
+                "lr": lr, "grad_norm": grad_norm, "global_eff": global_eff}
+
+    def record(self, m: dict) -> dict:
+        """The metrics.jsonl record of a step: sums over ranks, times as the slowest rank's."""
+        d, p = self.d, self.progress
+        sums = all_reduce(torch.cat([torch.tensor([m["loss_sum"]], dtype=torch.float64), m["counts"]]))
+        times = torch.tensor([m["time"], m["wait"]], dtype=torch.float64)
+        if d.backend is not None:
+            dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        loss_sum, tokens, eff, padding, masked = (float(x) for x in sums)
+        step_time, wait = float(times[0]), float(times[1])
+        tps = tokens / step_time
+        return {"kind": "train", "step": p.step, "wall_s": round(p.wall_s, 4), "loss": loss_sum / max(eff, 1.0),
+                "lr": m["lr"], "grad_norm": m["grad_norm"], "step_time_s": step_time, "data_wait_s": wait,
+                "data_stall": wait / step_time, "tokens": int(tokens), "effective_tokens": int(eff),
+                "padding_frac": padding / tokens, "masked_frac": masked / tokens, "tokens_per_s": tps,
+                "tokens_per_s_per_device": tps / d.world, "effective_tokens_per_s": eff / step_time,
+                "mfu": self.flops_per_token * tps / d.world / self.peak,
+                "peak_mem_mb": peak_memory_mb(d.device), "cum_tokens": p.cum_tokens,
+                "cum_effective_tokens": p.cum_effective_tokens, "samples": p.samples}
+
+    def run(self, metrics: MetricsLog | None, stop: StopFlag) -> str:
+        """Train to cfg.train.steps; 'completed', or 'interrupted' after a stop signal (checkpoint saved)."""
+        c, d, p = self.cfg, self.d, self.progress
+        self.net.train()
+        batches = _endless(self.loader)
+        started, wall0 = time.perf_counter(), p.wall_s
+        global_batch = c.data.micro_batch * d.world * c.train.grad_accum
+        while p.step < c.train.steps:
+            m = self.step(batches)
+            p.step += 1
+            p.wall_s = wall0 + time.perf_counter() - started
+            p.samples += global_batch
+            last = p.step == c.train.steps
+            flag = all_reduce(torch.tensor([1.0 if stop.signum else 0.0]))
+            logging = p.step % c.log.every == 0 or last or bool(flag[0])
+            rec = self.record(m)  # every step: the cumulative counters must be global and exact
+            p.cum_tokens += rec["tokens"]
+            p.cum_effective_tokens += rec["effective_tokens"]
+            rec.update(cum_tokens=p.cum_tokens, cum_effective_tokens=p.cum_effective_tokens)
+            if logging and metrics is not None:
+                metrics.write(rec)
+            if logging and d.is_main and (p.step % max(1, c.log.every * 10) == 0 or last or p.step == 1):
+                self.log(f"step {p.step}/{c.train.steps} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
+                         f"{rec['tokens_per_s']:,.0f} tok/s stall {rec['data_stall']:.1%}")
+            if self.val is not None and (p.step % c.eval.every == 0 or last):
+                v = self.evaluate()
+                if metrics is not None:
+                    metrics.write({"kind": "val", "step": p.step, "wall_s": round(p.wall_s, 4), **v})
+                if d.is_main:
+                    self.log(f"step {p.step} val loss {v['val_loss']:.4f} ppl {v['val_ppl']:.2f}")
+            if flag[0] or last or (c.checkpoint.every and p.step % c.checkpoint.every == 0):
+                self.save()
+            if flag[0]:
+                return "interrupted"
+        return "completed"

@@ -1,0 +1,111 @@
+"""What a run logs (docs/RUNS.md): metrics.jsonl records, TensorBoard scalars, memory, and the run summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from ..formats.manifest import atomic_write_text
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak accelerator memory allocated (CUDA) or this process's peak RSS (CPU), in MB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def read_records(path: Path) -> list[dict]:
+    """The complete records of a metrics.jsonl (a torn last line of a killed run is left out)."""
+    out = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return out
+
+
+class MetricsLog:
+    """Appends records to metrics.jsonl (flushed per record) and mirrors scalars to TensorBoard."""
+
+    def __init__(self, run_dir: Path, resume_step: int, tensorboard: bool):
+        self.path = run_dir / "metrics.jsonl"
+        # A resumed run repeats the steps after its checkpoint: drop their old records so the log has each
+        # step once (and equals an uninterrupted run's).
+        kept = [r for r in read_records(self.path) if r["step"] <= resume_step]
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        self.fh = open(self.path, "a")
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step + 1 if resume_step else None)
+
+    def write(self, record: dict) -> None:
+        self.fh.write(json.dumps(record) + "\n")
+        self.fh.flush()
+        if self.tb is not None:
+            prefix = record["kind"]
+            for k, v in record.items():
+                if k not in ("kind", "step") and isinstance(v, (int, float)) and v is not None:
+                    self.tb.add_scalar(f"{prefix}/{k}", v, record["step"])
+
+    def close(self) -> None:
+        self.fh.close()
+        if self.tb is not None:
+            self.tb.flush()
+            self.tb.close()
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize(records: list[dict], skip: int, target_loss: float | None, settings: dict) -> dict:
+    """The run summary from its records (the analysis recomputes the same from metrics.jsonl)."""
+    train = [r for r in records if r["kind"] == "train"]
+    val = [r for r in records if r["kind"] == "val"]
+    steady = train[skip:] if len(train) > skip else train
+    tts = None
+    if target_loss is not None:
+        key, series = ("val_loss", val) if val else ("loss", train)
+        tts = next((r["wall_s"] for r in series if r[key] <= target_loss), None)
+    return {
+        "steps": train[-1]["step"] if train else 0,
+        "final_loss": train[-1]["loss"] if train else None,
+        "final_val_loss": val[-1]["val_loss"] if val else None,
+        "final_val_ppl": val[-1]["val_ppl"] if val else None,
+        "tokens_per_s": _mean([r["tokens_per_s"] for r in steady]),
+        "effective_tokens_per_s": _mean([r["effective_tokens_per_s"] for r in steady]),
+        "data_stall": _mean([r["data_stall"] for r in steady]),
+        "mfu": _mean([r["mfu"] for r in steady]),
+        "peak_mem_mb": max((r["peak_mem_mb"] for r in train), default=None),
+        "wall_s": records[-1]["wall_s"] if records else 0.0,
+        "target_loss": target_loss, "time_to_target_s": tts, **settings,
+    }
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(loss) if loss < 700 else float("inf")
+
+
+def fsync_close(fh) -> None:
+    fh.flush()
+    os.fsync(fh.fileno())
+    fh.close()

@@ -1,0 +1,153 @@
+"""A training run on disk (docs/RUNS.md): run directory, config.yaml, run.json status, metrics, summary.
+
+    pretok train --config configs/tiny.yaml train.steps=100
+    torchrun --nproc_per_node 2 -m pretok_lib.train --config configs/tiny.yaml
+Exit code 0: completed (or already completed); 3: interrupted by SIGTERM/SIGUSR1 after a checkpoint (resume
+by running the same command); 1: failed (run.json says why).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+import torch
+
+from ..errors import PretokError
+from ..formats.manifest import atomic_write_json, environment
+from . import distributed
+from .config import Config, load_config, save_config
+from .metrics import MetricsLog, read_records, summarize
+
+RUN_VERSION = 1
+EXIT_INTERRUPTED = 3
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _log(msg: str) -> None:
+    print(f"[pretok train] {msg}", file=sys.stderr, flush=True)
+
+
+def read_status(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / "run.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _run_info(run_id: str, d: distributed.Dist, status: str, started: str, error: str | None = None,
+              trainer=None) -> dict:
+    env = environment()
+    dev = d.device
+    return {"version": RUN_VERSION, "run_id": run_id, "status": status, "error": error, "started": started,
+            "finished": _now() if status != "running" else None, "world_size": d.world, "device": dev.type,
+            "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else env["platform"],
+            "backend": d.backend, "git_commit": env["git_commit"],
+            "versions": {"python": env["python"], **env["packages"]}, "host": socket.gethostname(),
+            "cpus": env["cpus"], "torch_threads": torch.get_num_threads(),
+            "slurm": {k: v for k, v in os.environ.items() if k.startswith("SLURM_") and k in (
+                "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_RESTART_COUNT")},
+            "command": sys.argv, **(trainer.facts() if trainer is not None else {})}
+
+
+def _prepare_dir(cfg: Config, run_dir: Path) -> bool:
+    """Rank 0: False when the run already completed (nothing to do); clears it when run.overwrite."""
+    status = read_status(run_dir)
+    if cfg.run.overwrite and run_dir.exists():
+        shutil.rmtree(run_dir)
+    elif status and status.get("status") == "completed":
+        return False
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return True
+
+
+def train(cfg: Config) -> int:
+    """Run (or resume) `cfg` on this rank; returns the process exit code."""
+    from .loop import StopFlag, Trainer
+
+    stop = StopFlag()
+    d = distributed.setup(cfg.hardware.device)
+    if d.device.type == "cpu" and d.world > 1 and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    default_id = f"{cfg.name}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
+    run_id = distributed.broadcast_object(cfg.run.id or default_id)
+    cfg.run.id = run_id
+    run_dir = Path(cfg.run.dir) / run_id
+    todo = distributed.broadcast_object(_prepare_dir(cfg, run_dir) if d.is_main else None)
+    if not todo:
+        if d.is_main:
+            _log(f"{run_dir} already completed; nothing to do (run.overwrite=true to start over)")
+        distributed.teardown()
+        return 0
+    distributed.barrier()
+    started = _now()
+    trainer = metrics = None
+    code = 1
+    try:
+        trainer = Trainer(cfg, d, run_dir, _log)
+        if d.is_main:
+            save_config(cfg, run_dir / "config.yaml")
+            atomic_write_json(run_dir / "run.json", _run_info(run_id, d, "running", started, trainer=trainer))
+            metrics = MetricsLog(run_dir, trainer.progress.step, cfg.log.tensorboard)
+            _log(f"run {run_dir}: {cfg.data.kind} on {d.world} x {d.device.type}, "
+                 f"{sum(p.numel() for p in trainer.model.parameters()) / 1e6:.1f}M params, "
+                 f"global batch {cfg.data.micro_batch * d.world * cfg.train.grad_accum} x {cfg.data.seq_len}")
+        status = trainer.run(metrics, stop)
+        if d.is_main:
+            metrics.close()
+            metrics = None
+            if status == "completed":
+                settings = {"data_kind": cfg.data.kind, "world_size": d.world, "seq_len": cfg.data.seq_len,
+                            "global_batch": cfg.data.micro_batch * d.world * cfg.train.grad_accum,
+                            "precision": cfg.train.precision, "lr": cfg.train.lr}
+                summary = summarize(read_records(run_dir / "metrics.jsonl"), cfg.log.skip_steps,
+                                    cfg.train.target_loss, settings)
+                atomic_write_json(run_dir / "summary.json", {"status": "completed", **summary})
+            atomic_write_json(run_dir / "run.json", _run_info(run_id, d, status, started, trainer=trainer))
+            _log(f"{status}: {run_dir}")
+        code = 0 if status == "completed" else EXIT_INTERRUPTED
+    except BaseException as e:
+        if d.is_main:
+            if metrics is not None:
+                metrics.close()
+            msg = str(e) if isinstance(e, PretokError) else f"{type(e).__name__}: {e}"
+            atomic_write_json(run_dir / "run.json", _run_info(run_id, d, "failed", started, msg, trainer))
+        if not isinstance(e, PretokError):
+            raise
+        print(f"pretok train: error: {e}", file=sys.stderr)
+        code = 2
+    finally:
+        del trainer
+        distributed.teardown()
+    return code
+
+
+def add_args(ap) -> None:
+    ap.add_argument("--config", help="YAML config (see configs/); sections run/model/data/train/eval/...")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=100 data.kind=padded")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="pretok train", description="Train a causal LM on one data path.")
+    add_args(ap)
+    args = ap.parse_args(argv)
+    return run_from_args(args)
+
+
+def run_from_args(args) -> int:
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except PretokError as e:
+        print(f"pretok train: error: {e}", file=sys.stderr)
+        return 2
+    return train(cfg)

@@ -1,0 +1,151 @@
+"""metrics.py: every derived number against values computed by hand on small synthetic logs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pretok_lib.analysis.metrics import (SUMMARY_COLUMNS, auto_target_loss, isolated_tokenization_speedups,
+                                         path_speedups, precision_groups, rows_to_text, run_metrics,
+                                         scaling_efficiency, storage_rows, summary_table, time_to_target,
+                                         tokenization_speedups)
+from pretok_lib.analysis.runs import load_run, load_runs
+
+from .helpers import simple_run, train_record, val_record, write_run
+
+
+def test_means_skip_warmup_records(tmp_path: Path) -> None:
+    train = [train_record(1, 1.0, tokens_per_s=100.0, eff_frac=0.5, mfu=0.9, data_stall=0.9),
+             train_record(2, 2.0, tokens_per_s=200.0, eff_frac=0.5, mfu=0.3, data_stall=0.1),
+             train_record(3, 3.0, tokens_per_s=400.0, eff_frac=0.75, mfu=None, data_stall=0.3),
+             train_record(4, 4.0, tokens_per_s=400.0, eff_frac=0.75, mfu=0.5, data_stall=0.2, peak_mem_mb=900.0)]
+    run = load_run(write_run(tmp_path, "r", train=train))
+    m = run_metrics(run, skip=1)
+    assert m.tokens_per_s == pytest.approx((200 + 400 + 400) / 3)
+    assert m.effective_tokens_per_s == pytest.approx((100 + 300 + 300) / 3)
+    assert m.mfu == pytest.approx(0.4)  # null MFU ignored, warm-up 0.9 skipped
+    assert m.data_stall == pytest.approx(0.2)
+    assert m.padding_frac == pytest.approx((0.5 + 0.25 + 0.25) / 3)
+    assert m.peak_mem_mb == 900.0 and m.steps == 4 and m.logged == 4 and m.used == 3
+    assert run_metrics(run, skip=0).effective_tokens_per_s == pytest.approx((50 + 100 + 300 + 300) / 4)
+    short = run_metrics(run, skip=4)  # no more records than skip: all kept (as pretok train's summary does)
+    assert short.tokens_per_s == pytest.approx(275.0) and short.used == 4
+
+
+def test_skip_defaults_to_config_log_skip_steps(tmp_path: Path) -> None:
+    train = [train_record(i, float(i), tokens_per_s=r) for i, r in enumerate((10.0, 20.0, 30.0, 60.0), 1)]
+    plain = load_run(write_run(tmp_path, "plain", train=train))  # no log.skip_steps: pretok train's default 2
+    assert run_metrics(plain).tokens_per_s == pytest.approx(45.0)
+    cfg = load_run(write_run(tmp_path, "cfg", train=train, config_extra={"log": {"every": 1, "skip_steps": 1}}))
+    assert run_metrics(cfg).tokens_per_s == pytest.approx(110 / 3) and run_metrics(cfg, skip=0).used == 4
+
+
+def test_final_losses_and_ppl(tmp_path: Path) -> None:
+    run = load_run(write_run(tmp_path, "r", train=[train_record(1, 1.0, loss=3.0), train_record(2, 2.0, loss=2.5)],
+                             val=[val_record(1, 1.5, 2.9), val_record(2, 2.5, 2.7)]))
+    m = run_metrics(run)
+    assert (m.final_loss, m.final_val_loss) == (2.5, 2.7)
+    assert m.final_val_ppl == pytest.approx(math.exp(2.7))
+    assert m.wall_s == 2.5
+
+
+def test_time_to_target_first_record_at_or_below(tmp_path: Path) -> None:
+    val = [val_record(10, 5.0, 3.0), val_record(20, 10.0, 2.4), val_record(30, 15.0, 2.0)]
+    train = [train_record(s, s / 2, loss=l) for s, l in ((10, 2.2), (20, 2.1), (30, 1.9))]
+    run = load_run(write_run(tmp_path, "r", train=train, val=val))
+    assert time_to_target(run, 2.5) == (10.0, 20)
+    assert time_to_target(run, 2.4) == (10.0, 20)  # at the target counts
+    assert time_to_target(run, 1.0) == (None, None)
+    assert time_to_target(run, 2.15, source="train") == (10.0, 20)  # train loss 2.1 at step 20
+    m = run_metrics(run, target_loss=2.0)
+    assert (m.time_to_target_s, m.step_to_target) == (15.0, 30)
+
+
+def test_time_to_target_uses_train_loss_without_val_and_config_target(tmp_path: Path) -> None:
+    train = [train_record(s, float(s), loss=l) for s, l in ((1, 3.0), (2, 2.0), (3, 1.0))]
+    run = load_run(write_run(tmp_path, "r", train=train, config_extra={"eval": {"target_loss": 2.0}}))
+    m = run_metrics(run)
+    assert m.target_loss == 2.0 and m.time_to_target_s == 2.0
+
+
+def test_scaling_efficiency_hand_computed(tmp_path: Path) -> None:
+    simple_run(tmp_path, "n1", tokens_per_s=1000.0)
+    simple_run(tmp_path, "n1-seed", tokens_per_s=1200.0, seed=7)
+    simple_run(tmp_path, "n2", tokens_per_s=1980.0, world_size=2)
+    simple_run(tmp_path, "n4", tokens_per_s=3300.0, world_size=4)
+    simple_run(tmp_path, "other-path-n1", tokens_per_s=50.0, kind="padding-free")  # alone: no scaling group
+    rows = scaling_efficiency(load_runs(tmp_path))
+    assert [r["world_size"] for r in rows] == [1, 2, 4]
+    assert rows[0]["value"] == pytest.approx(1100.0) and rows[0]["efficiency"] == pytest.approx(1.0)
+    assert rows[1]["efficiency"] == pytest.approx(1980 / (2 * 1100)) and rows[1]["speedup"] == pytest.approx(1.8)
+    assert rows[2]["efficiency"] == pytest.approx(0.75)
+    assert rows[0]["runs"] == ["n1", "n1-seed"] and rows[0]["group"].startswith("padded")
+
+
+def test_path_speedups_and_tokenization_speedups(tmp_path: Path, bench: dict) -> None:
+    simple_run(tmp_path, "padded", kind="padded", tokens_per_s=1000.0, eff_frac=0.5)  # eff 500
+    simple_run(tmp_path, "pf", kind="padding-free", tokens_per_s=1000.0, eff_frac=1.0)  # eff 1000
+    simple_run(tmp_path, "mm", kind="pretok-memmap", tokens_per_s=1100.0, eff_frac=1.0)  # eff 1100
+    simple_run(tmp_path, "mm-n2", kind="pretok-memmap", tokens_per_s=2000.0, world_size=2)  # another group
+    runs = load_runs(tmp_path)
+    rows = path_speedups(runs, baseline="padded")
+    by = {(r["group"], r["data_kind"]): r for r in rows}
+    g = next(r["group"] for r in rows if r["data_kind"] == "padded")
+    assert by[(g, "pretok-memmap")]["speedup"] == pytest.approx(2.2)
+    assert by[(g, "padding-free")]["speedup"] == pytest.approx(2.0)
+    assert [r["speedup"] for r in rows if r["group"] != g] == [None]  # no padded run at N=2
+    iso = isolated_tokenization_speedups(bench)
+    assert iso["memmap"]["speedup"] == pytest.approx(44.0) and iso["memmap"]["engine"] == "(d) engine memmap w2"
+    assert iso["padded"]["speedup"] == pytest.approx(47.0)
+    tok = {r["pretok"]: r for r in tokenization_speedups(bench, runs)}
+    assert tok["pretok-memmap"]["isolated"] == pytest.approx(44.0)
+    assert tok["pretok-memmap"]["training"] == pytest.approx(1.1)  # the study's point: 44x becomes 1.1x
+    assert tok["pretok-padded"]["training"] is None and tok["pretok-padded"]["isolated"] == pytest.approx(47.0)
+    assert tokenization_speedups(None, []) == []
+
+
+def test_failed_and_incomplete_runs_in_summary_table(study_root: Path) -> None:
+    rows = summary_table(load_runs(study_root))
+    assert len(rows) == 15 and list(rows[0]) == list(SUMMARY_COLUMNS)
+    by = {r["run_id"]: r for r in rows}
+    assert by["padded-failed"]["status"] == "failed" and "out of memory" in by["padded-failed"]["note"]
+    assert by["padded-failed"]["tokens_per_s"] == pytest.approx(900.0)  # partial logs still count
+    assert by["padded-running"]["status"] == "incomplete" and "truncated" in by["padded-running"]["note"]
+    assert by["padded-n1"]["tokens_per_s"] == pytest.approx(1000.0)  # not summary.json's -1
+    text = rows_to_text(rows, ["run_id", "status", "tokens_per_s"])
+    assert "padded-failed" in text and "failed" in text and "incomplete" in text
+
+
+def test_precision_groups_and_auto_target(study_root: Path) -> None:
+    runs = load_runs(study_root)
+    groups = precision_groups(runs)
+    assert len(groups) == 1
+    label, ms = groups[0]
+    assert sorted(m.run_id for m in ms) == ["pretok-memmap-n1", "pretok-memmap-n1-bf16", "pretok-memmap-n1-seed1"]
+    from pretok_lib.analysis.metrics import all_metrics
+
+    target = auto_target_loss(all_metrics(runs))
+    assert target == pytest.approx(4.0 - 0.25 * 5 + 0.1)  # every completed run ends at this val loss
+
+
+def _manifest(d: Path, fmt: str, tokens: int, sizes: list[int], compression: str | None = "zstd:3") -> None:
+    d.mkdir(parents=True)
+    m = {"format": fmt, "compression": compression, "dtype": "uint16",
+         "counts": {"documents": 3, "tokens": tokens, "padding": 10, "input_bytes": 4 * tokens},
+         "files": [{"path": f"f{i}", "size": s, "sha256": "x"} for i, s in enumerate(sizes)]}
+    (d / "manifest.json").write_text(json.dumps(m))
+
+
+def test_storage_rows_from_manifests(tmp_path: Path, bench: dict) -> None:
+    _manifest(tmp_path / "out" / "memmap", "memmap", 1000, [2000, 34], None)
+    _manifest(tmp_path / "out" / "padded", "padded", 500, [300, 100])
+    (tmp_path / "unfinished").mkdir()
+    rows = storage_rows([tmp_path / "out", tmp_path / "unfinished"], bench)
+    by = {r["name"]: r for r in rows}
+    assert by["memmap"]["bytes_per_token"] == pytest.approx(2.034) and by["memmap"]["disk_bytes"] == 2034
+    assert by["padded"]["bytes_per_token"] == pytest.approx(0.8)
+    assert by["unfinished"]["error"] and by["unfinished"]["bytes_per_token"] is None
+    assert by["datasets.map (HF Arrow)"]["bytes_per_token"] == pytest.approx(5.0)

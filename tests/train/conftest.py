@@ -1,0 +1,78 @@
+"""Fixtures for the training tests: a short-document corpus (Wikipedia summaries) pretokenized with GPT-2 into
+every format, a held-out split, and a tiny model config (runs in a second on one CPU core)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
+
+from ..conftest import GPT2_JSON, ROOT, WIKI_EN
+
+SEQ = 64
+
+
+@dataclass
+class TrainData:
+    text: Path                 # parquet of training documents (the baselines' input)
+    dirs: dict[str, Path]      # data kind → pretokenized dir
+    val: Path                  # memmap of held-out documents
+
+    def path_for(self, kind: str) -> Path:
+        return self.text if kind in ("padded", "padding-free") else self.dirs[kind]
+
+
+@pytest.fixture(scope="session")
+def train_data(tmp_path_factory, shared_data) -> TrainData:
+    base = tmp_path_factory.mktemp("train-data")
+    docs = [v["extract"] for v in json.loads(WIKI_EN.read_text()).values()]
+    text, val_text = base / "train.parquet", base / "val.parquet"
+    pq.write_table(pa.table({"text": docs[:300]}), text)
+    pq.write_table(pa.table({"text": docs[300:360]}), val_text)
+    dirs = {}
+    for fmt in ("padded", "token-list", "memmap"):
+        run_tokenize(TokenizeConfig(inputs=[str(text)], out=str(base / fmt), tokenizer=str(GPT2_JSON), format=fmt,
+                                    seq_len=SEQ, workers=0, progress=False))
+        dirs[f"pretok-{fmt}"] = base / fmt
+    run_tokenize(TokenizeConfig(inputs=[str(val_text)], out=str(base / "val"), tokenizer=str(GPT2_JSON),
+                                format="memmap", workers=0, progress=False))
+    return TrainData(text, dirs, base / "val")
+
+
+def tiny_overrides(data: TrainData, runs: Path, kind: str = "pretok-memmap", **extra) -> list[str]:
+    """CLI overrides of a tiny fp32 run on `kind` (no config file needed)."""
+    o = {"run.dir": str(runs), "run.id": "run", "model.hidden_size": 64, "model.num_layers": 2,
+         "model.num_heads": 4, "model.num_kv_heads": 2, "data.kind": kind, "data.path": str(data.path_for(kind)),
+         "data.tokenizer": str(GPT2_JSON), "data.seq_len": SEQ, "data.micro_batch": 4, "train.steps": 3,
+         "train.warmup_steps": 2, "train.precision": "fp32", "log.tensorboard": False, "checkpoint.every": 0}
+    o.update(extra)
+    return [f"{k}={v}" for k, v in o.items()]
+
+
+def run_cli(overrides: list[str], nproc: int = 1, check: bool = True, timeout: float = 300,
+            **popen) -> subprocess.CompletedProcess:
+    """`python -m pretok_lib.train` (or torchrun with `nproc` gloo ranks) in a subprocess, 1 thread per rank."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "pretok_lib.train", *overrides]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "pretok_lib.train", *overrides]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, **popen)
+    if check and p.returncode != 0:
+        raise AssertionError(f"exit {p.returncode}\n{p.stderr[-3000:]}")
+    return p
+
+
+def records(run_dir: Path, kind: str = "train") -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]

@@ -1,0 +1,108 @@
+"""A training run end to end, in-process: every data path, the run directory contract, TensorBoard, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from pretok_lib.data import KINDS
+from pretok_lib.train import load_config, train
+
+from ..conftest import CL100K_JSON
+from .conftest import SEQ, records, run_cli, tiny_overrides
+
+TRAIN_KEYS = {"kind", "step", "wall_s", "loss", "lr", "grad_norm", "step_time_s", "data_wait_s", "data_stall",
+              "tokens", "effective_tokens", "padding_frac", "masked_frac", "tokens_per_s", "tokens_per_s_per_device",
+              "effective_tokens_per_s", "mfu", "peak_mem_mb", "cum_tokens", "cum_effective_tokens", "samples"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_data_path_trains_and_writes_the_run_contract(kind, train_data, tmp_path):
+    cfg = load_config(None, tiny_overrides(train_data, tmp_path, kind, **{
+        "eval.path": train_data.val, "eval.every": 2, "eval.batches": 2, "train.target_loss": 100.0,
+        "log.tensorboard": True}))
+    assert train(cfg) == 0
+    run = tmp_path / "run"
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "completed" and info["world_size"] == 1 and info["backend"] is None
+    assert info["versions"]["torch"] and info["flops_per_token"] > 0 and info["peak_flops"] > 0
+    assert yaml.safe_load((run / "config.yaml").read_text())["data"]["kind"] == kind
+    rec = records(run)
+    assert [r["step"] for r in rec] == [1, 2, 3] and set(rec[0]) == TRAIN_KEYS
+    for r in rec:
+        assert math.isfinite(r["loss"]) and r["tokens"] == 4 * SEQ
+        useful = r["tokens"] * (1 - r["padding_frac"] - r["masked_frac"])   # a padded row loses its last label
+        assert useful - 4 <= r["effective_tokens"] <= useful + 1e-6
+        assert 0 <= r["data_stall"] < 1 and r["data_wait_s"] <= r["step_time_s"]
+        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["step_time_s"])
+        assert 0 < r["mfu"] < 1
+    assert rec[-1]["cum_tokens"] == 3 * 4 * SEQ and rec[-1]["samples"] == 12
+    if kind in ("padded", "pretok-padded"):          # short Wikipedia summaries: padding, no crossings
+        assert sum(r["padding_frac"] for r in rec) > 0 and rec[0]["masked_frac"] == 0
+    else:                                            # packed: no padding, document crossings masked
+        assert rec[0]["padding_frac"] == 0 and sum(r["masked_frac"] for r in rec) > 0
+    val = records(run, "val")
+    assert [v["step"] for v in val] == [2, 3] and val[0]["val_ppl"] == pytest.approx(math.exp(val[0]["val_loss"]))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 3 and summary["data_kind"] == kind
+    assert summary["time_to_target_s"] == val[0]["wall_s"]      # the first val record is below 100
+    assert summary["final_val_loss"] == val[-1]["val_loss"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000003"]
+    if kind == "pretok-memmap":                     # the tracker holds the same numbers
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator(str(run / "tb"))
+        acc.Reload()
+        assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3]
+        assert [e.value for e in acc.Scalars("train/loss")] == pytest.approx([r["loss"] for r in rec], rel=1e-6)
+        assert [e.step for e in acc.Scalars("val/val_loss")] == [2, 3]
+
+
+def test_completed_run_is_not_repeated_and_overwrite_restarts(train_data, tmp_path):
+    o = tiny_overrides(train_data, tmp_path, **{"train.steps": 2})
+    assert train(load_config(None, o)) == 0
+    before = (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert train(load_config(None, o + ["train.steps=5"])) == 0       # completed: left alone
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+    assert train(load_config(None, o + ["train.steps=4", "run.overwrite=true"])) == 0
+    assert [r["step"] for r in records(tmp_path / "run")] == [1, 2, 3, 4]
+
+
+def test_grad_accumulation_equals_the_larger_micro_batch(train_data, tmp_path):
+    base = tiny_overrides(train_data, tmp_path, "pretok-padded", **{"train.steps": 3})
+    assert train(load_config(None, base + ["run.id=a", "data.micro_batch=8"])) == 0
+    assert train(load_config(None, base + ["run.id=b", "data.micro_batch=4", "train.grad_accum=2"])) == 0
+    a, b = records(tmp_path / "a"), records(tmp_path / "b")
+    assert [r["loss"] for r in b] == pytest.approx([r["loss"] for r in a], rel=1e-5)
+    assert [r["grad_norm"] for r in b] == pytest.approx([r["grad_norm"] for r in a], rel=1e-4)
+    assert [r["effective_tokens"] for r in b] == [r["effective_tokens"] for r in a]
+
+
+def test_activation_checkpointing_and_bf16_fp16(train_data, tmp_path):
+    base = tiny_overrides(train_data, tmp_path, **{"train.steps": 2})
+    assert train(load_config(None, base + ["run.id=plain"])) == 0
+    assert train(load_config(None, base + ["run.id=ckpt", "train.activation_checkpointing=true"])) == 0
+    plain, ckpt = records(tmp_path / "plain"), records(tmp_path / "ckpt")
+    assert [r["loss"] for r in ckpt] == pytest.approx([r["loss"] for r in plain], rel=1e-5)
+    for prec in ("bf16", "fp16"):
+        assert train(load_config(None, base + [f"run.id={prec}", f"train.precision={prec}"])) == 0
+        low = records(tmp_path / prec)
+        assert low[0]["loss"] == pytest.approx(plain[0]["loss"], rel=0.02)    # same model, lower precision
+
+
+def test_dataset_tokenizer_mismatch_fails_clearly(train_data, tmp_path):
+    p = run_cli(tiny_overrides(train_data, tmp_path, **{"data.tokenizer": CL100K_JSON}), check=False)
+    assert p.returncode == 2
+    assert "not the requested tokenizer" in p.stderr and p.stderr.count("error:") == 1
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["status"] == "failed" and "not the requested tokenizer" in info["error"]
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_cli_rejects_unknown_key_with_one_line(train_data, tmp_path):
+    p = run_cli(tiny_overrides(train_data, tmp_path) + ["train.lerning_rate=1"], check=False)
+    assert p.returncode == 2 and "unknown config key 'train.lerning_rate'" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
