@@ -106,3 +106,12 @@ def test_cli_rejects_unknown_key_with_one_line(train_data, tmp_path):
     p = run_cli(tiny_overrides(train_data, tmp_path) + ["train.lerning_rate=1"], check=False)
     assert p.returncode == 2 and "unknown config key 'train.lerning_rate'" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_torch_compile_trains_like_eager(train_data, tmp_path):
+    base = tiny_overrides(train_data, tmp_path, **{"train.steps": 2})
+    assert train(load_config(None, base + ["run.id=eager"])) == 0
+    assert train(load_config(None, base + ["run.id=compiled", "train.compile=true"])) == 0
+    eager, compiled = records(tmp_path / "eager"), records(tmp_path / "compiled")
+    assert [r["loss"] for r in compiled] == pytest.approx([r["loss"] for r in eager], rel=1e-4)
+    assert compiled[0]["step_time_s"] > compiled[1]["step_time_s"]        # step 1 paid for the compilation
