@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import torch
@@ -104,8 +103,3 @@ def summarize(records: list[dict], skip: int, target_loss: float | None, setting
 def perplexity(loss: float) -> float:
     return math.exp(loss) if loss < 700 else float("inf")
 
-
-def fsync_close(fh) -> None:
-    fh.flush()
-    os.fsync(fh.fileno())
-    fh.close()

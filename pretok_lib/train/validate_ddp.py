@@ -15,9 +15,8 @@ import torch.distributed as dist
 
 from ..data import make_dataset
 from . import distributed
-from .config import ModelConfig
+from .config import ModelConfig, load_config
 from .loop import _forward_loss_sum, dataset_vocab
-from .config import load_config
 from .model import build_model, vocab_size_for
 
 
@@ -41,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     vocab = vocab_size_for(ModelConfig(), dataset_vocab(cfg)[0])
     model = build_model(ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2), vocab,
                         args.seq_len, seed=0, device=d.device)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+    ids = [d.device.index] if d.device.type == "cuda" else None
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batch = next(iter(make_dataset(args.kind, args.data, args.seq_len, micro_batch=args.micro_batch)))
     loss = _forward_loss_sum(ddp, batch, d.device, "fp32") / max(batch["effective_tokens"], 1)

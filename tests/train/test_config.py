@@ -15,7 +15,8 @@ from ..conftest import ROOT
 def test_yaml_and_overrides(tmp_path):
     p = tmp_path / "x.yaml"
     p.write_text("data:\n  path: some/dir\n  seq_len: 128\ntrain:\n  lr: 1\n")
-    cfg = load_config(p, ["train.steps=7", "train.precision=fp32", "data.path=[a, b]", "train.target_loss=3.5", "train.min_lr_ratio=1e-2"])
+    cfg = load_config(p, ["train.steps=7", "train.precision=fp32", "data.path=[a, b]", "train.target_loss=3.5",
+                          "train.min_lr_ratio=1e-2"])
     assert cfg.name == "x" and cfg.data.seq_len == 128 and cfg.train.steps == 7
     assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)        # int accepted for float
     assert cfg.data.path == ["a", "b"] and cfg.train.target_loss == 3.5 and cfg.train.min_lr_ratio == 0.01
