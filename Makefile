@@ -6,8 +6,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.pretok-installed
 DEMO_DIR ?= runs/demo
+STUDY_DIR ?= runs/study-quick
 
-.PHONY: setup sysdeps demo test bench clean
+.PHONY: setup sysdeps demo lab test bench clean
 
 setup: $(STAMP)
 
@@ -20,8 +21,14 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps "megatron-core>=0.12"
 	touch $(STAMP)
 
+# The quick study (~10 min on 2 CPU cores): notebooks 01-05 executed, report in $(STUDY_DIR)/report_nocode.html.
 demo: setup
-	$(VENV)/bin/pretok demo --out $(DEMO_DIR)
+	$(VENV)/bin/pretok study --profile quick --out $(STUDY_DIR)
+
+# JupyterLab on notebooks/ with the project's kernel ("Python (pretok)", this venv) registered.
+lab: setup
+	$(PY) -m ipykernel install --sys-prefix --name pretok --display-name "Python (pretok)"
+	$(VENV)/bin/jupyter lab notebooks/
 
 sysdeps:
 	bash scripts/install_system_deps.sh
@@ -33,4 +40,4 @@ bench: setup
 	$(VENV)/bin/pretok bench tokenize --json runs/bench/tokenize.json
 
 clean:
-	rm -rf $(VENV) runs/demo runs/bench
+	rm -rf $(VENV) runs/demo runs/bench $(STUDY_DIR)

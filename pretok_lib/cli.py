@@ -136,6 +136,11 @@ def cmd_sweep(a: argparse.Namespace) -> None:
     for item in a.set:
         key, value = parse_axis(item)
         grid.base[key] = value[0] if len(value) == 1 else value
+    for item in a.path:
+        kind, sep, path = item.partition("=")
+        if not sep or not kind or not path:
+            raise PretokError(f"--path '{item}' is not of the form KIND=PATH")
+        grid.linked.setdefault("data", {})[kind.strip()] = {"data.path": path}
     grid.prefix = a.prefix or grid.prefix
     if a.dry_run:
         for p in grid.points():
@@ -210,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--axis", action="append", default=[], metavar="KEY=V1,V2",
                    help="an axis: world, data, micro_batch, precision, lr, seq_len or any dotted config key")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every point")
+    p.add_argument("--path", action="append", default=[], metavar="KIND=PATH",
+                   help="data.path of one data path (text inputs for padded/padding-free, a pretok output dir else)")
     p.add_argument("--prefix", default=None, help="run id prefix (default: sweep)")
     p.add_argument("--runs-dir", default="runs")
     p.add_argument("--launcher", default="local", choices=["local", "slurm"])

@@ -1,0 +1,101 @@
+"""Notebook parameters per study profile. Each notebook receives the parameters its `parameters` cell declares.
+
+- quick: this laptop-class machine (2 CPU cores, no GPU), ~10 minutes: embedded 20 MB corpus, tiny model, gloo
+  world sizes 1 and 2, every data path.
+- full: real hardware: 500 MB corpus (or `--set corpus=... tokenizer=...`), the original study's model
+  (configs/study.yaml), world sizes 1, 2, 4, ... up to the GPUs present.
+- smoke: the smallest run that exercises every notebook (the notebook tests), about a minute.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+PATHS = ["padded", "padding-free", "pretok-padded", "pretok-token-list", "pretok-memmap"]
+CODECS = ["none", "snappy", "zstd:3", "zstd:22"]
+QUIET_RUN = {"checkpoint.every": 0, "log.tensorboard": False}  # checkpoint at the end only, no TensorBoard files
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "quick": {
+        "corpus": "", "corpus_mb": 20.0, "tokenizer": "", "vocab_size": 8192, "seq_len": 256,
+        "compressions": CODECS, "workers": 2, "bench_loop_mb": 2.0,
+        "micro_batch": 8, "loader_workers": "0,2", "loader_batches": 500, "loader_slow_batches": 40,
+        "loader_repeats": 1,
+        "config": "configs/tiny.yaml", "train_data_kind": "pretok-memmap", "train_world": 1,
+        "train_overrides": {"train.steps": 60, "train.warmup_steps": 5, "eval.every": 20, **QUIET_RUN},
+        "sweep_grids": [{"data": PATHS, "world": [1, 2]},
+                        {"data": ["pretok-memmap"], "precision": ["fp32", "bf16"]}],
+        "sweep_base": {"train.steps": 40, "train.warmup_steps": 5, "train.precision": "bf16", "eval.every": 20,
+                       **QUIET_RUN},
+        "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 900,
+        "target_loss": None, "png": True,
+    },
+    "full": {
+        "corpus": "", "corpus_mb": 500.0, "tokenizer": "", "vocab_size": 32768, "seq_len": 2048,
+        "compressions": CODECS, "workers": 0, "bench_loop_mb": 20.0,  # workers 0: every CPU
+        "micro_batch": 4, "loader_workers": "0,2,4", "loader_batches": 500, "loader_slow_batches": 20,
+        "loader_repeats": 3,
+        "config": "configs/study.yaml", "train_data_kind": "pretok-memmap", "train_world": 0,  # 0: every GPU
+        "train_overrides": {"train.steps": 300, "eval.every": 100},
+        "sweep_grids": [{"data": PATHS, "world": "gpus"},  # "gpus": 1, 2, 4, ... up to the GPUs present
+                        {"data": ["pretok-memmap"], "precision": ["fp32", "bf16"], "world": "max"},
+                        {"data": ["pretok-memmap"], "micro_batch": [1, 2, 4], "world": "max"}],
+        "sweep_base": {"train.steps": 300, "train.precision": "bf16", "eval.every": 100, "checkpoint.every": 100},
+        "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": None,
+        "target_loss": None, "png": True,
+    },
+    "smoke": {
+        "corpus": "", "corpus_mb": 2.0, "tokenizer": "", "vocab_size": 1024, "seq_len": 64,
+        "compressions": ["none", "zstd:3"], "workers": 2, "bench_loop_mb": 0.3,
+        "micro_batch": 4, "loader_workers": "0", "loader_batches": 20, "loader_slow_batches": 3,
+        "loader_repeats": 1,
+        "config": "configs/tiny.yaml", "train_data_kind": "pretok-memmap", "train_world": 1,
+        "train_overrides": {"train.steps": 3, "train.warmup_steps": 1, "eval.every": 3, "eval.batches": 1,
+                            "model.hidden_size": 64, "model.num_layers": 1, **QUIET_RUN},
+        "sweep_grids": [{"data": ["padded", "pretok-memmap"], "world": [1, 2]}],
+        "sweep_base": {"train.steps": 2, "train.warmup_steps": 1, "eval.every": 2, "eval.batches": 1,
+                       "model.hidden_size": 64, "model.num_layers": 1, **QUIET_RUN},
+        "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 300,
+        "target_loss": None, "png": True,
+    },
+}
+
+
+def gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
+def world_sizes(n: int) -> list[int]:
+    """1, 2, 4, ... below `n`, then `n` itself (at least [1])."""
+    out, w = [], 1
+    while w < n:
+        out.append(w)
+        w *= 2
+    return out + [max(1, n)]
+
+
+def profile_parameters(profile: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The parameters of `profile` with `overrides`, machine-dependent values resolved ("gpus", "max", 0)."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown study profile '{profile}' (choose from {', '.join(PROFILES)})")
+    p = copy.deepcopy(PROFILES[profile])
+    p.update(overrides or {})
+    gpus = gpu_count()
+    worlds = world_sizes(gpus) if gpus else [1, 2]
+    if p.get("workers") == 0:
+        p["workers"] = len(os.sched_getaffinity(0))
+    if p.get("train_world") == 0:
+        p["train_world"] = worlds[-1]
+    for g in p.get("sweep_grids", []):
+        if g.get("world") == "gpus":
+            g["world"] = worlds
+        elif g.get("world") == "max":
+            g["world"] = [worlds[-1]]
+    return p

@@ -1,0 +1,180 @@
+"""`pretok study`: execute notebooks 01-05 with papermill into the study directory, then export one HTML report."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..errors import PretokError
+from .profiles import profile_parameters
+from .steps import ROOT, resolve
+
+NOTEBOOK_DIR = ROOT / "notebooks"
+NOTEBOOKS = ("01_pretokenize", "02_loader_benchmark", "03_train", "04_sweep", "05_analysis")
+TITLES = {"01_pretokenize": "1. Pretokenize: formats, sizes, tokenization cost",
+          "02_loader_benchmark": "2. Loader-only throughput of the five data paths",
+          "03_train": "3. One training run", "04_sweep": "4. The sweep",
+          "05_analysis": "5. Analysis: is the data path the bottleneck?"}
+KERNEL = "pretok"
+
+
+def select(notebooks: Sequence[str] | None) -> list[str]:
+    """Notebook names from prefixes (`01`, `03_train`, ...), in study order."""
+    if not notebooks:
+        return list(NOTEBOOKS)
+    chosen = []
+    for want in notebooks:
+        hits = [n for n in NOTEBOOKS if n.startswith(want)]
+        if len(hits) != 1:
+            raise PretokError(f"'{want}' names no single study notebook ({', '.join(NOTEBOOKS)})")
+        chosen.append(hits[0])
+    return [n for n in NOTEBOOKS if n in chosen]
+
+
+def declared_parameters(notebook: str | Path) -> set[str]:
+    """Names assigned in the notebook's cell tagged `parameters`."""
+    import papermill
+
+    return set(papermill.inspect_notebook(str(notebook)))
+
+
+def execute(name: str, out_dir: Path, params: dict[str, Any], kernel: str, stream: bool) -> float:
+    """Run one notebook with papermill (cwd: the repository root) into `out_dir/notebooks/<name>.ipynb`."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    src, dst = NOTEBOOK_DIR / f"{name}.ipynb", out_dir / "notebooks" / f"{name}.ipynb"
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    mine = {k: v for k, v in params.items() if k in declared_parameters(src)}
+    t0 = time.monotonic()
+    try:
+        papermill.execute_notebook(str(src), str(dst), parameters=mine, kernel_name=kernel, cwd=str(ROOT),
+                                   progress_bar=False, stdout_file=sys.stdout if stream else None,
+                                   stderr_file=sys.stderr if stream else None)
+    except PapermillExecutionError as e:
+        raise PretokError(f"cell {e.exec_count} failed: {e.ename}: {e.evalue} (executed notebook kept)", dst) from None
+    return time.monotonic() - t0
+
+
+def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: Sequence[str] | None = None,
+              parameters: dict[str, Any] | None = None, kernel: str = KERNEL, report: bool = True,
+              stream: bool = True, echo: Callable[[str], None] | None = print) -> dict:
+    """Execute the study notebooks in order with `profile`'s parameters (plus `parameters`), write
+    `study.json` and the HTML report (`report_nocode.html` for readers, `report.html` with code); returns the
+    study record. The first failing notebook stops the study (its partly executed copy is kept and reported)."""
+    from ..analysis.report import ensure_kernel
+
+    say = echo or (lambda s: None)
+    params = profile_parameters(profile, parameters)
+    out_dir = resolve(out or f"runs/study-{profile}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    params["study_dir"] = str(out_dir)
+    names = select(notebooks)
+    declared = set().union(*(declared_parameters(NOTEBOOK_DIR / f"{n}.ipynb") for n in NOTEBOOKS))
+    unknown = sorted(set(parameters or {}) - declared)
+    if unknown:
+        raise PretokError(f"no study notebook has parameter(s) {', '.join(unknown)}")
+    ensure_kernel(kernel)
+    record: dict[str, Any] = {"profile": profile, "study_dir": str(out_dir), "parameters": params,
+                              "started": _now(), "notebooks": {}}
+    t0 = time.monotonic()
+    failure = None
+    for name in names:
+        say(f"== pretok study ({profile}): {name}")
+        try:
+            secs = execute(name, out_dir, params, kernel, stream)
+            record["notebooks"][name] = {"status": "completed", "seconds": round(secs, 1)}
+            say(f"== {name}: done in {secs:.0f} s")
+        except PretokError as e:
+            record["notebooks"][name] = {"status": "failed", "error": str(e)}
+            failure = e
+            break
+    record.update(finished=_now(), seconds=round(time.monotonic() - t0, 1))
+    if report:
+        record["report"] = {k: str(v) for k, v in write_report(out_dir, [n for n in names
+                                                                       if n in record["notebooks"]], record).items()}
+    (out_dir / "study.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    say(summary(out_dir, record))
+    if failure is not None:
+        raise failure
+    return record
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def combined_notebook(out_dir: Path, names: Sequence[str], record: dict):
+    """The executed notebooks as one: a title cell with the table of contents, then each notebook under an
+    anchored heading. plotly.js, which each notebook embeds once, is kept only the first time."""
+    import nbformat
+
+    toc = "\n".join(f"- [{TITLES.get(n, n)}](#{n})" + _timing(record, n) for n in names)
+    head = (f"# pretok study: is the data path the bottleneck?\n\nProfile **{record['profile']}**, run "
+            f"{record['started']} ({record.get('seconds', 0):.0f} s). Study directory `{out_dir}`: figures in "
+            f"`figures/` (HTML + PNG), training runs in `runs/`, benchmark JSON in `bench/`, executed notebooks in "
+            f"`notebooks/`.\n\n{toc}")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(head)])
+    seen_plotlyjs = False
+    for n in names:
+        src = nbformat.read(str(out_dir / "notebooks" / f"{n}.ipynb"), as_version=4)
+        nb.metadata = nb.metadata or src.metadata
+        nb.cells.append(nbformat.v4.new_markdown_cell(f'<a id="{n}"></a>\n\n---'))
+        for cell in src.cells:
+            if cell.cell_type == "code" and "injected-parameters" in cell.metadata.get("tags", []):
+                continue
+            if cell.cell_type == "code":
+                keep = []
+                for o in cell.get("outputs", []):
+                    html = (o.get("data") or {}).get("text/html", "")
+                    html = "".join(html) if isinstance(html, list) else html
+                    if "plotly.js v" in html and "<div" not in html[:200] and len(html) > 100_000:
+                        if seen_plotlyjs:
+                            continue
+                        seen_plotlyjs = True
+                    keep.append(o)
+                cell.outputs = keep
+            nb.cells.append(cell)
+    return nb
+
+
+def _timing(record: dict, name: str) -> str:
+    r = record["notebooks"].get(name, {})
+    return f" ({r['seconds']:.0f} s)" if r.get("status") == "completed" else " (**failed**)" if r else ""
+
+
+def write_report(out_dir: Path, names: Sequence[str], record: dict) -> dict[str, Path]:
+    """`report.html` (code and outputs) and `report_nocode.html` (outputs only) of the executed notebooks."""
+    import nbformat
+
+    from ..analysis.report import export_report
+
+    if not names:
+        return {}
+    nb = combined_notebook(out_dir, names, record)
+    path = out_dir / "notebooks" / "report.ipynb"
+    nbformat.write(nb, str(path))
+    return export_report(path, out_dir, "report")
+
+
+def summary(out_dir: Path, record: dict) -> str:
+    """Where everything is, and how long each notebook took."""
+    lines = [f"pretok study ({record['profile']}) in {record.get('seconds', 0):.0f} s: {out_dir}"]
+    for n, r in record["notebooks"].items():
+        lines.append(f"  {n:22s} {r['status']}" + (f" in {r['seconds']:.0f} s" if "seconds" in r else
+                                                   f": {r.get('error')}"))
+    rep = record.get("report") or {}
+    if rep:
+        lines.append(f"report:  {rep.get('report_nocode')}  (with code: {rep.get('report')})")
+    figs = out_dir / "figures"
+    if figs.is_dir():
+        lines.append(f"figures: {figs}/ ({len(list(figs.glob('*.html')))} HTML, {len(list(figs.glob('*.png')))} PNG)")
+    runs = out_dir / "runs"
+    if runs.is_dir():
+        lines.append(f"runs:    {runs}/ ({sum(1 for d in runs.iterdir() if (d / 'run.json').is_file())} runs)")
+    return "\n".join(lines)

@@ -1,0 +1,424 @@
+"""What the study notebooks do, one function per step; the notebooks only call these and show the results.
+
+A study directory holds everything one study made (see `StudyPaths`); relative paths given to these functions
+are resolved against the repository root, so a notebook gives the same results from `notebooks/` (JupyterLab)
+and from the repository root (papermill, `pretok study`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import PretokError
+
+ROOT = Path(__file__).resolve().parents[2]
+FORMATS = ("memmap", "token-list", "padded")
+KIND_OF = {"memmap": "pretok-memmap", "token-list": "pretok-token-list", "padded": "pretok-padded"}
+TRAIN_COMPRESSION = "zstd:3"  # the parquet variant the training runs read
+
+
+def resolve(path: str | os.PathLike) -> Path:
+    """An absolute path; a relative one is taken relative to the repository root (not the notebook's cwd)."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else (ROOT / p).resolve()
+
+
+@dataclass(frozen=True)
+class StudyPaths:
+    """Layout of a study directory."""
+
+    root: Path
+
+    @property
+    def data(self) -> Path:  # corpus, tokenizer, pretokenized datasets, datasets.json
+        return self.root / "data"
+
+    @property
+    def bench(self) -> Path:  # tokenize.json, loaders.json and their work dirs
+        return self.root / "bench"
+
+    @property
+    def runs(self) -> Path:  # one directory per training run (docs/RUNS.md)
+        return self.root / "runs"
+
+    @property
+    def figures(self) -> Path:  # the analysis figures, HTML + PNG
+        return self.root / "figures"
+
+    @property
+    def datasets_json(self) -> Path:
+        return self.data / "datasets.json"
+
+
+def study_paths(study_dir: str | os.PathLike) -> StudyPaths:
+    p = StudyPaths(resolve(study_dir))
+    p.root.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def notebook_setup(study_dir: str | os.PathLike) -> StudyPaths:
+    """First cell of every study notebook: offline-rendering plotly (survives nbconvert), quiet progress bars,
+    wide pandas tables; returns the study directory's paths."""
+    import warnings
+
+    import pandas as pd
+
+    from ..analysis.report import setup_notebook_plotting
+
+    warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm in a kernel without ipywidgets
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    setup_notebook_plotting()
+    pd.set_option("display.max_colwidth", 80)
+    pd.set_option("display.width", 200)
+    paths = study_paths(study_dir)
+    print(f"study directory: {paths.root}")
+    return paths
+
+
+# ---------------------------------------------------------------- 01: corpus, tokenizer, pretokenized datasets
+
+
+def prepare_corpus(paths: StudyPaths, corpus: str = "", corpus_mb: float = 20.0, tokenizer: str = "",
+                   vocab_size: int = 8192) -> dict:
+    """The corpus and tokenizer of the study. Default: the embedded corpus (Python sources of this install,
+    `corpus_mb` MB) and a byte-level BPE of `vocab_size` trained on it, built once and reused. A given parquet
+    corpus without a tokenizer gets a BPE trained on it; a tokenizer is a path (relative: to the repository)
+    or a hub name."""
+    from ..corpus import (
+        default_corpus_and_tokenizer,
+        read_corpus_info,
+        train_default_tokenizer,
+    )
+
+    info: dict[str, Any] = {}
+    if corpus:
+        corpus_path = str(resolve(corpus))
+        if not Path(corpus_path).exists():
+            raise PretokError("corpus not found", corpus_path)
+        try:
+            info = read_corpus_info(corpus_path).to_dict()
+        except PretokError:
+            info = {"path": corpus_path, "file_bytes": Path(corpus_path).stat().st_size}
+        tok = None
+        if not tokenizer:
+            if not corpus_path.endswith(".parquet"):
+                raise PretokError("give a tokenizer for a non-parquet corpus (a BPE is trained only on parquet)",
+                                  corpus_path)
+            tok = train_default_tokenizer(corpus_path, paths.data / "tokenizer", vocab_size, max_train_mb=corpus_mb)
+    else:
+        default, tok = default_corpus_and_tokenizer(paths.data / "default", max_mb=corpus_mb, vocab_size=vocab_size)
+        corpus_path, info = default.path, default.to_dict()
+    if tokenizer:
+        tok_path = str(resolve(tokenizer)) if resolve(tokenizer).exists() else tokenizer
+    else:
+        tok_path = str(tok)
+    return {"corpus": corpus_path, "tokenizer": tok_path, "corpus_info": info}
+
+
+def variant_name(fmt: str, compression: str | None) -> str:
+    """Directory name of one format x codec (memmap has no codec), as `pretok bench loaders` names them."""
+    from ..bench.loaders import variant_dir
+
+    return variant_dir(fmt, compression or "none")
+
+
+def pretokenize_all(paths: StudyPaths, corpus: str, tokenizer: str, seq_len: int,
+                    compressions: Sequence[str] = ("none", "snappy", "zstd:3", "zstd:22"), workers: int = 2,
+                    echo: Callable[[str], None] | None = print) -> dict:
+    """Every format (parquet ones with each codec, plus zstd:3 which training reads) into
+    `data/pretok-s<seq_len>/<variant>`; finished outputs of the same config are reused. Writes and returns the
+    dataset index `data/datasets.json`: corpus, tokenizer, seq_len, variants, and the path of each data path."""
+    import time
+
+    from ..pretokenize import TokenizeConfig, run_tokenize
+
+    base = paths.data / f"pretok-s{seq_len}"
+    comps = list(dict.fromkeys([*compressions, TRAIN_COMPRESSION]))
+    variants: dict[str, dict] = {}
+    for fmt in FORMATS:
+        for comp in ([None] if fmt == "memmap" else comps):
+            name = variant_name(fmt, comp)
+            out = base / name
+            cfg = TokenizeConfig(inputs=[corpus], out=str(out), tokenizer=tokenizer, format=fmt, seq_len=seq_len,
+                                 workers=workers, compression=comp or "zstd:3", progress=False,
+                                 command=["pretok", "study", "pretokenize"])
+            t0 = time.perf_counter()
+            try:
+                m = run_tokenize(cfg)
+            except PretokError as e:  # another config in the way (e.g. a changed corpus): rebuild it
+                if "different config" not in str(e):
+                    raise
+                cfg.overwrite = True
+                m = run_tokenize(cfg)
+            secs = time.perf_counter() - t0
+            variants[name] = {"path": str(out), "format": fmt, "compression": comp,
+                              "documents": m["counts"]["documents"], "tokens": m["counts"]["tokens"],
+                              "disk_bytes": sum(f["size"] for f in m["files"]), "seconds": round(secs, 2)}
+            if echo:
+                echo(f"{name:18s} {m['counts']['documents']:>8,} docs {m['counts']['tokens']:>12,} tokens "
+                     f"{variants[name]['disk_bytes'] / 1e6:8.2f} MB  ({secs:.1f} s)")
+    index = {"corpus": corpus, "tokenizer": tokenizer, "seq_len": seq_len, "variants": variants,
+             "paths": data_paths(corpus, {n: v["path"] for n, v in variants.items()})}
+    paths.datasets_json.parent.mkdir(parents=True, exist_ok=True)
+    paths.datasets_json.write_text(json.dumps(index, indent=2) + "\n")
+    return index
+
+
+def data_paths(corpus: str, variants: Mapping[str, str]) -> dict[str, str]:
+    """`data.path` of each of the five data paths: the text corpus for the on-the-fly baselines, the zstd:3
+    variant (or memmap) for the pretokenized ones."""
+    out = {"padded": corpus, "padding-free": corpus}
+    for fmt, kind in KIND_OF.items():
+        out[kind] = variants[variant_name(fmt, None if fmt == "memmap" else TRAIN_COMPRESSION)]
+    return out
+
+
+def load_datasets(paths: StudyPaths) -> dict:
+    """The dataset index written by notebook 01 (`pretokenize_all`)."""
+    try:
+        return json.loads(paths.datasets_json.read_text())
+    except OSError:
+        raise PretokError("no dataset index: run notebook 01_pretokenize with this study_dir first",
+                          paths.datasets_json) from None
+
+
+def inspect_all(index: Mapping) -> dict[str, str]:
+    """`pretok inspect` text of every dataset variant."""
+    from ..verify import format_inspect, inspect
+
+    return {name: format_inspect(inspect(v["path"])) for name, v in index["variants"].items()}
+
+
+def storage_table(index: Mapping) -> list[dict]:
+    """One row per dataset variant: documents, tokens, MB on disk, bytes/token, padding share."""
+    from ..verify import inspect
+
+    rows = []
+    for name, v in index["variants"].items():
+        s = inspect(v["path"])["stats"]
+        rows.append({"dataset": name, "format": v["format"], "compression": v["compression"] or "-",
+                     "documents": s["documents"], "tokens": s["tokens"], "MB": round(s["disk_bytes"] / 1e6, 3),
+                     "bytes/token": round(s["bytes_per_token"], 3),
+                     "padding": f"{s['padding_fraction']:.1%}" if "padding_fraction" in s else "-"})
+    return rows
+
+
+def _bench_args(add_args: Callable[[argparse.ArgumentParser], None], argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_args(p)
+    return p.parse_args(argv)
+
+
+def bench_tokenize(paths: StudyPaths, index: Mapping, workers: int = 2, loop_mb: float = 2.0,
+                   formats: Sequence[str] = FORMATS, skip: Sequence[str] = ("rss-scan",)) -> dict:
+    """`pretok bench tokenize` on the study corpus and tokenizer: per-document loop and datasets.map (the
+    on-the-fly cost, on the first `loop_mb` MB) vs the in-memory ceiling vs the engine; JSON in
+    `bench/tokenize.json`."""
+    from ..bench.tokenize import add_args, main
+
+    out = paths.bench / "tokenize.json"
+    argv = ["--corpus", index["corpus"], "--tokenizer", index["tokenizer"], "--workdir", str(paths.bench / "tokenize"),
+            "--workers", str(workers), "--loop-mb", str(loop_mb), "--rss-scan", "", "--formats", *formats,
+            "--json", str(out)]
+    if skip:
+        argv += ["--skip", *skip]
+    return main(_bench_args(add_args, argv))
+
+
+# ---------------------------------------------------------------- 02: loaders
+
+
+def bench_loaders(paths: StudyPaths, index: Mapping, micro_batch: int = 8, workers: str = "0,2", batches: int = 200,
+                  slow_batches: int = 20, repeats: int = 1, compressions: Sequence[str] | None = None) -> dict:
+    """`pretok bench loaders` on the study's datasets (reused from notebook 01: same directory layout): the five
+    data paths at each DataLoader worker count vs the raw-memmap ceiling, then the parquet codecs; JSON in
+    `bench/loaders.json`."""
+    from ..bench.loaders import add_args, main
+
+    comps = [v["compression"] for v in index["variants"].values() if v["compression"]]
+    comps = list(dict.fromkeys(comps)) if compressions is None else list(compressions)
+    argv = ["--corpus", index["corpus"], "--tokenizer", index["tokenizer"], "--workdir", str(paths.data),
+            "--seq-len", str(index["seq_len"]), "--micro-batch", str(micro_batch), "--workers", workers,
+            "--batches", str(batches), "--slow-batches", str(slow_batches), "--repeats", str(repeats),
+            "--read-repeats", str(max(1, repeats)), "--compressions", ",".join(comps),
+            "--json", str(paths.bench / "loaders.json")]
+    return main(_bench_args(add_args, argv))
+
+
+# ---------------------------------------------------------------- 03, 04: training runs
+
+
+def run_overrides(index: Mapping, eval_batches: int | None = None) -> dict[str, Any]:
+    """Overrides every study run shares: tokenizer, sequence length, validation on the memmap dataset (the same
+    held-out reader for every data path, so losses compare)."""
+    over: dict[str, Any] = {"data.tokenizer": index["tokenizer"], "data.seq_len": index["seq_len"],
+                            "eval.kind": "pretok-memmap", "eval.path": index["paths"]["pretok-memmap"]}
+    if eval_batches is not None:
+        over["eval.batches"] = eval_batches
+    return over
+
+
+def study_grid(index: Mapping, axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any] | None = None,
+               prefix: str = "sweep"):
+    """A sweep `Grid` over the study's datasets: `data.path` follows the data path (`data` axis or base)."""
+    from ..sweep import ALIASES, Grid
+
+    merged = {**run_overrides(index), **{ALIASES.get(k, k): v for k, v in (base or {}).items()}}
+    linked = {"data": {kind: {"data.path": p} for kind, p in index["paths"].items()}}
+    if "data" not in axes and "data.kind" not in axes:
+        kind = merged.setdefault("data.kind", "pretok-memmap")
+        merged["data.path"] = index["paths"][kind]
+    return Grid(axes={k: list(v) for k, v in axes.items()}, base=merged, linked=linked, prefix=prefix)
+
+
+def train_one(paths: StudyPaths, index: Mapping, config: str, data_kind: str = "pretok-memmap", world: int = 1,
+              overrides: Mapping[str, Any] | None = None, prefix: str = "train", timeout_s: float | None = None):
+    """One training run (as its own process) of `config` on the study's `data_kind` dataset; returns
+    `(point, status)`. A completed run with the same id is not repeated."""
+    from ..sweep import run_sweep
+
+    grid = study_grid(index, {}, {"data.kind": data_kind, "world": world, **(overrides or {})}, prefix)
+    [(point, status)] = run_sweep(resolve(config), grid, paths.runs, timeout_s=timeout_s)
+    return point, status
+
+
+def run_study_sweep(paths: StudyPaths, index: Mapping, config: str, grids: Iterable[Mapping[str, Sequence[Any]]],
+                    base: Mapping[str, Any] | None = None, launcher: str = "local", prefix: str = "sweep",
+                    timeout_s: float | None = None) -> list:
+    """Every grid in `grids` (axes dicts) on the same base; points shared by two grids run once. Returns
+    `(point, status)` for every distinct point."""
+    from ..sweep import run_sweep
+
+    points, seen = [], set()
+    for axes in grids:
+        for p in study_grid(index, axes, base, prefix).points():
+            if p.run_id not in seen:
+                seen.add(p.run_id)
+                points.append(p)
+    return run_sweep(resolve(config), points, paths.runs, launcher, timeout_s=timeout_s)
+
+
+def dataset_dirs(paths: StudyPaths) -> list[str]:
+    """Every pretokenized dataset of the study (for the storage figure)."""
+    try:
+        return [v["path"] for v in load_datasets(paths)["variants"].values()]
+    except PretokError:
+        return []
+
+
+def require_completed(results: Sequence[tuple[Any, str]], paths: StudyPaths) -> None:
+    """Raise (with the end of its launcher.log) if a run did not complete: a notebook cell then fails."""
+    from ..sweep import tail
+
+    bad = [p for p, s in results if s == "failed"]
+    if bad:
+        logs = "\n".join(f"--- {p.run_id}\n{tail(paths.runs / p.run_id / 'launcher.log', 15)}" for p in bad)
+        raise PretokError(f"{len(bad)} run(s) failed: {', '.join(p.run_id for p in bad)}\n{logs}")
+
+
+# ---------------------------------------------------------------- 05: analysis
+
+
+def select_runs(runs: Sequence[Any], prefix: str = "") -> list:
+    """The runs whose id starts with `prefix-` (all of them for an empty prefix)."""
+    return [r for r in runs if not prefix or r.run_id.startswith(f"{prefix}-")]
+
+
+def png_available() -> bool:
+    """Whether PNGs can be written (kaleido needs a Chromium); says why not."""
+    from ..analysis.report import find_chromium
+
+    try:
+        find_chromium()
+        return True
+    except RuntimeError as e:
+        print(f"no PNGs: {e}")
+        return False
+
+
+def read_bench(paths: StudyPaths, name: str) -> dict | None:
+    """`bench/<name>.json` (tokenize, loaders) if notebook 01/02 wrote it."""
+    try:
+        return json.loads((paths.bench / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def bench_figures(paths: StudyPaths) -> dict:
+    """The benchmark figures of notebooks 01 and 02, by file name (for `save_figures`)."""
+    from . import plots
+
+    figs = {}
+    if tok := read_bench(paths, "tokenize"):
+        figs["tokenize_throughput"] = plots.tokenize_bench_figure(tok)
+    if ld := read_bench(paths, "loaders"):
+        figs["loader_throughput"] = plots.loader_bench_figure(ld)
+        figs["compression"] = plots.compression_figure(ld)
+    return figs
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"x{v:.3g}"
+
+
+def findings(runs: Sequence[Any], paths: StudyPaths) -> str:
+    """The study's answer in numbers (markdown): tokenization and loading in isolation, then in training
+    (effective tokens/s per data path relative to the on-the-fly padded baseline, and the data-stall share)."""
+    from ..analysis import all_metrics, path_speedups
+
+    out = ["### Findings", ""]
+    tok, ld = read_bench(paths, "tokenize"), read_bench(paths, "loaders")
+    if tok:
+        m = tok["methods"]
+        loop = next((r for k, r in m.items() if k.startswith("(a)")), None)
+        eng = max((r for k, r in m.items() if k.startswith("(d) engine memmap")), key=lambda r: r["mb_per_s"],
+                  default=None)
+        if loop and eng:
+            out.append(f"- **Tokenizing** (isolated): the engine writes memmap at {eng['mb_per_s']:.3g} MB/s, the "
+                       f"per-document on-the-fly loop runs at {loop['mb_per_s']:.3g} MB/s "
+                       f"({_x(eng['mb_per_s'] / loop['mb_per_s'])}).")
+    if ld:
+        r = ld["loaders"]
+        best = {k: max((v for n, v in r.items() if v.get("kind") == k), key=lambda v: v["tokens_per_s"], default=None)
+                for k in ("padded", "padding-free", "pretok-memmap")}
+        ceil = next((v for n, v in r.items() if n.startswith("ref: raw memmap")), None)
+        if best["pretok-memmap"] and best["padded"]:
+            out.append(f"- **Loading** (isolated, best worker count): pretok-memmap "
+                       f"{best['pretok-memmap']['tokens_per_s'] / 1e6:.3g} M tokens/s, "
+                       f"{_x(best['pretok-memmap']['tokens_per_s'] / best['padded']['tokens_per_s'])} the on-the-fly "
+                       f"padded path" + (f", {_x(best['pretok-memmap']['tokens_per_s'] / ceil['tokens_per_s'])} "
+                                         "nanoGPT's raw-memmap get_batch" if ceil else "") + ".")
+    ms = [m for m in all_metrics(runs) if m.status == "completed"]
+    if ms:
+        rows = path_speedups(runs, "padded", "effective_tokens_per_s")
+        stall = {m.run_id: m.data_stall for m in ms}
+        groups = dict.fromkeys(r["group"] for r in rows if r["baseline_value"] is not None)  # comparable groups
+        out += ["", ("**In training** (effective tokens/s: labels that count, per second; data stall: share of the "
+                     "step spent waiting for batches):"), "",
+                "| runs | data path | effective tokens/s | x padded | data stall |", "|---|---|---:|---:|---:|"]
+        for g in groups:
+            for r in (r for r in rows if r["group"] == g):
+                st = [stall[i] for i in r["runs"] if stall.get(i) is not None]
+                value = "-" if r["value"] is None else f"{r['value']:,.0f}"
+                stalled = "-" if not st else f"{sum(st) / len(st):.1%}"
+                out.append(f"| {g or '-'} | {r['data_kind']} | {value} | {_x(r['speedup'])} | {stalled} |")
+        worst = max((m.data_stall for m in ms if m.data_stall is not None and m.data_kind and
+                     m.data_kind.startswith("pretok")), default=None)
+        otf = max((m.data_stall for m in ms if m.data_stall is not None and m.data_kind in ("padded", "padding-free")),
+                  default=None)
+        if worst is not None:
+            verdict = "is not" if worst < 0.05 else "may be"
+            out += ["", f"With pretokenized data the data path **{verdict}** the bottleneck here: at most "
+                        f"{worst:.1%} of a step waits for data" + (f" (on-the-fly paths: up to {otf:.1%})."
+                                                                   if otf is not None else ".")]
+    failed = [r.run_id for r in runs if r.status != "completed"]
+    if failed:
+        out += ["", f"Not completed ({len(failed)}): {', '.join(failed)} (see the runs table)."]
+    return "\n".join(out) if len(out) > 2 else "No benchmark results or runs yet."

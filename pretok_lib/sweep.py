@@ -1,0 +1,398 @@
+"""Grid sweeps of training runs: one process (or SLURM job) per grid point, readable deterministic run ids, resumable.
+
+    grid = expand_grid({"train.steps": 20, "data.tokenizer": tok},
+                       {"data": ["padded", "pretok-memmap"], "world": [1, 2], "precision": ["fp32", "bf16"]},
+                       linked={"data": {"padded": {"data.path": corpus}, "pretok-memmap": {"data.path": mm_dir}}})
+    for point, status in run_sweep("configs/tiny.yaml", grid, "runs"):   # completed | skipped | failed
+        ...
+
+A point whose `runs/<id>/run.json` says "completed" is skipped; any other point is (re)launched, so a failed or
+interrupted point is retried on the next call (the trainer resumes from its newest checkpoint). Each attempt is
+recorded in `runs/<id>/launcher.json`; the process output goes to `runs/<id>/launcher.log`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import PretokError
+
+# Short axis names -> the trainer's config keys (any dotted key works as an axis too). "world" is the number of
+# processes, a launcher setting rather than a config key.
+ALIASES = {"data": "data.kind", "micro_batch": "data.micro_batch", "mb": "data.micro_batch",
+           "precision": "train.precision", "lr": "train.lr", "seq_len": "data.seq_len"}
+WORLD = "world"
+# How the keys above appear in a run id, in this order: sweep-pretok-memmap-w2-mb4-bf16-lr3e-4-s256
+_ID_PARTS = (("data.kind", ""), (WORLD, "w"), ("data.micro_batch", "mb"), ("train.precision", ""),
+             ("train.lr", "lr"), ("data.seq_len", "s"))
+STATUSES = ("completed", "skipped", "failed")  # run_sweep: ran to completion now / completed before / did not
+LAUNCHERS = ("local", "slurm")
+TRAIN_MODULE = "pretok_lib.train"
+SBATCH_SCRIPT = Path(__file__).resolve().parents[1] / "slurm" / "train.sbatch"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One grid point: the number of processes and the config overrides (dotted key -> value, in order)."""
+
+    world: int
+    overrides: tuple[tuple[str, Any], ...]
+    varying: tuple[str, ...] = ()  # keys (and "world") that an axis set, in axis order
+    prefix: str = "sweep"
+
+    def get(self, key: str, default: Any = None) -> Any:
+        key = ALIASES.get(key, key)
+        if key == WORLD:
+            return self.world
+        return next((v for k, v in reversed(self.overrides) if k == key), default)
+
+    def cli_overrides(self) -> list[str]:
+        """`key=value` arguments of the trainer (values in YAML, which it parses)."""
+        return [f"{k}={yaml_scalar(v)}" for k, v in self.overrides]
+
+    @property
+    def run_id(self) -> str:
+        return run_id(self)
+
+    def to_dict(self) -> dict:
+        return {"run_id": self.run_id, "world": self.world, "overrides": dict(self.overrides),
+                "varying": list(self.varying), "prefix": self.prefix}
+
+
+def yaml_scalar(v: Any) -> str:
+    """`v` as YAML flow text that parses back to `v` (PyYAML reads `3e-4` as a string; `0.0003` as a float)."""
+    if isinstance(v, str):
+        return v if yaml.safe_load(v) == v else json.dumps(v)
+    text = yaml.safe_dump(v, default_flow_style=True, width=1 << 20).strip()
+    return text[:-3].strip() if text.endswith("...") else text
+
+
+def _num_text(v: Any) -> str:
+    """Compact, unambiguous text of a value in a run id: 0.0003 -> 3e-4, 1.5e-05 -> 1.5e-5, 256 -> 256."""
+    if isinstance(v, float) and not v.is_integer():
+        mant, exp = f"{v:.6e}".split("e")
+        mant = mant.rstrip("0").rstrip(".")
+        e = int(exp)
+        return mant if e == 0 else f"{mant}e{e}"
+    if isinstance(v, float):
+        return str(int(v))
+    return str(v)
+
+
+def _clean(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+_-]+", "_", text).strip("_") or "x"
+
+
+def run_id(point: Point) -> str:
+    """Readable id from the point alone, e.g. `sweep-pretok-memmap-w2-mb4-bf16-lr3e-4-s256`: the well-known keys
+    (when set) in a fixed order, then every other axis as `<last key part><value>`."""
+    parts = [point.prefix]
+    known = {k for k, _ in _ID_PARTS}
+    for key, tag in _ID_PARTS:
+        v = point.get(key)
+        if v is not None:
+            parts.append(tag + _clean(_num_text(v)))
+    for key in point.varying:
+        if key not in known:
+            parts.append(_clean(key.rsplit(".", 1)[-1]) + _clean(_num_text(point.get(key))))
+    return "-".join(parts)
+
+
+Linked = Mapping[str, Mapping[Any, Mapping[str, Any]]] | Callable[[dict], Mapping[str, Any]]
+
+
+def expand_grid(base_overrides: Mapping[str, Any] | None, axes: Mapping[str, Sequence[Any]], *,
+                linked: Linked | None = None, prefix: str = "sweep") -> list[Point]:
+    """Every combination of `axes` (first axis varies slowest) on top of `base_overrides`.
+
+    Axis names are dotted config keys, an alias (`data`, `micro_batch`/`mb`, `precision`, `lr`, `seq_len`) or
+    `world` (processes per run; default 1 or `base_overrides["world"]`). `linked` adds overrides that follow a
+    value, e.g. `{"data": {"padded": {"data.path": "corpus.parquet"}}}`, or is a function of the point's
+    overrides returning more of them. Raises if two points would get the same run id."""
+    base = {ALIASES.get(k, k): v for k, v in (base_overrides or {}).items()}
+    world0 = int(base.pop(WORLD, 1))
+    names = [ALIASES.get(k, k) for k in axes]
+    if len(set(names)) != len(names):
+        raise PretokError(f"sweep: an axis is given twice ({', '.join(axes)})")
+    values = [list(v) for v in axes.values()]
+    for n, v in zip(names, values):
+        if not v:
+            raise PretokError(f"sweep: axis '{n}' has no values")
+    link = {ALIASES.get(k, k): v for k, v in linked.items()} if isinstance(linked, Mapping) else None
+    points, seen = [], {}
+    for combo in itertools.product(*values):
+        over = dict(base)
+        world = world0
+        for n, v in zip(names, combo):
+            if n == WORLD:
+                world = int(v)
+            else:
+                over[n] = v
+        extra: dict = {}
+        if callable(linked):
+            extra = dict(linked(dict(over)))
+        elif link:
+            for n, table in link.items():
+                key_v = world if n == WORLD else over.get(n)
+                if key_v in table:
+                    extra.update({ALIASES.get(k, k): x for k, x in table[key_v].items()})
+        over.update(extra)
+        if world < 1:
+            raise PretokError(f"sweep: world size must be >= 1 (got {world})")
+        p = Point(world, tuple(over.items()), tuple(names), prefix)
+        if p.run_id in seen:
+            raise PretokError(f"sweep: grid points {seen[p.run_id]} and {combo} both get run id {p.run_id}")
+        seen[p.run_id] = combo
+        points.append(p)
+    return points
+
+
+@dataclass
+class Grid:
+    """A sweep definition: base overrides, axes, linked overrides and the run-id prefix (also from YAML:
+    `{prefix: .., base: {..}, axes: {..}, linked: {..}}`)."""
+
+    axes: dict[str, list] = field(default_factory=dict)
+    base: dict[str, Any] = field(default_factory=dict)
+    linked: dict[str, dict] = field(default_factory=dict)
+    prefix: str = "sweep"
+
+    def points(self) -> list[Point]:
+        return expand_grid(self.base, self.axes, linked=self.linked or None, prefix=self.prefix)
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike) -> Grid:
+        try:
+            d = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise PretokError(f"cannot read sweep grid ({str(e).splitlines()[0]})", path) from None
+        unknown = set(d) - {"axes", "base", "linked", "prefix"}
+        if unknown or not isinstance(d.get("axes", {}), dict):
+            raise PretokError(f"a grid is a mapping with axes/base/linked/prefix (unknown: {sorted(unknown)})", path)
+        return cls(axes=d.get("axes", {}), base=d.get("base", {}), linked=d.get("linked", {}),
+                   prefix=d.get("prefix", "sweep"))
+
+
+# ---------------------------------------------------------------- launching
+
+
+def command(point: Point, config: str | os.PathLike, launcher: str = "local", runs_dir: str | os.PathLike = "runs",
+            module: str = TRAIN_MODULE) -> list[str]:
+    """The command of one grid point. local: `python -m <module>` for one process, torchrun (`python -m
+    torch.distributed.run --standalone`) for more; slurm: the arguments given to `slurm/train.sbatch`."""
+    args = ["--config", str(config), *point.cli_overrides(), f"run.id={point.run_id}", f"run.dir={runs_dir}"]
+    if launcher == "slurm":
+        return args
+    if launcher != "local":
+        raise PretokError(f"sweep: unknown launcher '{launcher}' (choose from {', '.join(LAUNCHERS)})")
+    if point.world == 1:
+        return [sys.executable, "-m", module, *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={point.world}",
+            "-m", module, *args]
+
+
+def run_status(run_dir: str | os.PathLike) -> str | None:
+    """`status` of `run_dir/run.json` (running / completed / failed), None if absent or unreadable."""
+    try:
+        return json.loads((Path(run_dir) / "run.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def run_error(run_dir: str | os.PathLike) -> str | None:
+    try:
+        return json.loads((Path(run_dir) / "run.json").read_text()).get("error")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _record(run_dir: Path, point: Point, attempt: dict) -> None:
+    """Append one attempt to `run_dir/launcher.json` (atomically rewritten)."""
+    path = run_dir / "launcher.json"
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        rec = {"point": point.to_dict(), "attempts": []}
+    rec["point"] = point.to_dict()
+    rec["attempts"].append(attempt)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(rec, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def tail(path: str | os.PathLike, lines: int = 8) -> str:
+    """The last `lines` lines of a log (for failure messages)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 16384))
+            return "\n".join(fh.read().decode("utf-8", "replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM the point's process group (the trainer checkpoints on it), SIGKILL after `grace_s`."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _launch_local(cmd: list[str], log: Path, env: dict, timeout_s: float | None) -> tuple[int | None, str | None]:
+    """Run `cmd` in its own session with output appended to `log`; (exit code, problem)."""
+    with open(log, "ab") as fh:
+        fh.write(f"\n=== {_now()} pretok sweep: {' '.join(cmd)}\n".encode())
+        fh.flush()
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout_s), None
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            return proc.returncode, f"timed out after {timeout_s:g} s"
+        except BaseException:  # KeyboardInterrupt: stop the run (it checkpoints) and let the caller see it
+            _stop(proc)
+            raise
+
+
+def _outcome(run_dir: Path, rc: int | None, problem: str | None) -> tuple[str, str | None]:
+    """(completed | failed, reason) from the exit code and the run's own run.json."""
+    st = run_status(run_dir)
+    if rc == 0 and st == "completed":
+        return "completed", None
+    why = problem or (f"exit code {rc}" if rc is not None else "no exit code")
+    if st == "failed" and run_error(run_dir):
+        why += f"; run.json: {run_error(run_dir)}"
+    elif st != "completed":
+        why += f"; run.json status {st!r}"
+    return "failed", why
+
+
+def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir: str | os.PathLike = "runs",
+              launcher: str = "local", *, module: str = TRAIN_MODULE, timeout_s: float | None = None,
+              env: Mapping[str, str] | None = None, slurm_script: str | os.PathLike = SBATCH_SCRIPT,
+              slurm_options: Mapping[str, Any] | None = None, echo: Callable[[str], None] | None = print,
+              ) -> list[tuple[Point, str]]:
+    """Launch every grid point not yet completed, one after the other (local) or all at once as SLURM jobs then
+    wait for them; returns `(point, status)` with status `completed` (now), `skipped` (completed before) or
+    `failed` (recorded in launcher.json, retried on the next call)."""
+    points = grid.points() if isinstance(grid, Grid) else list(grid)
+    if launcher not in LAUNCHERS:
+        raise PretokError(f"sweep: unknown launcher '{launcher}' (choose from {', '.join(LAUNCHERS)})")
+    config, runs = Path(config).resolve(), Path(runs_dir).resolve()
+    if not config.is_file():
+        raise PretokError("config file not found", config)
+    say = echo or (lambda s: None)
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    status: dict[str, str] = {}
+    todo = []
+    for p in points:
+        if run_status(runs / p.run_id) == "completed":
+            status[p.run_id] = "skipped"
+        else:
+            todo.append(p)
+    say(f"sweep: {len(points)} grid points, {len(points) - len(todo)} already completed, {len(todo)} to run "
+        f"({launcher}) -> {runs}")
+    if launcher == "local":
+        for i, p in enumerate(todo, 1):
+            rdir = runs / p.run_id
+            rdir.mkdir(parents=True, exist_ok=True)
+            cmd = command(p, config, "local", runs, module)
+            t0, started = time.monotonic(), _now()
+            attempt = {"launcher": "local", "command": cmd, "started": started}
+            try:
+                rc, problem = _launch_local(cmd, rdir / "launcher.log", child_env, timeout_s)
+            except KeyboardInterrupt:
+                _record(rdir, p, {**attempt, "finished": _now(), "seconds": round(time.monotonic() - t0, 2),
+                                  "returncode": None, "status": "failed", "reason": "interrupted (sweep stopped)"})
+                raise
+            st, why = _outcome(rdir, rc, problem)
+            secs = time.monotonic() - t0
+            _record(rdir, p, {**attempt, "finished": _now(), "seconds": round(secs, 2), "returncode": rc,
+                              "status": st, "reason": why})
+            status[p.run_id] = st
+            say(f"  [{i}/{len(todo)}] {p.run_id}: {st} in {secs:.1f} s" + (f" ({why})" if why else ""))
+            if st == "failed":
+                say("    " + tail(rdir / "launcher.log", 5).replace("\n", "\n    "))
+    elif todo:
+        _run_slurm(config, todo, runs, slurm_script, dict(slurm_options or {}), child_env, status, say)
+    return [(p, status[p.run_id]) for p in points]
+
+
+def slurm_layout(world: int, gpus_per_node: int) -> dict[str, int]:
+    """sbatch options of one point: all processes on one node, or whole GPU nodes when `world` exceeds them."""
+    if gpus_per_node <= 0 or world <= gpus_per_node:
+        return {"nodes": 1, "ntasks_per_node": world, **({"gpus_per_node": world} if gpus_per_node > 0 else {})}
+    if world % gpus_per_node:
+        raise PretokError(f"sweep: world size {world} is not a multiple of {gpus_per_node} GPUs per node")
+    return {"nodes": world // gpus_per_node, "ntasks_per_node": gpus_per_node, "gpus_per_node": gpus_per_node}
+
+
+def _run_slurm(config: Path, todo: list[Point], runs: Path, script: str | os.PathLike, options: dict, env: dict,
+               status: dict[str, str], say: Callable[[str], None]) -> None:
+    """One `slurm/train.sbatch` job per point (through slurm.submit; output appended to launcher.log), then wait
+    for all of them; a point completed when its run.json says so."""
+    from . import slurm
+
+    gpus = int(slurm.cluster_settings(env).get("PRETOK_GPUS_PER_NODE") or 0)
+    jobs: dict[str, tuple[Point, str, list[str]]] = {}
+    for p in todo:
+        rdir = runs / p.run_id
+        rdir.mkdir(parents=True, exist_ok=True)
+        args = command(p, config, "slurm", runs)
+        with open(rdir / "launcher.log", "ab") as fh:
+            fh.write(f"\n=== {_now()} pretok sweep: sbatch {script} {' '.join(args)}\n".encode())
+        opts = {**slurm_layout(p.world, gpus), "job_name": p.run_id, "output": rdir / "launcher.log",
+                "open_mode": "append", **options}
+        job = slurm.submit(script, args, env=env, **opts)
+        jobs[job] = (p, _now(), ["sbatch", str(script), *args])
+        say(f"  submitted {p.run_id}: SLURM job {job}")
+    t0 = time.monotonic()
+    states = slurm.wait(list(jobs), env=env)
+    for job, (p, started, cmd) in jobs.items():
+        rdir = runs / p.run_id
+        ok = states[job] == "COMPLETED"
+        st, why = _outcome(rdir, 0 if ok else None, None if ok else f"SLURM job {job} {states[job]}")
+        _record(rdir, p, {"launcher": "slurm", "job_id": job, "job_state": states[job], "command": cmd,
+                          "started": started, "finished": _now(), "seconds": round(time.monotonic() - t0, 2),
+                          "returncode": None, "status": st, "reason": why})
+        status[p.run_id] = st
+        say(f"  {p.run_id} (job {job} {states[job]}): {st}" + (f" ({why})" if why else ""))
+
+
+def sweep_table(results: Sequence[tuple[Point, str]]) -> list[dict]:
+    """One flat row per point (run id, status, every override): for a DataFrame or a printed table."""
+    return [{"run_id": p.run_id, "status": s, "world": p.world, **{k: v for k, v in p.overrides}}
+            for p, s in results]
+
+
+def parse_axis(text: str) -> tuple[str, list]:
+    """`key=v1,v2,...` (CLI) -> (key, [YAML-parsed values])."""
+    key, sep, vals = text.partition("=")
+    if not sep or not key.strip() or not vals.strip():
+        raise PretokError(f"axis '{text}' is not of the form key=v1,v2,...")
+    return key.strip(), [yaml.safe_load(v) for v in vals.split(",")]

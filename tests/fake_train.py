@@ -1,0 +1,35 @@
+"""A stand-in for `python -m pretok_lib.train` in sweep tests: honours the CLI and run-directory contract
+(docs/RUNS.md: run.json status, metrics.jsonl, exit code) in milliseconds. Rank 0 writes; every rank appends
+its rank to `invocations.txt`. Run ids listed in $FAKE_FAIL_IDS fail; $FAKE_SLEEP_S delays the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    assert argv[0] == "--config" and Path(argv[1]).is_file(), argv
+    over = dict(a.split("=", 1) for a in argv[2:])
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    rdir = Path(over["run.dir"]) / over["run.id"]
+    rdir.mkdir(parents=True, exist_ok=True)
+    with open(rdir / "invocations.txt", "a") as fh:
+        fh.write(f"{rank}/{world}\n")
+    fail = over["run.id"] in os.environ.get("FAKE_FAIL_IDS", "").split(",")
+    time.sleep(float(os.environ.get("FAKE_SLEEP_S", "0")))
+    if rank == 0:
+        status = "failed" if fail else "completed"
+        (rdir / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1, "wall_s": 0.0, "loss": 1.0}) + "\n")
+        (rdir / "run.json").write_text(json.dumps({"run_id": over["run.id"], "version": 1, "status": status,
+                                                   "error": "fake failure" if fail else None, "world_size": world,
+                                                   "overrides": over}))
+    print(f"fake train rank {rank}/{world}: {'failing' if fail else 'ok'}", flush=True)
+    return 1 if fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,165 @@
+"""The study notebooks: committed clean (no outputs, a `parameters` cell, the project kernel), executed end to end
+by papermill with the smoke profile's tiny parameters (`run_study`), resumable, reported as HTML that renders in
+a real browser; and JupyterLab starts with the notebooks and the project kernel."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from pretok_lib.study import NOTEBOOKS, run_study
+from pretok_lib.study.profiles import PROFILES
+from pretok_lib.study.run import KERNEL, NOTEBOOK_DIR, declared_parameters
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_committed_clean(name: str) -> None:
+    nb = nbformat.read(str(NOTEBOOK_DIR / f"{name}.ipynb"), as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert "parameters" in code[0].metadata.get("tags", []), "the first code cell must be tagged `parameters`"
+    assert all(not c.outputs and c.execution_count is None for c in code), "commit notebooks without outputs"
+    assert nb.metadata["kernelspec"]["name"] == KERNEL
+    assert "study_dir" in declared_parameters(NOTEBOOK_DIR / f"{name}.ipynb")
+    for profile, params in PROFILES.items():  # every profile sets every parameter a notebook declares
+        assert declared_parameters(NOTEBOOK_DIR / f"{name}.ipynb") - {"study_dir"} <= set(params), (profile, name)
+    import papermill
+
+    for key, p in papermill.inspect_notebook(str(NOTEBOOK_DIR / f"{name}.ipynb")).items():
+        if key != "study_dir":  # opened in JupyterLab, a notebook runs the quick profile
+            assert ast.literal_eval(p["default"]) == PROFILES["quick"][key], (name, key)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("study") / "study-smoke"
+    t0 = time.monotonic()
+    record = run_study("smoke", out=out, stream=False, echo=None)
+    record["test_seconds"] = time.monotonic() - t0
+    return out, record
+
+
+@pytest.mark.slow
+def test_smoke_study_executes_every_notebook(smoke) -> None:
+    out, record = smoke
+    assert {n: r["status"] for n, r in record["notebooks"].items()} == dict.fromkeys(NOTEBOOKS, "completed")
+    assert json.loads((out / "study.json").read_text())["profile"] == "smoke"
+    for name in NOTEBOOKS:
+        nb = nbformat.read(str(out / "notebooks" / f"{name}.ipynb"), as_version=4)
+        injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+        assert injected and f"study_dir = \"{out}\"" in injected[0].source, name
+        errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+        assert not errors, name
+    index = json.loads((out / "data" / "datasets.json").read_text())
+    assert set(index["paths"]) == {"padded", "padding-free", "pretok-padded", "pretok-token-list", "pretok-memmap"}
+    assert set(index["variants"]) == {"memmap", "token-list-none", "token-list-zstd3", "padded-none", "padded-zstd3"}
+    assert all((Path(v["path"]) / "manifest.json").is_file() for v in index["variants"].values())
+    tok = json.loads((out / "bench" / "tokenize.json").read_text())
+    assert any(k.startswith("(a)") for k in tok["methods"]) and any(k.startswith("(d)") for k in tok["methods"])
+    loaders = json.loads((out / "bench" / "loaders.json").read_text())
+    assert {r["kind"] for r in loaders["loaders"].values()} >= {"padded", "pretok-memmap", "reference"}
+    runs = {d.name: json.loads((d / "run.json").read_text())["status"] for d in (out / "runs").iterdir()}
+    assert runs == dict.fromkeys(["train-pretok-memmap-w1-s64", "sweep-padded-w1-s64", "sweep-padded-w2-s64",
+                                  "sweep-pretok-memmap-w1-s64", "sweep-pretok-memmap-w2-s64"], "completed")
+    figs = out / "figures"
+    for name in ("throughput", "data_stall", "loss_curves", "ddp_scaling", "storage", "tokenize_throughput",
+                 "loader_throughput"):
+        assert (figs / f"{name}.html").stat().st_size > 1000 and (figs / f"{name}.png").stat().st_size > 1000, name
+
+
+@pytest.mark.slow
+def test_smoke_report_renders(smoke) -> None:
+    from pretok_lib.analysis.report import find_chromium, render_check
+
+    out, record = smoke
+    full, nocode = out / "report.html", out / "report_nocode.html"
+    assert Path(record["report"]["report_nocode"]) == nocode
+    text = nocode.read_text()
+    assert "notebook_setup" in full.read_text() and "notebook_setup" not in text  # code hidden
+    for title in ("1. Pretokenize", "2. Loader-only", "3. One training run", "4. The sweep", "5. Analysis"):
+        assert title in text, title
+    assert text.count("plotly.js v") <= 2  # the bundle is embedded once, not once per notebook
+    try:
+        find_chromium()
+    except RuntimeError:
+        pytest.skip("no Chromium to render the report")
+    assert render_check(nocode) >= 15  # every figure of the five notebooks drew its SVG
+
+
+@pytest.mark.slow
+def test_rerun_skips_completed_runs(smoke) -> None:
+    out, _ = smoke
+    record = run_study("smoke", out=out, notebooks=["04"], stream=False, echo=None, report=False)
+    assert record["notebooks"] == {"04_sweep": record["notebooks"]["04_sweep"]}
+    nb = nbformat.read(str(out / "notebooks" / "04_sweep.ipynb"), as_version=4)
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "4 grid points, 4 already completed, 0 to run" in printed
+    attempts = json.loads((out / "runs" / "sweep-padded-w2-s64" / "launcher.json").read_text())["attempts"]
+    assert len(attempts) == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.slow
+def test_jupyterlab_lists_notebooks_and_kernel(tmp_path: Path) -> None:
+    from pretok_lib.analysis.report import ensure_kernel
+
+    ensure_kernel(KERNEL)
+    jupyter = Path(sys.executable).parent / "jupyter"
+    if not jupyter.exists() and not shutil.which("jupyter"):
+        pytest.skip("jupyter not installed")
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
+    cmd = [str(jupyter if jupyter.exists() else shutil.which("jupyter")), "lab", "--no-browser", "--ip", "127.0.0.1",
+           "--port", str(port), f"--IdentityProvider.token={token}", "--allow-root", f"--ServerApp.root_dir={ROOT}"]
+    proc = subprocess.Popen(cmd, stdout=(tmp_path / "lab.log").open("wb"), stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                _get(f"{base}/api/status?token={token}")
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "lab.log").read_text()
+                time.sleep(0.3)
+        listing = _get(f"{base}/api/contents/notebooks?token={token}")
+        names = {c["name"] for c in listing["content"]}
+        assert {f"{n}.ipynb" for n in NOTEBOOKS} <= names
+        specs = _get(f"{base}/api/kernelspecs?token={token}")
+        assert KERNEL in specs["kernelspecs"]
+        with pytest.raises(urllib.error.HTTPError):  # the token is required
+            _get(f"{base}/api/contents/notebooks")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)

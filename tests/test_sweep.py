@@ -1,0 +1,217 @@
+"""Sweeps: grid expansion and run ids, launcher commands, skip-if-completed, failure recording and retry, timeouts
+(with a stand-in trainer, tests/fake_train.py), and one real tiny training run once the trainer exists."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pretok_lib.cli import main as cli_main
+from pretok_lib.errors import PretokError
+from pretok_lib.sweep import (
+    Grid,
+    command,
+    expand_grid,
+    parse_axis,
+    run_id,
+    run_sweep,
+    yaml_scalar,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE = "tests.fake_train"
+ENV = {"PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture()
+def config(tmp_path: Path) -> Path:
+    p = tmp_path / "cfg.yaml"
+    p.write_text("train:\n  steps: 1\n")
+    return p
+
+
+def test_grid_ids_readable_deterministic_and_ordered() -> None:
+    grid = expand_grid({"train.steps": 5, "data.tokenizer": "tok.json"},
+                       {"data": ["pretok-memmap", "padded"], "world": [1, 2], "micro_batch": [4],
+                        "precision": ["fp32", "bf16"], "lr": [3e-4], "seq_len": [256]})
+    ids = [p.run_id for p in grid]
+    assert len(ids) == len(set(ids)) == 8
+    assert ids[0] == "sweep-pretok-memmap-w1-mb4-fp32-lr3e-4-s256"
+    assert "sweep-pretok-memmap-w2-mb4-bf16-lr3e-4-s256" in ids
+    assert ids[-1] == "sweep-padded-w2-mb4-bf16-lr3e-4-s256"  # the first axis varies slowest
+    p = grid[-1]
+    assert p.world == 2 and p.get("data") == "padded" and p.get("train.lr") == 3e-4 and p.get("train.steps") == 5
+    assert [run_id(q) for q in expand_grid({"train.steps": 5, "data.tokenizer": "tok.json"},
+                                           {"data": ["pretok-memmap", "padded"], "world": [1, 2], "micro_batch": [4],
+                                            "precision": ["fp32", "bf16"], "lr": [3e-4], "seq_len": [256]})] == ids
+
+
+def test_grid_subsets_other_axes_linked_and_collisions() -> None:
+    assert [p.run_id for p in expand_grid({}, {})] == ["sweep-w1"]
+    assert [p.run_id for p in expand_grid({"world": 2}, {"lr": [1e-3, 1.5e-5, 0.1]}, prefix="x")] == \
+        ["x-w2-lr1e-3", "x-w2-lr1.5e-5", "x-w2-lr1e-1"]
+    g = expand_grid({}, {"train.grad_accum": [1, 2]})
+    assert [p.run_id for p in g] == ["sweep-w1-grad_accum1", "sweep-w1-grad_accum2"]
+    g = expand_grid({"data.path": "default"}, {"data": ["padded", "pretok-memmap"]},
+                    linked={"data": {"padded": {"data.path": "corpus.parquet"}}})
+    assert [p.get("data.path") for p in g] == ["corpus.parquet", "default"]
+    assert g[0].cli_overrides() == ["data.path=corpus.parquet", "data.kind=padded"]
+    g = expand_grid({}, {"seq_len": [64, 128]}, linked=lambda o: {"data.path": f"pad-{o['data.seq_len']}"})
+    assert [p.get("data.path") for p in g] == ["pad-64", "pad-128"]
+    with pytest.raises(PretokError, match="both get run id"):
+        expand_grid({}, {"train.name": ["a/b", "a_b"]})
+    with pytest.raises(PretokError, match="no values"):
+        expand_grid({}, {"lr": []})
+    with pytest.raises(PretokError, match="twice"):
+        expand_grid({}, {"lr": [1], "train.lr": [2]})
+
+
+@pytest.mark.parametrize("v", [3e-4, 1e-5, 0.1, 256, True, None, "pretok-memmap", "1", "true", "3e-4", "a: b",
+                               [1, 2], "null"])
+def test_yaml_scalar_round_trips(v) -> None:
+    assert yaml.safe_load(yaml_scalar(v)) == v and "\n" not in yaml_scalar(v)
+
+
+def test_commands() -> None:
+    p1, p2 = expand_grid({"train.lr": 3e-4}, {"world": [1, 2]})
+    c1 = command(p1, "c.yaml", runs_dir="R")
+    assert c1 == [sys.executable, "-m", "pretok_lib.train", "--config", "c.yaml", "train.lr=0.0003",
+                  "run.id=sweep-w1-lr3e-4", "run.dir=R"]
+    c2 = command(p2, "c.yaml", runs_dir="R")
+    assert c2[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
+    assert c2[6:] == ["pretok_lib.train", "--config", "c.yaml", "train.lr=0.0003", "run.id=sweep-w2-lr3e-4",
+                      "run.dir=R"]
+    assert command(p2, "c.yaml", "slurm", "R") == c2[7:]
+    with pytest.raises(PretokError, match="launcher"):
+        command(p1, "c.yaml", "ssh")
+
+
+def test_run_sweep_skips_completed_records_and_retries_failed(tmp_path: Path, config: Path) -> None:
+    runs = tmp_path / "runs"
+    grid = Grid(axes={"data": ["pretok-memmap", "padded"], "world": [1, 2]}, base={"train.steps": 1})
+    bad = "sweep-padded-w1"
+    res = run_sweep(config, grid, runs, module=FAKE, env={**ENV, "FAKE_FAIL_IDS": bad}, echo=None)
+    assert [(p.run_id, s) for p, s in res] == [("sweep-pretok-memmap-w1", "completed"),
+                                               ("sweep-pretok-memmap-w2", "completed"),
+                                               (bad, "failed"), ("sweep-padded-w2", "completed")]
+    assert sorted((runs / "sweep-pretok-memmap-w2" / "invocations.txt").read_text().split()) == ["0/2", "1/2"]
+    over = json.loads((runs / "sweep-padded-w2" / "run.json").read_text())["overrides"]
+    assert over["data.kind"] == "padded" and over["train.steps"] == "1" and over["run.dir"] == str(runs)
+    rec = json.loads((runs / bad / "launcher.json").read_text())
+    assert rec["point"]["run_id"] == bad and rec["attempts"][0]["status"] == "failed"
+    assert "exit code 1" in rec["attempts"][0]["reason"] and "fake failure" in rec["attempts"][0]["reason"]
+    assert "failing" in (runs / bad / "launcher.log").read_text()
+
+    lines = []
+    res = run_sweep(config, grid, runs, module=FAKE, env=ENV, echo=lines.append)  # next call: retry the failed one
+    assert [s for _, s in res] == ["skipped", "skipped", "completed", "skipped"]
+    assert "4 grid points, 3 already completed, 1 to run" in lines[0]
+    assert (runs / "sweep-pretok-memmap-w1" / "invocations.txt").read_text() == "0/1\n"  # never repeated
+    rec = json.loads((runs / bad / "launcher.json").read_text())
+    assert [a["status"] for a in rec["attempts"]] == ["failed", "completed"]
+    assert (runs / bad / "launcher.log").read_text().count("=== ") == 2  # one header per attempt, appended
+
+
+def test_run_sweep_timeout_kills_the_run(tmp_path: Path, config: Path) -> None:
+    res = run_sweep(config, expand_grid({}, {}), tmp_path / "runs", module=FAKE,
+                    env={**ENV, "FAKE_SLEEP_S": "60"}, timeout_s=1.0, echo=None)
+    assert [s for _, s in res] == ["failed"]
+    rec = json.loads((tmp_path / "runs" / "sweep-w1" / "launcher.json").read_text())
+    assert "timed out after 1 s" in rec["attempts"][0]["reason"] and rec["attempts"][0]["seconds"] < 30
+
+
+def test_grid_yaml_and_cli(tmp_path: Path, config: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    gfile = tmp_path / "grid.yaml"
+    gfile.write_text("prefix: g\nbase: {train.steps: 1}\naxes: {lr: [0.001, 0.0003]}\n")
+    assert [p.run_id for p in Grid.from_yaml(gfile).points()] == ["g-w1-lr1e-3", "g-w1-lr3e-4"]
+    assert parse_axis("data=padded,pretok-memmap") == ("data", ["padded", "pretok-memmap"])
+    assert parse_axis("lr=1.0e-3") == ("lr", [1e-3])
+    with pytest.raises(PretokError):
+        parse_axis("lr")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    runs = tmp_path / "runs"
+    args = ["sweep", "--config", str(config), "--grid", str(gfile), "--axis", "world=1", "--runs-dir", str(runs),
+            "--module", FAKE]
+    assert cli_main(args + ["--dry-run"]) == 0
+    assert "g-w1-lr1e-3" in capsys.readouterr().out and not runs.exists()
+    assert cli_main(args + ["--dry-run", "--axis", "data=padded,pretok-memmap", "--path", "padded=c.parquet"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "data.path=c.parquet" in out[0] and "data.kind=padded" in out[0] and "data.path" not in out[-1]
+    assert cli_main(args) == 0
+    out = capsys.readouterr().out
+    assert "g-w1-lr3e-4" in out and "completed" in out
+    monkeypatch.setenv("FAKE_FAIL_IDS", "g-w1-lr1e-3")
+    (runs / "g-w1-lr1e-3" / "run.json").unlink()
+    assert cli_main(args) == 1
+    assert "1 of 2 grid points failed: g-w1-lr1e-3" in capsys.readouterr().err
+
+
+needs_trainer = pytest.mark.skipif(not (ROOT / "pretok_lib" / "train" / "__main__.py").exists(),
+                                   reason="pretok_lib.train is not there yet")
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory) -> Path:
+    """A 1-step CPU run of a 1-layer model on 0.3 MB of stdlib source (memmap, 512-token BPE): no ../shared."""
+    from pretok_lib.corpus import build_corpus, train_default_tokenizer
+    from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
+
+    d = tmp_path_factory.mktemp("sweep-real")
+    corpus = build_corpus(d / "c.parquet", max_mb=0.3)
+    tok = train_default_tokenizer(corpus.path, d / "tok", vocab_size=512)
+    run_tokenize(TokenizeConfig(inputs=[corpus.path], out=str(d / "memmap"), tokenizer=str(tok), format="memmap",
+                                workers=0, progress=False))
+    cfg = d / "tiny-test.yaml"
+    cfg.write_text(f"""\
+model: {{hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1}}
+data: {{kind: pretok-memmap, path: {d / 'memmap'}, tokenizer: {tok}, seq_len: 32, micro_batch: 2}}
+train: {{steps: 1, warmup_steps: 1, precision: fp32}}
+eval: {{every: 1, batches: 1, path: {d / 'memmap'}}}
+log: {{tensorboard: false}}
+checkpoint: {{every: 0}}
+""")
+    return cfg
+
+
+@pytest.mark.slow
+@needs_trainer
+def test_real_tiny_runs_then_skipped(tiny_config: Path, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    grid = expand_grid({}, {"world": [1, 2], "precision": ["bf16"]})
+    res = run_sweep(tiny_config, grid, runs, echo=None, timeout_s=300)
+    logs = {p.run_id: (runs / p.run_id / "launcher.log").read_text() for p, _ in res}
+    assert [(p.run_id, s) for p, s in res] == [("sweep-w1-bf16", "completed"), ("sweep-w2-bf16", "completed")], logs
+    for p, _ in res:
+        info = json.loads((runs / p.run_id / "run.json").read_text())
+        assert info["status"] == "completed" and info["world_size"] == p.world
+        assert (runs / p.run_id / "summary.json").is_file()
+        assert yaml.safe_load((runs / p.run_id / "config.yaml").read_text())["train"]["precision"] == "bf16"
+    assert json.loads((runs / "sweep-w2-bf16" / "run.json").read_text())["backend"] == "gloo"
+    mtime = (runs / "sweep-w1-bf16" / "metrics.jsonl").stat().st_mtime_ns
+    res = run_sweep(tiny_config, grid, runs, echo=None)
+    assert [s for _, s in res] == ["skipped", "skipped"]
+    assert (runs / "sweep-w1-bf16" / "metrics.jsonl").stat().st_mtime_ns == mtime
+
+
+@pytest.mark.slow
+@needs_trainer
+def test_real_failure_is_recorded_with_the_trainers_error(tiny_config: Path, tmp_path: Path) -> None:
+    res = run_sweep(tiny_config, expand_grid({}, {"data": ["no-such-path"]}), tmp_path / "runs", echo=None)
+    assert [s for _, s in res] == ["failed"]
+    rec = json.loads((tmp_path / "runs" / "sweep-no-such-path-w1" / "launcher.json").read_text())
+    assert "exit code 2" in rec["attempts"][0]["reason"]
+    assert "no-such-path" in (tmp_path / "runs" / "sweep-no-such-path-w1" / "launcher.log").read_text()
+
+
+def test_slurm_layout() -> None:
+    from pretok_lib.sweep import slurm_layout
+
+    assert slurm_layout(2, 0) == {"nodes": 1, "ntasks_per_node": 2}  # CPU: all processes on one node
+    assert slurm_layout(2, 4) == {"nodes": 1, "ntasks_per_node": 2, "gpus_per_node": 2}
+    assert slurm_layout(8, 4) == {"nodes": 2, "ntasks_per_node": 4, "gpus_per_node": 4}
+    with pytest.raises(PretokError, match="multiple"):
+        slurm_layout(6, 4)
