@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from typing import Callable
 
+from .errors import PretokError
 from .parts import Job, process_unit
 from .progress import Progress
 from .sources import Unit
@@ -55,6 +56,16 @@ class Workers:
             ctx = mp.get_context("spawn")
             self.queue, slot = ctx.Queue(), ctx.Value("i", 0)
             self.pool = ctx.Pool(min(workers, units), _init_worker, (info, job, self.queue, slot))
+            self.pids = {w.pid for w in self.pool._pool}  # noqa: SLF001 — to notice a worker that died
+
+    def check_alive(self) -> None:
+        """multiprocessing.Pool silently replaces a dead worker and loses its task (the run would hang): fail
+        instead, with the reason (killed by the OOM killer, a crash in native code, an unimportable __main__)."""
+        now = {w.pid for w in self.pool._pool}  # noqa: SLF001
+        if now != self.pids:
+            raise PretokError("a tokenizer worker process died (killed, out of memory, or a crash in native code; "
+                              "scripts fed on stdin cannot start spawned workers: use a file or --workers 0); "
+                              "rerun the same command to resume")
 
     def __enter__(self) -> "Workers":
         return self
@@ -90,6 +101,7 @@ class Workers:
                 rec, err = done.get(timeout=0.05)
             except queue_mod.Empty:
                 _drain(self.queue, bar, timeout=0)
+                self.check_alive()
                 continue
             running -= 1
             if err is not None:

@@ -214,3 +214,19 @@ def test_verify_detects_a_modified_source(tmp_path, docs):
     write_parquet(moved, [d + " changed" for d in docs])
     rep = verify(out, sources=[str(moved)], sample=5)
     assert not rep.ok and "differs from re-tokenized source" in rep.problems[0]
+
+
+def test_dead_worker_fails_the_run_instead_of_hanging(tmp_path, shared_data):
+    """multiprocessing.Pool replaces a dead worker and loses its task; the engine must notice and stop. A script
+    fed on stdin makes every spawned worker die at start (it cannot re-import __main__)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    script = (f"from pretok_lib.pretokenize import TokenizeConfig, run_tokenize\n"
+              f"run_tokenize(TokenizeConfig(inputs=[{str(PYDOCS_JSONL)!r}], out={str(out)!r}, "
+              f"tokenizer={str(GPT2_JSON)!r}, format='memmap', workers=2, progress=False))\n")
+    p = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert p.returncode != 0 and "a tokenizer worker process died" in p.stderr
+    assert not (out / "manifest.json").exists()
