@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -63,10 +64,12 @@ def execute(name: str, out_dir: Path, params: dict[str, Any], kernel: str, strea
 
 def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: Sequence[str] | None = None,
               parameters: dict[str, Any] | None = None, kernel: str = KERNEL, report: bool = True,
-              stream: bool = True, echo: Callable[[str], None] | None = print) -> dict:
+              stream: bool = True, echo: Callable[[str], None] | None = print,
+              publish: str | Path | None = "figures") -> dict:
     """Execute the study notebooks in order with `profile`'s parameters (plus `parameters`), write
     `study.json` and the HTML report (`report_nocode.html` for readers, `report.html` with code); returns the
-    study record. The first failing notebook stops the study (its partly executed copy is kept and reported)."""
+    study record. The first failing notebook stops the study (its partly executed copy is kept and reported).
+    The figures are also copied to `publish/<study dir name>/` (the project's `figures/`; None: not copied)."""
     from ..analysis.report import ensure_kernel
 
     say = echo or (lambda s: None)
@@ -98,6 +101,11 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     if report:
         record["report"] = {k: str(v) for k, v in write_report(out_dir, [n for n in names
                                                                        if n in record["notebooks"]], record).items()}
+    if publish is not None and (out_dir / "figures").is_dir():
+        dest = resolve(publish) / out_dir.name
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(out_dir / "figures", dest)
+        record["published_figures"] = str(dest)
     (out_dir / "study.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     say(summary(out_dir, record))
     if failure is not None:
@@ -174,6 +182,8 @@ def summary(out_dir: Path, record: dict) -> str:
     figs = out_dir / "figures"
     if figs.is_dir():
         lines.append(f"figures: {figs}/ ({len(list(figs.glob('*.html')))} HTML, {len(list(figs.glob('*.png')))} PNG)")
+    if record.get("published_figures"):
+        lines.append(f"         also in {record['published_figures']}/")
     runs = out_dir / "runs"
     if runs.is_dir():
         lines.append(f"runs:    {runs}/ ({sum(1 for d in runs.iterdir() if (d / 'run.json').is_file())} runs)")

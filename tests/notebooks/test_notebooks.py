@@ -50,7 +50,7 @@ def test_notebook_committed_clean(name: str) -> None:
 def smoke(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("study") / "study-smoke"
     t0 = time.monotonic()
-    record = run_study("smoke", out=out, stream=False, echo=None)
+    record = run_study("smoke", out=out, stream=False, echo=None, publish=out.parent / "published")
     record["test_seconds"] = time.monotonic() - t0
     return out, record
 
@@ -60,6 +60,9 @@ def test_smoke_study_executes_every_notebook(smoke) -> None:
     out, record = smoke
     assert {n: r["status"] for n, r in record["notebooks"].items()} == dict.fromkeys(NOTEBOOKS, "completed")
     assert json.loads((out / "study.json").read_text())["profile"] == "smoke"
+    published = out.parent / "published" / "study-smoke"
+    assert record["published_figures"] == str(published)
+    assert sorted(p.name for p in published.iterdir()) == sorted(p.name for p in (out / "figures").iterdir())
     for name in NOTEBOOKS:
         nb = nbformat.read(str(out / "notebooks" / f"{name}.ipynb"), as_version=4)
         injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
@@ -105,7 +108,7 @@ def test_smoke_report_renders(smoke) -> None:
 @pytest.mark.slow
 def test_rerun_skips_completed_runs(smoke) -> None:
     out, _ = smoke
-    record = run_study("smoke", out=out, notebooks=["04"], stream=False, echo=None, report=False)
+    record = run_study("smoke", out=out, notebooks=["04"], stream=False, echo=None, report=False, publish=None)
     assert record["notebooks"] == {"04_sweep": record["notebooks"]["04_sweep"]}
     nb = nbformat.read(str(out / "notebooks" / "04_sweep.ipynb"), as_version=4)
     printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
