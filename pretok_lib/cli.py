@@ -172,7 +172,13 @@ def _kv(text: str) -> tuple[str, object]:
     return key.strip(), yaml.safe_load(value)
 
 
-def build_parser() -> argparse.ArgumentParser:
+SUBCOMMANDS_LIGHT = ("corpus", "tokenize", "merge", "inspect", "verify", "demo", "sweep", "study")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; `command` (the subcommand about to run, if known) spares the others' heavy imports: the
+    `train` and `bench` arguments live next to code that imports torch, which `pretok tokenize` does not need."""
+    heavy = command is None or command not in SUBCOMMANDS_LIGHT
     ap = argparse.ArgumentParser(prog="pretok", description=__doc__.split(":")[0] if __doc__ else None)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("corpus", help="build the embedded default corpus (Python sources + docstrings) as parquet")
@@ -205,9 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     p.set_defaults(fn=cmd_demo)
     p = sub.add_parser("train", help="train a causal LM on one data path (torchrun for DDP); see docs/RUNS.md")
-    from .train.run import add_args as add_train_args
+    if heavy:
+        from .train.run import add_args as add_train_args
 
-    add_train_args(p)
+        add_train_args(p)
     p.set_defaults(fn=cmd_train)
     p = sub.add_parser("sweep", help="a grid of training runs, one process (or SLURM job) per point, resumable")
     p.add_argument("--config", required=True, help="training config YAML (e.g. configs/tiny.yaml)")
@@ -234,27 +241,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", default="pretok", help="Jupyter kernel (registered in the venv if missing)")
     p.set_defaults(fn=cmd_study)
     bench = sub.add_parser("bench", help="benchmarks that print tables and ratios measured in one run")
-    bsub = bench.add_subparsers(dest="bench", required=True)
-    p = bsub.add_parser("tokenize", help="tokenization: on-the-fly loop vs datasets.map vs backend ceiling vs engine")
-    from .bench.tokenize import add_args
+    if heavy:
+        bsub = bench.add_subparsers(dest="bench", required=True)
+        p = bsub.add_parser("tokenize", help="tokenization: on-the-fly loop vs datasets.map vs backend ceiling vs engine")
+        from .bench.tokenize import add_args
 
-    add_args(p)
-    p.set_defaults(fn=cmd_bench_tokenize)
-    p = bsub.add_parser("loaders", help="loader-only throughput of the five data paths vs the raw memmap ceiling")
-    from .bench.loaders import add_args as add_loader_args
+        add_args(p)
+        p.set_defaults(fn=cmd_bench_tokenize)
+        p = bsub.add_parser("loaders", help="loader-only throughput of the five data paths vs the raw memmap ceiling")
+        from .bench.loaders import add_args as add_loader_args
 
-    add_loader_args(p)
-    p.set_defaults(fn=cmd_bench_loaders)
-    p = bsub.add_parser("train", help="training throughput of the five data paths (effective tok/s, data stall)")
-    from .bench.train import add_args as add_train_bench_args
+        add_loader_args(p)
+        p.set_defaults(fn=cmd_bench_loaders)
+        p = bsub.add_parser("train", help="training throughput of the five data paths (effective tok/s, data stall)")
+        from .bench.train import add_args as add_train_bench_args
 
-    add_train_bench_args(p)
-    p.set_defaults(fn=cmd_bench_train)
+        add_train_bench_args(p)
+        p.set_defaults(fn=cmd_bench_train)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
         rc = args.fn(args)
     except PretokError as e:
