@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Submit a slurm/*.sbatch script with the cluster's options from slurm/cluster.env (or PRETOK_* env vars);
+# prints the job id.
+#
+#   slurm/submit.sh [SBATCH_OPTION...] SCRIPT [SCRIPT_ARG...]
+#
+# #SBATCH lines cannot read an env file, so account, partition, time, ... are passed as sbatch options here;
+# options given before SCRIPT come last and win (e.g. --array=3, --dependency=afterok:123, --time=02:00:00).
+# Plain `sbatch [your flags] slurm/X.sbatch ...` from the checkout works too (scripts source cluster.env).
+set -euo pipefail
+PRETOK_ROOT=${PRETOK_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+export PRETOK_ROOT
+# shellcheck source=cluster.env
+source "$PRETOK_ROOT/slurm/cluster.env"
+
+user=()
+while [ $# -gt 0 ] && [[ $1 == -* ]]; do user+=("$1"); shift; done
+if [ $# -eq 0 ]; then
+    echo "usage: slurm/submit.sh [SBATCH_OPTION...] SCRIPT [SCRIPT_ARG...]" >&2
+    exit 2
+fi
+script=$1; shift
+[ -f "$script" ] || { echo "submit.sh: error: $script: no such script (give sbatch options as --name=value)" >&2; exit 2; }
+command -v sbatch >/dev/null || { echo "submit.sh: error: sbatch not found on PATH (not on a SLURM login node?)" >&2; exit 2; }
+
+opts=(--parsable)
+[ -n "$PRETOK_ACCOUNT" ] && opts+=(--account="$PRETOK_ACCOUNT")
+[ -n "$PRETOK_PARTITION" ] && opts+=(--partition="$PRETOK_PARTITION")
+[ -n "$PRETOK_QOS" ] && opts+=(--qos="$PRETOK_QOS")
+[ -n "$PRETOK_TIME" ] && opts+=(--time="$PRETOK_TIME")
+[ -n "$PRETOK_MEM" ] && opts+=(--mem="$PRETOK_MEM")
+[ -n "$PRETOK_CONSTRAINT" ] && opts+=(--constraint="$PRETOK_CONSTRAINT")
+[ -n "$PRETOK_CPUS_PER_TASK" ] && opts+=(--cpus-per-task="$PRETOK_CPUS_PER_TASK")
+case $(basename "$script") in
+    train*.sbatch)  # processes per node = --ntasks-per-node (train.sbatch starts one torchrun per node with that many)
+        procs=${PRETOK_PROCS_PER_NODE:-}
+        if [ -z "$procs" ]; then
+            if [ "${PRETOK_GPUS_PER_NODE:-0}" -gt 0 ]; then procs=$PRETOK_GPUS_PER_NODE; else procs=1; fi
+        fi
+        opts+=(--nodes="$PRETOK_NODES" --ntasks-per-node="$procs")
+        [ "${PRETOK_GPUS_PER_NODE:-0}" -gt 0 ] && opts+=(--gpus-per-node="$PRETOK_GPUS_PER_NODE")
+        ;;
+esac
+# shellcheck disable=SC2206  # PRETOK_SBATCH_EXTRA is deliberately word-split
+[ -n "$PRETOK_SBATCH_EXTRA" ] && opts+=($PRETOK_SBATCH_EXTRA)
+
+out=$(sbatch "${opts[@]}" ${user[@]+"${user[@]}"} "$script" "$@")
+echo "${out%%;*}"
