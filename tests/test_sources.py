@@ -76,3 +76,16 @@ def test_shards_partition_units_contiguously(tmp_path, fr_docs):
         assert [u for s in parts for u in s] == units
     with pytest.raises(PretokError):
         shard_units(units, 2, 2)
+
+
+@pytest.mark.parametrize("typ", ["string", "large_string"])
+def test_byte_lengths_from_offsets_match_arrow(typ):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from pretok_lib.sources import _byte_lengths
+
+    arr = pa.array(["héllo", "", None, "日本語テキスト", "x" * 1000, "a"], type=getattr(pa, typ)())
+    for a in (arr, arr.slice(1, 4), arr.slice(5), arr.slice(0, 0)):
+        expected = pc.binary_length(a).fill_null(0).to_numpy(zero_copy_only=False)
+        assert _byte_lengths(a).tolist() == expected.tolist()
