@@ -46,22 +46,19 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true", help="exit 1 if a target fails")
 
 
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
-
-
 def measure_run(run_dir: Path, skip: int) -> dict:
-    """Means over the steady-state train records of one run."""
-    from ..train.metrics import read_records
+    """Means over the steady-state train records of one run, as the analysis computes them from metrics.jsonl."""
+    from ..analysis.metrics import mean_after, run_metrics
+    from ..analysis.runs import load_run
 
-    rec = [r for r in read_records(run_dir / "metrics.jsonl") if r["kind"] == "train"]
-    steady = rec[skip:] if len(rec) > skip else rec
-    if not steady:
+    run = load_run(run_dir)
+    if not len(run.train):
         raise PretokError("the run logged no steps", run_dir / "metrics.jsonl")
-    keys = ("tokens_per_s", "effective_tokens_per_s", "data_stall", "padding_frac", "masked_frac", "step_time_s",
-            "data_wait_s", "mfu", "loss")
-    return {"steps": rec[-1]["step"], "measured_steps": len(steady),
-            **{k: _mean([r[k] for r in steady]) for k in keys}, "final_loss": rec[-1]["loss"]}
+    m = run_metrics(run, skip)
+    return {"steps": m.steps, "measured_steps": m.used, "final_loss": m.final_loss,
+            **{k: getattr(m, k) for k in ("tokens_per_s", "effective_tokens_per_s", "data_stall", "padding_frac",
+                                          "masked_frac", "mfu")},
+            **{k: mean_after(run.train[k], skip) for k in ("step_time_s", "data_wait_s")}}
 
 
 def run_path(kind: str, data_path: str, tok: str, a: argparse.Namespace, runs: Path) -> dict:

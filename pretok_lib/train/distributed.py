@@ -49,8 +49,17 @@ def setup(device: str | None = None) -> Dist:
 
 
 def all_reduce(t: torch.Tensor, op=None) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+    """In-place all-reduce (sum by default) of a small tensor; a no-op without a process group. CPU tensors
+    pass through this rank's GPU under NCCL (which reduces device tensors only)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return t
+    op = op or dist.ReduceOp.SUM
+    if t.device.type == "cpu" and dist.get_backend() == "nccl":
+        on_gpu = t.to(torch.device("cuda", torch.cuda.current_device()))
+        dist.all_reduce(on_gpu, op=op)
+        t.copy_(on_gpu)
+    else:
+        dist.all_reduce(t, op=op)
     return t
 
 

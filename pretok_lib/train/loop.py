@@ -42,28 +42,30 @@ class Progress:
 
 
 class StopFlag:
-    """Set by SIGTERM / SIGUSR1 (preemption, time limit): the loop checkpoints at the end of the step and stops."""
+    """Set by SIGTERM / SIGUSR1 (preemption, time limit): the loop checkpoints at the end of the step and stops.
+    `restore()` puts the previous handlers back (an in-process caller keeps its own)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
     def __init__(self):
         self.signum: int | None = None
-        for s in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(s, self._set)
+        self.previous = {s: signal.signal(s, self._set) for s in self.SIGNALS}
 
     def _set(self, signum, frame):
         self.signum = signum
 
+    def restore(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
 
-def dataset_vocab(cfg: Config) -> tuple[int, str | None]:
-    """(tokenizer vocab size, fingerprint) of the training data: from the tokenizer, or the dataset manifest."""
-    if cfg.data.tokenizer:
-        from ..tokenizer import load_tokenizer
 
-        info = load_tokenizer(cfg.data.tokenizer)
+def source_tokenizer(source) -> tuple[int, str]:
+    """(tokenizer vocab size, fingerprint) of a data path's source: the baselines' loaded tokenizer, or the
+    pretokenized dataset's manifest (no second load of the tokenizer)."""
+    info = getattr(source, "info", None)
+    if info is not None:
         return info.vocab_size, info.fingerprint
-    from ..formats.manifest import read_manifest
-
-    m = read_manifest(cfg.data.path)
-    return m["tokenizer"]["vocab_size"], m["tokenizer"]["fingerprint"]
+    return source.m["tokenizer"]["vocab_size"], source.m["tokenizer"]["fingerprint"]
 
 
 def _autocast(device: torch.device, precision: str):
@@ -73,7 +75,7 @@ def _autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=dtype)
 
 
-def _forward_loss_sum(model, batch: dict, device: torch.device, precision: str) -> torch.Tensor:
+def forward_loss_sum(model, batch: dict, device: torch.device, precision: str) -> torch.Tensor:
     """Summed cross-entropy over the micro-batch's effective labels (fp32 logits)."""
     kw = {"input_ids": batch["input_ids"].to(device, non_blocking=True)}
     for k in ("attention_mask", "position_ids"):
@@ -125,14 +127,11 @@ class Trainer:
         self.cfg, self.d, self.run_dir, self.log = cfg, d, run_dir, log
         c = cfg
         torch.manual_seed(c.run.seed)
-        tok_vocab, fingerprint = dataset_vocab(c)
-        src_kw = dict(seed=c.run.seed, shuffle=c.data.shuffle, text_column=c.data.text_column)
-        if c.data.kind in ("padded", "padding-free"):
-            src_kw["tokenizer"] = c.data.tokenizer
-        elif c.data.tokenizer:
-            src_kw["tokenizer"] = c.data.tokenizer
+        src_kw = dict(seed=c.run.seed, shuffle=c.data.shuffle, text_column=c.data.text_column,
+                      tokenizer=c.data.tokenizer)   # baselines need it; pretokenized data is checked against it
         self.dataset = make_dataset(c.data.kind, c.data.path, c.data.seq_len, micro_batch=c.data.micro_batch,
                                     rank=d.rank, world=d.world, **src_kw)
+        tok_vocab, fingerprint = source_tokenizer(self.dataset.source)
         self.loader = make_loader(self.dataset, num_workers=c.data.num_workers)
         self.val = None
         if c.eval.path:
@@ -165,20 +164,15 @@ class Trainer:
                 "flops_per_token": self.flops_per_token, "peak_flops": self.peak, "peak_source": self.peak_source,
                 "resumed_from_step": self.resumed_from}
 
-    def _val_dataset(self, fingerprint: str | None):
+    def _val_dataset(self, fingerprint: str):
+        """The held-out split, sharded like the training data; refused if another tokenizer made it."""
         c, d = self.cfg, self.d
-        from ..formats.manifest import read_manifest
-
-        kw = {"seed": c.run.seed, "shuffle": False}
-        if c.eval.kind in ("padded", "padding-free"):
-            kw["tokenizer"] = c.data.tokenizer
-        else:
-            theirs = read_manifest(c.eval.path)["tokenizer"]["fingerprint"]
-            if fingerprint and theirs != fingerprint:
-                raise PretokError("eval data was tokenized with another tokenizer than the training data",
-                                  Path(c.eval.path) / "manifest.json")
-        return make_dataset(c.eval.kind, c.eval.path, c.data.seq_len, micro_batch=c.data.micro_batch,
-                            rank=d.rank, world=d.world, **kw)
+        tok = c.data.tokenizer if c.eval.kind in ("padded", "padding-free") else None
+        ds = make_dataset(c.eval.kind, c.eval.path, c.data.seq_len, micro_batch=c.data.micro_batch,
+                          rank=d.rank, world=d.world, seed=c.run.seed, shuffle=False, tokenizer=tok)
+        if source_tokenizer(ds.source)[1] != fingerprint:
+            raise PretokError("eval data was tokenized with another tokenizer than the training data", c.eval.path)
+        return ds
 
     def _resume(self) -> None:
         found = checkpoint.list_checkpoints(self.run_dir / "checkpoints") if self.cfg.checkpoint.resume else []
@@ -212,7 +206,7 @@ class Trainer:
         for i, batch in enumerate(make_loader(self.val)):
             if i >= self.cfg.eval.batches:
                 break
-            loss_sum[0] += _forward_loss_sum(self.net, batch, self.d.device, self.cfg.train.precision).item()
+            loss_sum[0] += forward_loss_sum(self.net, batch, self.d.device, self.cfg.train.precision).item()
             loss_sum[1] += batch["effective_tokens"]
         self.net.train()
         all_reduce(loss_sum)
@@ -240,7 +234,7 @@ class Trainer:
             last = i == len(micro) - 1
             sync = contextlib.nullcontext() if last or d.backend is None else self.net.no_sync()
             with sync:
-                ls = _forward_loss_sum(self.net, batch, d.device, c.train.precision)
+                ls = forward_loss_sum(self.net, batch, d.device, c.train.precision)
                 self.scaler.scale(ls * scale).backward()
             loss_sum += ls.item()
         self.scaler.unscale_(self.optimizer)
@@ -260,9 +254,7 @@ class Trainer:
         """The metrics.jsonl record of a step: sums over ranks, times as the slowest rank's."""
         d, p = self.d, self.progress
         sums = all_reduce(torch.cat([torch.tensor([m["loss_sum"]], dtype=torch.float64), m["counts"]]))
-        times = torch.tensor([m["time"], m["wait"]], dtype=torch.float64)
-        if d.backend is not None:
-            dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        times = all_reduce(torch.tensor([m["time"], m["wait"]], dtype=torch.float64), dist.ReduceOp.MAX)
         loss_sum, tokens, eff, padding, masked = (float(x) for x in sums)
         step_time, wait = float(times[0]), float(times[1])
         tps = tokens / step_time

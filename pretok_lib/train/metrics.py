@@ -61,7 +61,7 @@ class MetricsLog:
         if self.tb is not None:
             prefix = record["kind"]
             for k, v in record.items():
-                if k not in ("kind", "step") and isinstance(v, (int, float)) and v is not None:
+                if k not in ("kind", "step") and isinstance(v, (int, float)):
                     self.tb.add_scalar(f"{prefix}/{k}", v, record["step"])
 
     def close(self) -> None:

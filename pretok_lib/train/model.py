@@ -86,7 +86,7 @@ def measured_matmul_flops(device: torch.device, precision: str, seconds: float =
     MFU where no datasheet figure applies (CPUs)."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     n = 1024
-    a = torch.randn(n, n, device=device, generator=None).to(dtype)
+    a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     a @ b
     reps, start = 0, time.perf_counter()

@@ -73,7 +73,6 @@ def train(cfg: Config) -> int:
     """Run (or resume) `cfg` on this rank; returns the process exit code."""
     from .loop import StopFlag, Trainer
 
-    stop = StopFlag()
     d = distributed.setup(cfg.hardware.device)
     if d.device.type == "cpu" and d.world > 1 and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
@@ -91,6 +90,7 @@ def train(cfg: Config) -> int:
     started = _now()
     trainer = metrics = None
     code = 1
+    stop = StopFlag()
     try:
         trainer = Trainer(cfg, d, run_dir, _log)
         if d.is_main:
@@ -127,6 +127,7 @@ def train(cfg: Config) -> int:
     finally:
         del trainer
         distributed.teardown()
+        stop.restore()
     return code
 
 

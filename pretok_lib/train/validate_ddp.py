@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 from ..data import make_dataset
 from . import distributed
-from .config import ModelConfig, load_config
-from .loop import _forward_loss_sum, dataset_vocab
+from .config import ModelConfig
+from .loop import forward_loss_sum, source_tokenizer
 from .model import build_model, vocab_size_for
 
 
@@ -36,15 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     if d.world < 2:
         print("validate_ddp: run me with torchrun --nproc_per_node >= 2", file=sys.stderr)
         return 2
-    cfg = load_config(None, [f"data.path={args.data}", f"data.kind={args.kind}"])
-    vocab = vocab_size_for(ModelConfig(), dataset_vocab(cfg)[0])
-    model = build_model(ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2), vocab,
-                        args.seq_len, seed=0, device=d.device)
+    data = make_dataset(args.kind, args.data, args.seq_len, micro_batch=args.micro_batch)
+    arch = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+    model = build_model(arch, vocab_size_for(arch, source_tokenizer(data.source)[0]), args.seq_len, seed=0,
+                        device=d.device)
     ids = [d.device.index] if d.device.type == "cuda" else None
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    batch = next(iter(make_dataset(args.kind, args.data, args.seq_len, micro_batch=args.micro_batch)))
-    loss = _forward_loss_sum(ddp, batch, d.device, "fp32") / max(batch["effective_tokens"], 1)
+    batch = next(iter(data))
+    loss = forward_loss_sum(ddp, batch, d.device, "fp32") / max(batch["effective_tokens"], 1)
     loss.backward()
 
     def same_everywhere(vec: torch.Tensor) -> bool:

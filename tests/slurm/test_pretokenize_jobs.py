@@ -13,29 +13,16 @@ import numpy as np
 import pytest
 
 from pretok_lib import slurm
-from pretok_lib.formats import parquet as pqf
 from pretok_lib.formats.manifest import read_manifest
-from pretok_lib.formats.memmap import MemmapDataset
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
 from ..conftest import GPT2_JSON, PYDOCS_JSONL
+from ..test_pretokenize import data_files, stored_docs
 from .helpers import SLURM, job_logs, run_script, scontrol_job, wait_ok
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 PART_MB = "0.1"  # ~10 units over 2 shards
-
-
-def data_files(out: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file() and p.name != "manifest.json"}
-
-
-def documents(out: Path) -> list[np.ndarray]:
-    m = read_manifest(out)
-    if m["format"] == "memmap":
-        ds = MemmapDataset(out / "data")
-        return [np.asarray(ds[i]) for i in range(len(ds))]
-    return [d for f in m["files"] for d in pqf.iter_documents(out / f["path"])]
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +59,7 @@ def test_array_and_merge_equal_one_process_and_resubmission_skips(slurm_cluster,
     for fmt, ref in refs.items():
         merged = work / f"out-{fmt}"
         assert data_files(merged) == data_files(ref), fmt
-        a, b = documents(merged), documents(ref)
+        a, b = stored_docs(merged), stored_docs(ref)
         assert len(a) == len(b) == read_manifest(ref)["counts"]["documents"] > 0
         assert all(np.array_equal(x, y) for x, y in zip(a, b))
         m = read_manifest(merged)

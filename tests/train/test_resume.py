@@ -37,6 +37,15 @@ def _wait_for_step(run_dir, step: int, proc: subprocess.Popen, timeout: float = 
     raise AssertionError(f"step {step} not reached")
 
 
+def _start_copy(uninterrupted, tmp_path, run_id: str, step: int) -> tuple[subprocess.Popen, list[str], object]:
+    """The uninterrupted run's command under another run id, started and let run to `step`."""
+    base, _ = uninterrupted
+    o = [x for x in base if not x.startswith("run.dir")] + [f"run.dir={tmp_path}", f"run.id={run_id}"]
+    proc = _popen(o)
+    _wait_for_step(tmp_path / run_id, step, proc)
+    return proc, o, tmp_path / run_id
+
+
 def _losses(run_dir) -> list[tuple[int, float, float]]:
     return [(r["step"], r["loss"], r["grad_norm"]) for r in records(run_dir)]
 
@@ -51,13 +60,10 @@ def uninterrupted(train_data, tmp_path_factory):
 
 
 def test_killed_run_resumes_bit_exact(uninterrupted, tmp_path):
-    base, ref = uninterrupted
-    o = [x for x in base if not x.startswith("run.dir")] + [f"run.dir={tmp_path}", "run.id=killed"]
-    proc = _popen(o)
-    _wait_for_step(tmp_path / "killed", 25, proc)
+    ref = uninterrupted[1]
+    proc, o, run = _start_copy(uninterrupted, tmp_path, "killed", 25)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    run = tmp_path / "killed"
     assert json.loads((run / "run.json").read_text())["status"] == "running"      # died without a word
     done = [r["step"] for r in records(run)]
     assert done[-1] >= 25 and done[-1] < STEPS
@@ -71,13 +77,10 @@ def test_killed_run_resumes_bit_exact(uninterrupted, tmp_path):
 
 
 def test_sigusr1_checkpoints_and_exits_then_resumes_bit_exact(uninterrupted, tmp_path):
-    base, ref = uninterrupted
-    o = [x for x in base if not x.startswith("run.dir")] + [f"run.dir={tmp_path}", "run.id=sig"]
-    proc = _popen(o)
-    _wait_for_step(tmp_path / "sig", 12, proc)
+    ref = uninterrupted[1]
+    proc, o, run = _start_copy(uninterrupted, tmp_path, "sig", 12)
     proc.send_signal(signal.SIGUSR1)
     assert proc.wait(timeout=120) == 3
-    run = tmp_path / "sig"
     info = json.loads((run / "run.json").read_text())
     last = records(run)[-1]["step"]
     assert info["status"] == "interrupted" and (run / "checkpoints" / f"step_{last:08d}").is_dir()
