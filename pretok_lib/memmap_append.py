@@ -1,24 +1,28 @@
 """In-order, crash-safe appending of finished parts into one Megatron `.bin` (the memmap format's write path).
 
-Workers write each part (`.pretok/parts/part-N.bin` + `.lens`, streamed: bounded memory) and the sha256 of
-its token bytes; the main process appends finished parts in unit order to `OUT/data.bin.tmp` and
-`OUT/.pretok/data.lens` (in-kernel copy_file_range), commits every part by atomically rewriting
-`.pretok/append.json` (parts appended, their sizes, document counts and checksums) at most once a second, then
-deletes the committed parts' files.
-After a kill the files are truncated back to the committed sizes and the committed prefix is re-read and
-checked part by part (data lost by a power cut is detected and redone, without an fsync per part). `finish`
-fsyncs, hashes the `.bin` in one sequential read, renames it, then streams the `.idx` from the lengths.
+Workers write each part (`.pretok/parts/part-N.bin` + `.lens`, streamed: bounded memory, not fsynced) and the
+CRC-32 of each file; the main process appends finished parts in unit order to `OUT/data.bin.tmp` and
+`OUT/.pretok/data.lens` (in-kernel copy_file_range), hashing each part's bytes (mapped from the page cache) into
+the running sha256 of the `.bin` as it goes, commits every part by atomically rewriting `.pretok/append.json`
+(parts appended, their sizes, document counts and CRCs) at most once a second, then deletes the committed parts'
+files.
+After a kill the files are truncated back to the committed sizes and the committed prefix is re-read, checked part
+by part against the CRCs and re-hashed (data lost by a power cut is detected and redone, without an fsync per
+part). `finish` fsyncs, renames the `.bin`, then streams the `.idx` from the lengths.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import threading
 import time
+import zlib
 from pathlib import Path
 
+import numpy as np
 
 from .formats import memmap as mm
 from .formats.manifest import atomic_write_json
@@ -26,11 +30,23 @@ from .formats.manifest import atomic_write_json
 COMMIT_EVERY_S = 1.0  # commit appends at most once a second (a crash redoes at most ~1 s of appending)
 
 
+def _crc_of(fh, size: int, sha=None) -> int | None:
+    """CRC-32 of the next `size` bytes of `fh` (also hashed into `sha`), or None if the file ends before."""
+    crc = 0
+    while size and (block := fh.read(min(16 << 20, size))):
+        crc = zlib.crc32(block, crc)
+        if sha is not None:
+            sha.update(block)
+        size -= len(block)
+    return None if size else crc
+
+
 class MemmapAppender:
     """Appends parts in the order given by `unit_order`; `committed` is how many are safely in the files."""
 
     def __init__(self, out: Path, state: Path, prefix: str, dtype: str, unit_order: list[int]):
         self.out, self.state, self.prefix, self.dtype = out, state, prefix, dtype
+        self.itemsize = np.dtype(dtype).itemsize
         self.order, self.pending = unit_order, {}
         self.bin_path, self.lens_path = out / f"{prefix}.bin.tmp", state / f"{prefix}.lens"
         self.commit_path = state / "append.json"
@@ -38,41 +54,42 @@ class MemmapAppender:
         self.deleters: list[threading.Thread] = []
         self.last_commit = 0.0
         st = json.loads(self.commit_path.read_text()) if self.commit_path.exists() else {}
-        if st.get("order") != unit_order:  # a fresh run (or another plan): start from nothing
-            st = {"parts": 0, "part_sha256": [], "part_sizes": [], "part_docs": []}
-        self.part_sha, self.part_sizes, self.part_docs = st["part_sha256"], st["part_sizes"], st["part_docs"]
+        if st.get("order") != unit_order or "part_crc32" not in st:  # a fresh run (or another plan): from nothing
+            st = {"parts": 0, "part_crc32": [], "part_sizes": [], "part_docs": []}
+        self.part_crc, self.part_sizes, self.part_docs = st["part_crc32"], st["part_sizes"], st["part_docs"]
+        self.sha = hashlib.sha256()  # of the .bin so far (the manifest's checksum, without re-reading at the end)
         self.bin = open(self.bin_path, "r+b" if self.bin_path.exists() else "w+b")
         self.lens = open(self.lens_path, "r+b" if self.lens_path.exists() else "w+b")
         self.committed = self._intact_prefix(st["parts"])
-        del self.part_sha[self.committed :], self.part_sizes[self.committed :], self.part_docs[self.committed :]
+        del self.part_crc[self.committed :], self.part_sizes[self.committed :], self.part_docs[self.committed :]
         self.bin_bytes, self.lens_bytes = sum(self.part_sizes), 4 * sum(self.part_docs)
         for fh, size in ((self.bin, self.bin_bytes), (self.lens, self.lens_bytes)):
             fh.truncate(size)
             fh.seek(size)
 
     def _intact_prefix(self, parts: int) -> int:
-        """How many committed parts are intact on disk (each re-read and checked against its sha256)."""
+        """How many committed parts are intact on disk (both files re-read and checked against the parts' CRCs);
+        the running sha256 covers exactly those."""
         for k in range(parts):
-            part, left = hashlib.sha256(), self.part_sizes[k]
-            while left and (block := self.bin.read(min(64 << 20, left))):
-                part.update(block)
-                left -= len(block)
-            if left or "sha256:" + part.hexdigest() != self.part_sha[k]:
+            sha = self.sha.copy()
+            crcs = [_crc_of(self.bin, self.part_sizes[k], sha), _crc_of(self.lens, 4 * self.part_docs[k])]
+            if crcs != list(self.part_crc[k]):
                 return k  # lost or damaged (e.g. a power cut before writeback): redo from this part on
+            self.sha = sha
         return parts
 
     def committed_units(self) -> list[int]:
         return self.order[: self.committed]
 
-    def add(self, unit_index: int, part_prefix: Path, sha256: str) -> None:
+    def add(self, unit_index: int, part_prefix: Path, crc32: list[int]) -> None:
         """Take a finished part (files `<part_prefix>.bin/.lens`); append every part that is now in order."""
-        self.pending[unit_index] = (Path(part_prefix), sha256)
+        self.pending[unit_index] = (Path(part_prefix), crc32)
         while self.committed < len(self.order) and self.order[self.committed] in self.pending:
-            prefix, digest = self.pending.pop(self.order[self.committed])
-            size = self._copy(prefix.with_name(prefix.name + ".bin"), self.bin)
+            prefix, crc = self.pending.pop(self.order[self.committed])
+            size = self._copy(prefix.with_name(prefix.name + ".bin"), self.bin, self.sha)
             docs = self._copy(prefix.with_name(prefix.name + ".lens"), self.lens) // 4
             self.bin_bytes, self.lens_bytes = self.bin.tell(), self.lens.tell()
-            self.part_sha.append(digest)
+            self.part_crc.append(crc)
             self.part_sizes.append(size)
             self.part_docs.append(docs)
             self.committed += 1
@@ -85,7 +102,7 @@ class MemmapAppender:
         for fh in (self.bin, self.lens):
             fh.flush()
         atomic_write_json(self.commit_path, {"order": self.order, "parts": self.committed,
-                                             "part_sha256": self.part_sha, "part_sizes": self.part_sizes,
+                                             "part_crc32": self.part_crc, "part_sizes": self.part_sizes,
                                              "part_docs": self.part_docs}, fsync=False)
         files, self.to_delete = self.to_delete, []
         t = threading.Thread(target=lambda: [f.unlink(missing_ok=True) for f in files], daemon=True)
@@ -94,11 +111,15 @@ class MemmapAppender:
         self.last_commit = time.monotonic()
 
     @staticmethod
-    def _copy(src: Path, dst) -> int:
-        """Append `src` to `dst` in the kernel (copy_file_range: no copy through Python)."""
+    def _copy(src: Path, dst, sha=None) -> int:
+        """Append `src` to `dst` in the kernel (copy_file_range: no copy through Python); hash it into `sha`
+        from a read-only mapping of its (cached) pages."""
         dst.flush()
         size, done = src.stat().st_size, 0
         with open(src, "rb") as fh:
+            if sha is not None and size:
+                with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                    sha.update(view)
             while done < size:
                 n = os.copy_file_range(fh.fileno(), dst.fileno(), size - done)
                 if n == 0:
@@ -115,16 +136,12 @@ class MemmapAppender:
             fh.flush()
             os.fsync(fh.fileno())
             fh.close()
-        sha = hashlib.sha256()
-        with open(self.bin_path, "rb") as fh:  # one sequential read (page cache) instead of hashing per append
-            while block := fh.read(16 << 20):
-                sha.update(block)
         final_bin = self.out / f"{self.prefix}.bin"
         os.replace(self.bin_path, final_bin)
         idx = mm.write_index(self.lens_path, self.out / f"{self.prefix}.idx", self.dtype)
         for t in self.deleters:
             t.join()
-        return [{"path": final_bin.name, "size": self.bin_bytes, "sha256": "sha256:" + sha.hexdigest()}, idx]
+        return [{"path": final_bin.name, "size": self.bin_bytes, "sha256": "sha256:" + self.sha.hexdigest()}, idx]
 
     def close(self) -> None:
         for fh in (self.bin, self.lens):

@@ -1,13 +1,13 @@
 """One unit of input → one committed part: read, tokenize (with the BOS/EOS policy), write, record.
 
 Runs inside a worker process (or inline). Parquet parts are final data files; memmap parts are streamed to
-`.pretok/parts/part-N.bin/.lens` with the sha256 of their token bytes, for the main process to append in order.
+`.pretok/parts/part-N.bin/.lens` with the CRC-32 of their token bytes, for the main process to append in order.
 """
 
 from __future__ import annotations
 
-import hashlib
 import resource
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -42,24 +42,35 @@ class Job:
 # ---------------------------------------------------------------- policy: BOS/EOS, dtype
 
 
-def add_special(ids: np.ndarray, offsets: np.ndarray, bos: int | None, eos: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Insert BOS before / EOS after every document of a flat batch; returns (ids, offsets)."""
+def add_special(ids: np.ndarray, offsets: np.ndarray, bos: int | None, eos: int | None,
+                dtype: np.dtype | str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Insert BOS before / EOS after every document of a flat batch, converting to `dtype` (default: ids') in the
+    same copy; returns (ids, int64 offsets)."""
+    out_dtype = np.dtype(dtype) if dtype is not None else ids.dtype
     extra = (bos is not None) + (eos is not None)
+    offsets = offsets.astype(np.int64, copy=False)
     if not extra:
-        return ids, offsets.astype(np.int64, copy=False)
-    lens = np.diff(offsets).astype(np.int64) + extra
-    new_off = np.concatenate([[0], np.cumsum(lens)])
-    out = np.empty(int(new_off[-1]), dtype=ids.dtype)
-    body = np.ones(len(out), dtype=bool)
+        return ids.astype(out_dtype, copy=False), offsets
+    docs = len(offsets) - 1
+    new_off = np.zeros(docs + 1, np.int64)
+    np.cumsum(np.diff(offsets) + extra, out=new_off[1:])
+    out = np.empty(int(new_off[-1]), dtype=out_dtype)
     if bos is not None:
         out[new_off[:-1]] = bos
-        body[new_off[:-1]] = False
     if eos is not None:
         out[new_off[1:] - 1] = eos
+    if len(ids) >= 512 * docs:  # long documents: one slice copy each beats a boolean mask over every token
+        src, dst = offsets.tolist(), (new_off[:-1] + (bos is not None)).tolist()
+        for d in range(docs):
+            out[dst[d] : dst[d] + src[d + 1] - src[d]] = ids[src[d] : src[d + 1]]
+        return out, new_off
+    body = np.ones(len(out), dtype=bool)
+    if bos is not None:
+        body[new_off[:-1]] = False
+    if eos is not None:
         body[new_off[1:] - 1] = False
     out[body] = ids
     return out, new_off
-
 
 
 # ---------------------------------------------------------------- one unit → one committed part
@@ -69,25 +80,42 @@ def part_name(index: int) -> str:
     return f"part-{index:06d}"
 
 
-class _HashedPart(mm.PartWriter):
-    """A memmap part (`.bin` + `.lens` under .pretok/parts) that also hashes its token bytes as written."""
+class _ChecksummedPart(mm.PartWriter):
+    """A memmap part (`.bin` + `.lens` under .pretok/parts) with the CRC-32 of each file's bytes, checked when a
+    rerun finds the part (or its appended copy) after a crash. Not fsynced: data lost by a power cut fails that
+    check and the part is redone. Takes ids already range-checked and in the part's little-endian dtype
+    (`process_unit` checks them against the vocabulary once)."""
 
     def __init__(self, prefix: Path, dtype: str):
-        super().__init__(prefix, dtype)
-        self.le, self.sha = np.dtype(dtype).newbyteorder("<"), hashlib.sha256()
+        super().__init__(prefix, dtype, fsync=False)
+        self.crc_bin = self.crc_lens = 0
 
     def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        if tokens.size and int(tokens.max()) > np.iinfo(self.le).max:
-            raise PretokError(f"token id {int(tokens.max())} does not fit {self.le}")
-        data = np.ascontiguousarray(tokens, dtype=self.le)
-        self.sha.update(data.data)
-        super().add(data, lengths)
+        assert tokens.dtype == self.dtype and tokens.flags.c_contiguous
+        lens = np.ascontiguousarray(lengths, dtype=np.dtype("<i4"))
+        self.crc_bin, self.crc_lens = zlib.crc32(tokens, self.crc_bin), zlib.crc32(lens, self.crc_lens)
+        self._bin.write(memoryview(tokens))
+        self._lens.write(memoryview(lens))
+        self._docs += lengths.size
+        self._tokens += tokens.size
+
+
+def part_files_intact(prefix: Path, record: dict, itemsize: int) -> bool:
+    """Whether a memmap part's files exist with the sizes and CRCs its record states."""
+    crcs = record.get("part_crc32")
+    if not isinstance(crcs, list) or len(crcs) != 2:
+        return False
+    for ext, size, crc in ((".bin", record["tokens"] * itemsize, crcs[0]), (".lens", record["documents"] * 4, crcs[1])):
+        path = prefix.with_name(prefix.name + ext)
+        if not path.is_file() or path.stat().st_size != size or zlib.crc32(path.read_bytes()) != crc:
+            return False
+    return True
 
 
 def _open_part(job: Job, unit: Unit):
     name = part_name(unit.index)
     if job.fmt == "memmap":
-        return _HashedPart(Path(job.out_dir) / STATE / "parts" / name, job.dtype)
+        return _ChecksummedPart(Path(job.out_dir) / STATE / "parts" / name, job.dtype)
     schema = pqf.schema_for(job.fmt, job.dtype, job.seq_len, job.pad_id)
     return pqf.ParquetPartWriter(Path(job.out_dir) / f"{name}.parquet", schema, job.compression)
 
@@ -108,10 +136,11 @@ def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int]
         ids, offsets = encoder.encode_batch(batch.texts)
         if ids.size and int(ids.max()) >= job.vocab_size:
             raise PretokError(f"tokenizer produced id {int(ids.max())} >= vocab size {job.vocab_size}", unit.paths[0])
-        ids, offsets = add_special(ids, offsets, job.bos_id, job.eos_id)
+        ids, offsets = add_special(ids, offsets, job.bos_id, job.eos_id,
+                                   writer.dtype if job.fmt == "memmap" else np.dtype(job.dtype))
         n, t = len(offsets) - 1, int(offsets[-1])
         if job.fmt == "memmap":
-            writer.add(ids, np.diff(offsets).astype(np.int32))
+            writer.add(ids, np.diff(offsets))
         elif job.fmt == "token-list":
             writer.write(pqf.tokenlist_table(ids, offsets, writer.writer.schema), t)
         else:
@@ -128,8 +157,10 @@ def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int]
     record = {"unit": asdict(unit), **counts, "skipped": skipped, "peak_rss_mb": round(peak_rss_mb, 1),
               "files": [result] if job.fmt != "memmap" else [], "part": part_name(unit.index)}
     if job.fmt == "memmap":
-        record["part_sha256"] = "sha256:" + writer.sha.hexdigest()
-    atomic_write_json(Path(job.out_dir) / STATE / "parts" / f"{part_name(unit.index)}.json", record)
+        record["part_crc32"] = [writer.crc_bin, writer.crc_lens]
+    # the commit record; a memmap part is checked by its CRCs on a rerun, so neither it nor its data is fsynced
+    atomic_write_json(Path(job.out_dir) / STATE / "parts" / f"{part_name(unit.index)}.json", record,
+                      fsync=job.fmt != "memmap")
     return record
 
 

@@ -30,9 +30,9 @@ from .errors import PretokError
 from .formats import parquet as pqf
 from .formats.manifest import FORMAT_VERSIONS, atomic_write_json, environment, write_manifest
 from .memmap_append import MemmapAppender
-from .parts import STATE, Job, part_name
+from .parts import STATE, Job, part_files_intact, part_name
 from .progress import Progress
-from .sources import SourceOptions, Unit, expand_inputs, plan_units, sample_texts, shard_units
+from .sources import SourceOptions, Unit, estimate_text_bytes, expand_inputs, plan_units, sample_texts, shard_units
 from .tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
 from .workers import Workers
 
@@ -66,16 +66,16 @@ class TokenizeConfig:
     progress: bool = True
     command: list[str] = field(default_factory=lambda: list(sys.argv))
 
-    def part_bytes(self, total_input_bytes: int) -> int:
-        """Input bytes per part: as given, or about 1/32 of the input, clamped to [1 MB, 64 MB] — small inputs
-        still spread over all workers, large ones resume at 64 MB granularity. Depends on the inputs only."""
+    def part_bytes(self, text_bytes: int) -> int:
+        """Text bytes per part: as given, or about 1/32 of the input's text, clamped to [1 MB, 64 MB] — small
+        inputs still spread over the workers, large ones resume at 64 MB granularity. Depends on the inputs only."""
         if self.part_mb is not None:
             return max(1, int(self.part_mb * 1e6))
-        return int(min(64e6, max(1e6, total_input_bytes / 32)))
+        return int(min(64e6, max(1e6, text_bytes / 32)))
 
-    def source_options(self, total_input_bytes: int) -> SourceOptions:
+    def source_options(self, text_bytes: int) -> SourceOptions:
         return SourceOptions(self.text_column, self.separator, self.bad_docs,
-                             self.part_bytes(total_input_bytes), int(self.batch_mb * 1e6))
+                             self.part_bytes(text_bytes), int(self.batch_mb * 1e6))
 
 
 def resolve_policy(info: TokenizerInfo, cfg: TokenizeConfig) -> dict:
@@ -149,7 +149,10 @@ def committed_parts(out: Path, units: Sequence[Unit]) -> dict[int, dict]:
     for u in units:
         rec = parts / f"{part_name(u.index)}.json"
         if rec.exists():
-            done[u.index] = json.loads(rec.read_text())
+            try:
+                done[u.index] = json.loads(rec.read_text())
+            except ValueError:  # torn by a power cut (memmap records are not fsynced): the part is redone
+                rec.unlink()
     for p in list(parts.iterdir()) + list(out.glob("part-*")):
         stem = p.name.split(".")[0]
         idx = int(stem.split("-")[1]) if stem.startswith("part-") and stem[5:].isdigit() else None
@@ -197,7 +200,7 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
         raise PretokError(f"--seq-len must be >= 1 (got {cfg.seq_len})")
     t0 = time.time()
     files = expand_inputs(cfg.inputs)
-    sopts = cfg.source_options(sum(f.size for f in files))
+    sopts = cfg.source_options(estimate_text_bytes(files, cfg.text_column))
     units = plan_units(files, sopts)
     mine = shard_units(units, cfg.num_shards, cfg.shard_index)
     info = load_tokenizer(cfg.tokenizer)
@@ -222,7 +225,7 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
 
         def on_record(rec: dict) -> None:
             if appender is not None:
-                appender.add(rec["unit"]["index"], out / STATE / "parts" / rec["part"], rec["part_sha256"])
+                appender.add(rec["unit"]["index"], out / STATE / "parts" / rec["part"], rec["part_crc32"])
             records[rec["unit"]["index"]] = rec
 
         # Optimistic start: workers tokenize with the fastest candidate at once while the check of that choice
@@ -231,7 +234,9 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
         guess = cfg.backend or backends_for(info)[0]
         with Workers(info, job, cfg.workers if pending else 0, len(pending)) as workers:
             hasher = _InputHasher(sorted({p for u in mine for p in u.paths}))
-            check = _BackendCheck(info, lambda: sample_texts(mine, sopts), cfg.backend, guess)
+            stop_check = threading.Event()
+            check = _BackendCheck(info, lambda: sample_texts(mine, sopts), cfg.backend, guess,
+                                  workers.encoder(guess, stop_check))
             bar = Progress(sum(u.est_bytes for u in pending), f"{cfg.format} {len(pending)}/{len(mine)} parts",
                            enabled=cfg.progress)
             try:
@@ -239,6 +244,7 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
                 choice = check.result()
             except BaseException as e:
                 hasher.stop()
+                stop_check.set()
                 check.thread.join()  # select_backend runs in C: let it end before any interpreter exit
                 bar.close(ok=False)
                 if appender is not None:
@@ -267,14 +273,17 @@ class _OtherBackend(Exception):
 class _BackendCheck:
     """`select_backend` in a thread beside the workers; `raise_if_other` stops the run if it picks another."""
 
-    def __init__(self, info: TokenizerInfo, sample: Callable[[], list[str]], force: str | None, guess: str):
+    def __init__(self, info: TokenizerInfo, sample: Callable[[], list[str]], force: str | None, guess: str,
+                 remote: Callable | None):
+        """`remote`: the guess's encode_batch in a worker (no second build of it in this process), or None."""
         self.guess, self.choice, self.error = guess, None, None
+        self.encoders = {guess: remote} if remote is not None else {}
         self.thread = threading.Thread(target=self._run, args=(info, sample, force), daemon=True)
         self.thread.start()
 
     def _run(self, info, sample, force) -> None:
         try:
-            self.choice = select_backend(info, sample(), force)
+            self.choice = select_backend(info, sample(), force, self.encoders)
         except BaseException as e:  # re-raised in the main thread
             self.error = e
 
@@ -291,8 +300,9 @@ class _BackendCheck:
 
 
 def _resume_appends(appender: MemmapAppender, out: Path, done: dict[int, dict]) -> None:
-    """Hand finished-but-unappended parts to the appender; forget parts whose data is gone (appended once, but
-    beyond the intact prefix after a crash) so they are tokenized again."""
+    """Hand finished-but-unappended parts to the appender; forget parts whose data is gone or damaged (appended
+    once but beyond the intact prefix after a crash, or part files failing their CRCs) so they are tokenized
+    again."""
     appended = set(appender.committed_units())
     for i in sorted(done):
         prefix = out / STATE / "parts" / done[i]["part"]
@@ -300,10 +310,12 @@ def _resume_appends(appender: MemmapAppender, out: Path, done: dict[int, dict]) 
             for ext in (".bin", ".lens"):
                 prefix.with_name(prefix.name + ext).unlink(missing_ok=True)
             continue
-        if all(prefix.with_name(prefix.name + ext).exists() for ext in (".bin", ".lens")):
-            appender.add(i, prefix, done[i]["part_sha256"])
+        if part_files_intact(prefix, done[i], appender.itemsize):  # parts are not fsynced: check them
+            appender.add(i, prefix, done[i]["part_crc32"])
         else:
             (out / STATE / "parts" / f"{done.pop(i)['part']}.json").unlink()
+            for ext in (".bin", ".lens"):
+                prefix.with_name(prefix.name + ext).unlink(missing_ok=True)
 
 
 def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: TokenizerInfo, choice, policy: dict,

@@ -122,6 +122,21 @@ def _parquet_file(path: str):
         raise PretokError(f"not a readable parquet file ({type(e).__name__}: {str(e).splitlines()[0]})", path) from None
 
 
+def estimate_text_bytes(files: Sequence[InputFile], text_column: str) -> int:
+    """About how many bytes of text the inputs hold: a parquet file's text column uncompressed (from its footer),
+    else the file size. Sizes parts by text, not by compressed bytes on disk."""
+    total = 0
+    for f in files:
+        if f.kind != "parquet":
+            total += f.size
+            continue
+        pf = _parquet_file(f.path)
+        col = _text_column_index(pf, f.path, text_column)
+        meta = pf.metadata
+        total += sum(meta.row_group(rg).column(col).total_uncompressed_size for rg in range(meta.num_row_groups))
+    return total
+
+
 def _text_column_index(pf, path: str, column: str) -> int:
     import pyarrow as pa
 

@@ -467,11 +467,14 @@ def probe_texts(special_tokens: Sequence[str]) -> list[str]:
     return [*_PROBES, *embedded, " ".join(specials), "Hello " + "\n\n".join(specials[:50]) + " world"]
 
 
-def select_backend(info: TokenizerInfo, sample_texts: list[str], force: str | None = None) -> BackendChoice:
+def select_backend(info: TokenizerInfo, sample_texts: list[str], force: str | None = None,
+                   encoders: dict[str, Callable[[list[str]], tuple[np.ndarray, np.ndarray]]] | None = None
+                   ) -> BackendChoice:
     """First candidate (or only `force`) whose ids equal the reference's on the samples plus built-in probes.
 
     A forced backend is checked too: if it is not a candidate or its ids differ, PretokError says why.
     checked_docs/checked_tokens count the texts/reference tokens compared (0 when the reference itself runs).
+    `encoders` may supply a candidate's `encode_batch` already built elsewhere (e.g. run by a worker process).
     """
     candidates = backends_for(info)
     reference = candidates[-1]
@@ -489,7 +492,8 @@ def select_backend(info: TokenizerInfo, sample_texts: list[str], force: str | No
         if backend == reference:
             return BackendChoice(reference, reference, 0, 0, rejected)
         try:
-            got = make_encoder(info, backend).encode_batch(texts)
+            got = (encoders or {}).get(backend) or make_encoder(info, backend).encode_batch
+            got = got(texts)
         except Exception as e:
             rejected[backend] = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             continue

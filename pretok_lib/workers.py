@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 from typing import Callable
+
+import numpy as np
 
 from .errors import PretokError
 from .parts import Job, process_unit
@@ -36,12 +39,25 @@ def _init_worker(info: TokenizerInfo, job: Job, queue, slot) -> None:
     _WORKER.update(info=info, job=job, queue=queue, encoders={first: make_encoder(info, first)})
 
 
-def _worker_unit(unit: Unit, backend: str) -> dict:
+def _encoder(backend: str):
     encoders = _WORKER["encoders"]
     if backend not in encoders:
         encoders[backend] = make_encoder(_WORKER["info"], backend)
+    return encoders[backend]
+
+
+def _worker_unit(unit: Unit, backend: str) -> dict:
     q = _WORKER["queue"]
-    return process_unit(unit, encoders[backend], _WORKER["job"], lambda b, d, t: q.put((b, d, t)))
+    return process_unit(unit, _encoder(backend), _WORKER["job"], lambda b, d, t: q.put((b, d, t)))
+
+
+def _worker_encode(texts: list[str], backend: str) -> tuple[np.ndarray, np.ndarray]:
+    ids, offsets = _encoder(backend).encode_batch(texts)
+    return np.array(ids), offsets
+
+
+class Stopped(BaseException):
+    """A wait on the pool given up because the run is ending (not an error of the work itself)."""
 
 
 class Workers:
@@ -57,6 +73,21 @@ class Workers:
             self.queue, slot = ctx.Queue(), ctx.Value("i", 0)
             self.pool = ctx.Pool(min(workers, units), _init_worker, (info, job, self.queue, slot))
             self.pids = {w.pid for w in self.pool._pool}  # noqa: SLF001 — to notice a worker that died
+
+    def encoder(self, backend: str, stop: threading.Event) -> Callable[[list[str]], tuple[np.ndarray, np.ndarray]] | None:
+        """`encode_batch` of `backend` run by a worker (which has built it already), or None when inline. The
+        call waits behind the parts already queued; it raises `Stopped` once `stop` is set."""
+        if self.pool is None:
+            return None
+
+        def encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+            result = self.pool.apply_async(_worker_encode, (texts, backend))
+            while not result.ready():
+                if stop.is_set():
+                    raise Stopped()
+                result.wait(0.05)
+            return result.get()
+        return encode
 
     def check_alive(self) -> None:
         """multiprocessing.Pool silently replaces a dead worker and loses its task (the run would hang): fail

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -53,6 +54,14 @@ def tok(corpus: Path, out: Path, fmt: str = "memmap", **kw) -> dict:
 
 def data_files(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file() and p.name != "manifest.json"}
+
+
+def file_checksums(out: Path) -> dict[str, str]:
+    """The manifest's sha256 of every data file, asserted equal to the file's actual sha256."""
+    recorded = {f["path"]: f["sha256"] for f in read_manifest(out)["files"]}
+    for name, sha in recorded.items():
+        assert sha == "sha256:" + hashlib.sha256((out / name).read_bytes()).hexdigest(), name
+    return recorded
 
 
 def stored_docs(out: Path) -> list[np.ndarray]:
@@ -110,9 +119,11 @@ def test_manifest_records_everything(three_formats, corpus):
 def test_workers_do_not_change_bytes(corpus, tmp_path):
     for fmt in ("memmap", "token-list"):
         tok(corpus, tmp_path / f"{fmt}1", fmt, workers=1)
-        tok(corpus, tmp_path / f"{fmt}2", fmt, workers=2)
+        m = tok(corpus, tmp_path / f"{fmt}2", fmt, workers=2)
         a, b = data_files(tmp_path / f"{fmt}1"), data_files(tmp_path / f"{fmt}2")
         assert a == b and len(a) >= 2
+        checked = m["tokenizer"]["backend"]  # checked by a worker's encoder against the reference in this process
+        assert checked["backend"] == "fastokens" and checked["checked_docs"] > 10 and checked["checked_tokens"] > 0
 
 
 def test_rerun_is_noop_and_other_config_refused(corpus, tmp_path):
@@ -186,6 +197,7 @@ def test_kill9_then_resume_is_byte_identical(corpus, tmp_path, fmt):
         r = run_cli("tokenize", *args, "--out", str(out))
         assert r.returncode == 0, r.stderr
         assert data_files(out) == data_files(ref)
+        assert file_checksums(out) == file_checksums(ref)
         assert not list((out / ".pretok" / "parts").glob("*.bin")), "appended parts must not linger"
     assert interrupted >= 2, "the kills should land mid-run"
 
@@ -234,6 +246,41 @@ def test_memmap_resume_redoes_parts_damaged_on_disk(corpus, tmp_path, monkeypatc
     tmp_bin.write_bytes(bytes(raw))
     tok(corpus, out, part_mb=0.3)
     assert data_files(out) == data_files(ref)
+    assert file_checksums(out) == file_checksums(ref)
+
+
+def test_memmap_resume_checks_unappended_parts(corpus, tmp_path, monkeypatch):
+    """Finished parts are not fsynced: after a crash before they were appended, a part whose bytes were damaged
+    and a part whose commit record was torn (as a power cut could leave them) are redone; the output is identical."""
+    from pretok_lib.memmap_append import MemmapAppender
+
+    ref = tmp_path / "ref"
+    tok(corpus, ref, part_mb=0.3)
+    out = tmp_path / "out"
+    real_add = MemmapAppender.add
+    calls = []
+
+    def crash_on_fourth_part(self, *a):
+        calls.append(a)
+        if len(calls) == 4:
+            raise KeyboardInterrupt("simulated crash")
+        if len(calls) > 1:  # keep parts 1 and 2 unappended: hold them back from the appender
+            return
+        real_add(self, *a)
+
+    monkeypatch.setattr(MemmapAppender, "add", crash_on_fourth_part)
+    with pytest.raises(KeyboardInterrupt):
+        tok(corpus, out, part_mb=0.3)
+    monkeypatch.setattr(MemmapAppender, "add", real_add)
+    parts = out / ".pretok" / "parts"
+    assert {p.name for p in parts.glob("*.bin")} >= {"part-000001.bin", "part-000002.bin"}
+    raw = bytearray((parts / "part-000001.bin").read_bytes())
+    raw[100:104] = b"\x00\x00\x00\x00" if raw[100:104] != b"\x00\x00\x00\x00" else b"\x01\x00\x01\x00"
+    (parts / "part-000001.bin").write_bytes(bytes(raw))
+    (parts / "part-000002.json").write_text('{"unit": {"in')
+    tok(corpus, out, part_mb=0.3)
+    assert data_files(out) == data_files(ref)
+    assert file_checksums(out) == file_checksums(ref)
 
 
 def test_optimistic_backend_restarts_when_the_check_disagrees(corpus, tmp_path, monkeypatch):
@@ -246,11 +293,11 @@ def test_optimistic_backend_restarts_when_the_check_disagrees(corpus, tmp_path, 
     real = engine.select_backend
     calls = []
 
-    def pick_reference(info, sample, force=None):
+    def pick_reference(info, sample, force=None, encoders=None):
         calls.append(force)
         if force is None:
             return BackendChoice("hf-tokenizers", "hf-tokenizers", 0, 0, {"fastokens": "rejected for the test"})
-        return real(info, sample, force)
+        return real(info, sample, force, encoders)
 
     monkeypatch.setattr(engine, "select_backend", pick_reference)
     m = tok(corpus, tmp_path / "o", workers=2)

@@ -214,6 +214,17 @@ def test_mismatching_candidate_is_rejected_and_forcing_it_raises(infos, monkeypa
         select_backend(infos["gpt2"], ["no digits here"], force="fastokens")
 
 
+def test_select_backend_uses_a_supplied_encoder(infos):
+    """The engine hands in the guess's encode_batch run by a worker; its ids are the ones compared."""
+    good = make_encoder(infos["gpt2"], "fastokens").encode_batch
+    seen = []
+    choice = select_backend(infos["gpt2"], ["a sample"], encoders={"fastokens": lambda ts: seen.append(ts) or good(ts)})
+    assert choice.backend == "fastokens" and seen and seen[0][0] == "a sample"
+    shifted = select_backend(infos["gpt2"], ["a sample"],
+                             encoders={"fastokens": lambda ts: (good(ts)[0] + 1, good(ts)[1])})
+    assert shifted.backend == "hf-tokenizers" and "ids differ on sample text 0" in shifted.rejected["fastokens"]
+
+
 def test_fastokens_load_failure_falls_back_to_reference(tmp_path):
     """fastokens refuses Metaspace pre-tokenizers (SentencePiece-style tokenizer.json): a rejection, not a crash."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

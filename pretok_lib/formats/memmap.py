@@ -81,8 +81,8 @@ class PartWriter:
     crash never leaves a final-named half part. As a context manager, an exception aborts (removes the temp files).
     """
 
-    def __init__(self, prefix: str | os.PathLike, dtype: str):
-        self.dtype = _write_dtype(dtype)
+    def __init__(self, prefix: str | os.PathLike, dtype: str, fsync: bool = True):
+        self.dtype, self.fsync = _write_dtype(dtype), fsync
         self.prefix = os.fspath(prefix)
         self.bin_path, self.lens_path = self.prefix + ".bin", self.prefix + ".lens"
         os.makedirs(os.path.dirname(self.prefix) or ".", exist_ok=True)
@@ -122,7 +122,8 @@ class PartWriter:
         if self._stats is None:
             for f, final in ((self._bin, self.bin_path), (self._lens, self.lens_path)):
                 f.flush()
-                os.fsync(f.fileno())
+                if self.fsync:
+                    os.fsync(f.fileno())
                 f.close()
                 os.replace(f.name, final)
             nbytes = self._tokens * self.dtype.itemsize

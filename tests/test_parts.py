@@ -1,0 +1,64 @@
+"""parts: the BOS/EOS policy on a flat batch (both code paths), and the memmap part's CRC."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pretok_lib.parts import _ChecksummedPart, add_special, part_files_intact
+
+
+def reference(docs: list[list[int]], bos: int | None, eos: int | None) -> list[list[int]]:
+    return [([bos] if bos is not None else []) + d + ([eos] if eos is not None else []) for d in docs]
+
+
+def flat(docs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.uint64)
+    ids = np.array([t for d in docs for t in d], dtype=np.uint32)
+    return ids, offsets
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.one_of(st.integers(0, 5), st.integers(500, 2000)), min_size=0, max_size=12),
+       bos=st.sampled_from([None, 50256, 1]), eos=st.sampled_from([None, 50256, 2]),
+       dtype=st.sampled_from([None, "uint16", "int32", "<u2"]))
+def test_add_special_matches_per_document_reference(lengths, bos, eos, dtype):
+    """Short documents take the boolean-mask path, long ones the per-document copies; both give the reference."""
+    rng = np.random.default_rng(len(lengths))
+    docs = [rng.integers(3, 50000, n).tolist() for n in lengths]
+    ids, offsets = flat(docs)
+    out, new_off = add_special(ids, offsets, bos, eos, dtype)
+    assert out.dtype == (np.dtype(dtype) if dtype else ids.dtype) and new_off.dtype == np.int64
+    got = [out[new_off[i]:new_off[i + 1]].tolist() for i in range(len(docs))]
+    assert got == reference(docs, bos, eos)
+    assert int(new_off[-1]) == len(out)
+
+
+@pytest.mark.parametrize("doc_len", [3, 4000])
+def test_add_special_both_paths_on_many_documents(doc_len):
+    docs = [[7 + (i % 5)] * doc_len for i in range(300)]
+    ids, offsets = flat(docs)
+    out, new_off = add_special(ids, offsets, 1, 2, "uint16")
+    assert np.array_equal(out, np.array([t for d in reference(docs, 1, 2) for t in d], dtype=np.uint16))
+
+
+def test_checksummed_part_records_the_crcs_of_both_files(tmp_path):
+    part = _ChecksummedPart(tmp_path / "p", "uint16")
+    a, b = np.arange(10, dtype="<u2"), np.arange(100, 105, dtype="<u2")
+    part.add(a, np.array([4, 6]))
+    part.add(b, np.array([5]))
+    stats = part.close()
+    data, lens = (tmp_path / "p.bin").read_bytes(), (tmp_path / "p.lens").read_bytes()
+    assert data == a.tobytes() + b.tobytes() and np.frombuffer(lens, "<i4").tolist() == [4, 6, 5]
+    assert (part.crc_bin, part.crc_lens) == (zlib.crc32(data), zlib.crc32(lens))
+    assert stats == {"documents": 3, "tokens": 15, "bin_bytes": 30}
+    record = {"documents": 3, "tokens": 15, "part_crc32": [part.crc_bin, part.crc_lens]}
+    assert part_files_intact(tmp_path / "p", record, 2)
+    assert not part_files_intact(tmp_path / "p", {**record, "tokens": 14}, 2)  # size differs
+    assert not part_files_intact(tmp_path / "p", {**record, "part_crc32": part.crc_bin}, 2)  # older record layout
+    (tmp_path / "p.lens").write_bytes(lens[:-4] + b"\x06\x00\x00\x00")  # same size, other bytes
+    assert not part_files_intact(tmp_path / "p", record, 2)
