@@ -3,7 +3,7 @@
 Workers write each part (`.pretok/parts/part-N.bin` + `.lens`, streamed: bounded memory, not fsynced) and the
 CRC-32 of each file; the main process appends finished parts in unit order to `OUT/data.bin.tmp` and
 `OUT/.pretok/data.lens` (in-kernel copy_file_range), hashing each part's bytes (mapped from the page cache) into
-the running sha256 of the `.bin` as it goes, commits every part by atomically rewriting `.pretok/append.json`
+the running checksum of the `.bin` as it goes, commits every part by atomically rewriting `.pretok/append.json`
 (parts appended, their sizes, document counts and CRCs) at most once a second, then deletes the committed parts'
 files.
 After a kill the files are truncated back to the committed sizes and the committed prefix is re-read, checked part
@@ -13,7 +13,6 @@ part). `finish` fsyncs, renames the `.bin`, then streams the `.idx` from the len
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import os
@@ -24,19 +23,20 @@ from pathlib import Path
 
 import numpy as np
 
+from .formats import checksum
 from .formats import memmap as mm
 from .formats.manifest import atomic_write_json
 
 COMMIT_EVERY_S = 1.0  # commit appends at most once a second (a crash redoes at most ~1 s of appending)
 
 
-def _crc_of(fh, size: int, sha=None) -> int | None:
-    """CRC-32 of the next `size` bytes of `fh` (also hashed into `sha`), or None if the file ends before."""
+def _crc_of(fh, size: int, running=None) -> int | None:
+    """CRC-32 of the next `size` bytes of `fh` (also fed to the `running` hash), or None if the file ends before."""
     crc = 0
     while size and (block := fh.read(min(16 << 20, size))):
         crc = zlib.crc32(block, crc)
-        if sha is not None:
-            sha.update(block)
+        if running is not None:
+            running.update(block)
         size -= len(block)
     return None if size else crc
 
@@ -57,7 +57,7 @@ class MemmapAppender:
         if st.get("order") != unit_order or "part_crc32" not in st:  # a fresh run (or another plan): from nothing
             st = {"parts": 0, "part_crc32": [], "part_sizes": [], "part_docs": []}
         self.part_crc, self.part_sizes, self.part_docs = st["part_crc32"], st["part_sizes"], st["part_docs"]
-        self.sha = hashlib.sha256()  # of the .bin so far (the manifest's checksum, without re-reading at the end)
+        self.hash = checksum.hasher()  # of the .bin so far (the manifest's checksum, without re-reading at the end)
         self.bin = open(self.bin_path, "r+b" if self.bin_path.exists() else "w+b")
         self.lens = open(self.lens_path, "r+b" if self.lens_path.exists() else "w+b")
         self.committed = self._intact_prefix(st["parts"])
@@ -69,13 +69,13 @@ class MemmapAppender:
 
     def _intact_prefix(self, parts: int) -> int:
         """How many committed parts are intact on disk (both files re-read and checked against the parts' CRCs);
-        the running sha256 covers exactly those."""
+        the running checksum covers exactly those."""
         for k in range(parts):
-            sha = self.sha.copy()
-            crcs = [_crc_of(self.bin, self.part_sizes[k], sha), _crc_of(self.lens, 4 * self.part_docs[k])]
+            running = self.hash.copy()
+            crcs = [_crc_of(self.bin, self.part_sizes[k], running), _crc_of(self.lens, 4 * self.part_docs[k])]
             if crcs != list(self.part_crc[k]):
                 return k  # lost or damaged (e.g. a power cut before writeback): redo from this part on
-            self.sha = sha
+            self.hash = running
         return parts
 
     def committed_units(self) -> list[int]:
@@ -86,7 +86,7 @@ class MemmapAppender:
         self.pending[unit_index] = (Path(part_prefix), crc32)
         while self.committed < len(self.order) and self.order[self.committed] in self.pending:
             prefix, crc = self.pending.pop(self.order[self.committed])
-            size = self._copy(prefix.with_name(prefix.name + ".bin"), self.bin, self.sha)
+            size = self._copy(prefix.with_name(prefix.name + ".bin"), self.bin, self.hash)
             docs = self._copy(prefix.with_name(prefix.name + ".lens"), self.lens) // 4
             self.bin_bytes, self.lens_bytes = self.bin.tell(), self.lens.tell()
             self.part_crc.append(crc)
@@ -111,15 +111,15 @@ class MemmapAppender:
         self.last_commit = time.monotonic()
 
     @staticmethod
-    def _copy(src: Path, dst, sha=None) -> int:
-        """Append `src` to `dst` in the kernel (copy_file_range: no copy through Python); hash it into `sha`
-        from a read-only mapping of its (cached) pages."""
+    def _copy(src: Path, dst, running=None) -> int:
+        """Append `src` to `dst` in the kernel (copy_file_range: no copy through Python); feed it to the
+        `running` hash from a read-only mapping of its (cached) pages."""
         dst.flush()
         size, done = src.stat().st_size, 0
         with open(src, "rb") as fh:
-            if sha is not None and size:
+            if running is not None and size:
                 with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                    sha.update(view)
+                    running.update(view)
             while done < size:
                 n = os.copy_file_range(fh.fileno(), dst.fileno(), size - done)
                 if n == 0:
@@ -141,7 +141,7 @@ class MemmapAppender:
         idx = mm.write_index(self.lens_path, self.out / f"{self.prefix}.idx", self.dtype)
         for t in self.deleters:
             t.join()
-        return [{"path": final_bin.name, "size": self.bin_bytes, "sha256": "sha256:" + self.sha.hexdigest()}, idx]
+        return [{"path": final_bin.name, "size": self.bin_bytes, "checksum": checksum.value(self.hash)}, idx]
 
     def close(self) -> None:
         for fh in (self.bin, self.lens):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import PretokError
+from .formats import checksum
 from .formats import memmap as mm
 from .formats.manifest import read_manifest, write_manifest
 from .pretokenize import MEMMAP_PREFIX, build_manifest
@@ -114,5 +115,6 @@ def _merged_inputs(manifests: list[dict]) -> list[dict]:
     merged = [dict(i) for i in manifests[0]["inputs"]]
     for m in manifests[1:]:
         for dst, src in zip(merged, m["inputs"]):
-            dst["sha256"] = dst.get("sha256") or src.get("sha256")
+            dst["checksum"] = checksum.recorded(dst) or checksum.recorded(src)
+            dst.pop("sha256", None)
     return merged

@@ -13,7 +13,6 @@ for any number of workers, any interruption, and any sharding followed by `preto
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ from typing import Callable, Sequence
 
 from . import __version__
 from .errors import PretokError
+from .formats import checksum
 from .formats import parquet as pqf
 from .formats.manifest import FORMAT_VERSIONS, atomic_write_json, environment, write_manifest
 from .memmap_append import MemmapAppender
@@ -165,7 +165,7 @@ def committed_parts(out: Path, units: Sequence[Unit]) -> dict[int, dict]:
 
 
 class _InputHasher(threading.Thread):
-    """sha256 of the input files beside the workers; `stop()` ends it between chunks (no thread left running
+    """Checksums of the input files beside the workers; `stop()` ends it between chunks (no thread left running
     in C code at interpreter exit)."""
 
     def __init__(self, paths: list[str]):
@@ -176,14 +176,14 @@ class _InputHasher(threading.Thread):
     def run(self) -> None:
         for p in self.paths:
             files = sorted(q for q in Path(p).rglob("*") if q.is_file()) if os.path.isdir(p) else [Path(p)]
-            h = hashlib.sha256()
+            h = checksum.hasher()
             for f in files:
                 with open(f, "rb") as fh:
                     while not self.stopped.is_set() and (block := fh.read(8 << 20)):
                         h.update(block)
             if self.stopped.is_set():
                 return
-            self.hashes[p] = "sha256:" + h.hexdigest()
+            self.hashes[p] = checksum.value(h)
 
     def stop(self) -> None:
         self.stopped.set()
@@ -356,6 +356,6 @@ def build_manifest(fmt: str, tokenizer: dict, policy: dict, compression: str, re
     return {"format": fmt, "format_version": FORMAT_VERSIONS[fmt], "dtype": policy["dtype"], "policy": policy,
             "compression": compression if fmt != "memmap" else None, "tokenizer": tokenizer, "counts": counts,
             "files": files, "parts": parts, "shard": shard, "source": source,
-            "inputs": [dict(i, sha256=hashes.get(i["path"])) for i in inputs],
+            "inputs": [dict(i, checksum=hashes.get(i["path"])) for i in inputs],
             "tool": {"name": "pretok", "version": __version__}, "created": datetime.now(timezone.utc).isoformat(),
             "command": command, "run": run, "environment": environment()}

@@ -119,15 +119,15 @@ def _source_docs(part: dict, m: dict, remap: dict[str, str]) -> Iterator[str]:
 def verify(out_dir: str | os.PathLike, sources: Sequence[str] | None = None, sample: int = 64,
            seed: int = 0) -> VerifyReport:
     """Check checksums and structure, then re-tokenize a sample of documents from the source and compare."""
-    from .formats.parquet import sha256_file
+    from .formats import checksum
     from .tokenizer import backends_for, load_tokenizer, make_encoder
 
     out, rep = Path(out_dir), VerifyReport()
     m = read_manifest(out)
     for f in m["files"]:
         rep.files_checked += 1
-        if sha256_file(out / f["path"]) != f["sha256"]:
-            rep.problems.append(f"{out / f['path']}: sha256 differs from manifest.json (corrupted or modified)")
+        if not checksum.matches(out / f["path"], checksum.recorded(f)):
+            rep.problems.append(f"{out / f['path']}: checksum differs from manifest.json (corrupted or modified)")
     lens = document_lengths(out, m)
     if len(lens) != m["counts"]["documents"] or int(lens.sum()) != m["counts"]["tokens"]:
         rep.problems.append(f"{out}: data holds {len(lens)} docs / {int(lens.sum())} tokens, manifest says "

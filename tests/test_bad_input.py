@@ -191,7 +191,7 @@ def test_edited_idx_detected(finished):
     raw[9 + 8 + 1 + 8 + 8] ^= 0x01  # first sequence length
     idx.write_bytes(bytes(raw))
     line = fails(["verify", str(finished)], "data.idx")
-    assert "sha256" in line or "length" in line
+    assert "checksum" in line or "length" in line
 
 
 def test_edited_manifest_detected(finished):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -17,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tokenizers
+import xxhash
 
 from pretok_lib.formats import parquet as pqf
 from pretok_lib.formats.manifest import read_manifest
@@ -57,10 +57,10 @@ def data_files(out: Path) -> dict[str, bytes]:
 
 
 def file_checksums(out: Path) -> dict[str, str]:
-    """The manifest's sha256 of every data file, asserted equal to the file's actual sha256."""
-    recorded = {f["path"]: f["sha256"] for f in read_manifest(out)["files"]}
-    for name, sha in recorded.items():
-        assert sha == "sha256:" + hashlib.sha256((out / name).read_bytes()).hexdigest(), name
+    """The manifest's checksum of every data file, asserted equal to the file's actual XXH3-128."""
+    recorded = {f["path"]: f["checksum"] for f in read_manifest(out)["files"]}
+    for name, value in recorded.items():
+        assert value == "xxh3_128:" + xxhash.xxh3_128((out / name).read_bytes()).hexdigest(), name
     return recorded
 
 
@@ -110,9 +110,10 @@ def test_manifest_records_everything(three_formats, corpus):
     assert m["tokenizer"]["fingerprint"].startswith("sha256:") and m["tokenizer"]["vocab_size"] == 50257
     assert m["tokenizer"]["backend"]["backend"] == "fastokens"
     assert m["policy"]["bos_id"] == GPT2_EOT and m["policy"]["eos_id"] is None
-    assert m["inputs"][0]["sha256"].startswith("sha256:") and m["inputs"][0]["size"] == corpus.stat().st_size
+    assert m["inputs"][0]["checksum"] == "xxh3_128:" + xxhash.xxh3_128(corpus.read_bytes()).hexdigest()
+    assert m["inputs"][0]["size"] == corpus.stat().st_size
     assert m["compression"] == "zstd:3" and m["command"] and m["created"]
-    assert all(f["sha256"].startswith("sha256:") for f in m["files"])
+    assert file_checksums(three_formats["padded"][0])
     assert verify(three_formats["padded"][0], sample=20).ok
 
 

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import PretokError
+from ..formats import checksum
 from ..formats import parquet as pqf
 from ..formats.manifest import read_manifest
 from ..formats.memmap import MemmapDataset
@@ -31,11 +32,11 @@ def open_checked(path: str | os.PathLike, fmt: str, tokenizer_fingerprint: str |
     return m
 
 
-def _read_table(path: Path, sha256: str | None = None):
+def _read_table(path: Path, expected: str | None = None):
     """The whole parquet part (read in full anyway, so its manifest checksum is checked too: flipped bytes in a
     zstd page often decode without error into wrong tokens), or a PretokError naming it."""
-    if sha256 and pqf.sha256_file(path) != sha256:
-        raise PretokError("sha256 differs from manifest.json (corrupted or modified)", path)
+    if expected and not checksum.matches(path, expected):
+        raise PretokError("checksum differs from manifest.json (corrupted or modified)", path)
     try:
         return pq.read_table(path)
     except (OSError, pa.ArrowException) as e:
@@ -59,7 +60,7 @@ class PaddedRows:
         rows, masks = [], []
         for f in self.m["files"]:
             meta = pqf.read_contract(self.path / f["path"], "padded")
-            t = _read_table(self.path / f["path"], f.get("sha256"))
+            t = _read_table(self.path / f["path"], checksum.recorded(f))
             L = meta["row_length"]
             rows.append(t.column("input_ids").combine_chunks().values.to_numpy().reshape(-1, L))
             masks.append(t.column("attention_mask").combine_chunks().values.to_numpy().reshape(-1, L))
@@ -109,7 +110,7 @@ class TokenListPacked(_Packed):
         values, offsets, base = [], [np.zeros(1, np.int64)], 0
         for f in self.m["files"]:
             pqf.read_contract(self.path / f["path"], "token-list")
-            col = _read_table(self.path / f["path"], f.get("sha256")).column("input_ids").combine_chunks()
+            col = _read_table(self.path / f["path"], checksum.recorded(f)).column("input_ids").combine_chunks()
             values.append(col.values.to_numpy())
             offsets.append(col.offsets.to_numpy()[1:].astype(np.int64) + base)
             base += len(values[-1])

@@ -9,7 +9,6 @@ sequence per document (document_indices == arange(S + 1)). Workers write parts (
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 from collections.abc import Iterator, Sequence
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pretok_lib.errors import PretokError
+from pretok_lib.formats import checksum
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -252,15 +252,15 @@ class _Source:
 
 
 class _HashingWriter:
-    """Context-managed file writer that sha256-hashes and counts everything written (fsync on clean exit)."""
+    """Context-managed file writer that checksums and counts everything written (fsync on clean exit)."""
 
     def __init__(self, path: str):
-        self.f, self.sha, self.size = open(path, "wb"), hashlib.sha256(), 0
+        self.f, self.hash, self.size = open(path, "wb"), checksum.hasher(), 0
 
     def write(self, data) -> None:
         view = memoryview(data)
         self.f.write(view)
-        self.sha.update(view)
+        self.hash.update(view)
         self.size += view.nbytes
 
     def __enter__(self) -> _HashingWriter:
@@ -348,7 +348,7 @@ def _concat(sources: list[_Source], out_prefix: str | os.PathLike, dtype: str, c
         "sequences": sum(len(s.lengths) for s in sources),
         "tokens": sum(s.tokens for s in sources),
         "files": [
-            {"path": os.path.basename(p), "size": w.size, "sha256": "sha256:" + w.sha.hexdigest()}
+            {"path": os.path.basename(p), "size": w.size, "checksum": checksum.value(w.hash)}
             for p, w in zip(paths, (bin_out, idx_out))
         ],
     }
@@ -363,7 +363,7 @@ def concat_parts(
     section (lengths, int64 pointers with a running offset, document indices) from the parts' memory-mapped
     `.lens` files, `chunk_bytes // 8` entries at a time, so no O(#docs) array is ever materialised. Writes to
     `.tmp` names, then renames .bin first and .idx last. Returns {"documents", "sequences", "tokens",
-    "files": [{"path", "size", "sha256"}, ...]} with sha256 computed while writing.
+    "files": [{"path", "size", "checksum"}, ...]} with checksums computed while writing.
     """
     itemsize = _write_dtype(dtype).itemsize
     return _concat([_part_source(p, itemsize) for p in part_prefixes], out_prefix, dtype, chunk_bytes)
@@ -386,11 +386,11 @@ def write_index(lens_path: str | os.PathLike, idx_path: str | os.PathLike, dtype
     """Write the `.idx` for a `.bin` whose per-document int32 lengths are in the raw file `lens_path`.
 
     Streams from the memory-mapped lengths (no O(#docs) array), writes `<idx_path>.tmp` and renames it.
-    Returns {"path", "size", "sha256"} of the index."""
+    Returns {"path", "size", "checksum"} of the index."""
     lens_path, idx_path = os.fspath(lens_path), os.fspath(idx_path)
     lengths = _map(lens_path, "<i4")
     source = _Source("", lengths, None, _sum_lengths(lengths, lens_path), len(lengths))
     with _HashingWriter(idx_path + ".tmp") as out:
         _write_idx(out, [source], dtype, max(1, chunk_bytes // 8))
     os.replace(idx_path + ".tmp", idx_path)
-    return {"path": os.path.basename(idx_path), "size": out.size, "sha256": "sha256:" + out.sha.hexdigest()}
+    return {"path": os.path.basename(idx_path), "size": out.size, "checksum": checksum.value(out.hash)}

@@ -6,7 +6,6 @@ key-value metadata under `pretok`, and are validated on open. See docs/FORMATS.m
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import PretokError
+from . import checksum
 
 PADDED, TOKEN_LIST = "padded", "token-list"
 PARQUET_VERSION = 1
@@ -110,17 +110,9 @@ class ParquetPartWriter:
     def close(self) -> dict:
         self._flush()
         self.writer.close()
-        size, digest = self.tmp.stat().st_size, sha256_file(self.tmp)
+        size, digest = self.tmp.stat().st_size, checksum.of_file(self.tmp)
         os.replace(self.tmp, self.path)
-        return {"path": self.path.name, "size": size, "sha256": digest}
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return "sha256:" + h.hexdigest()
+        return {"path": self.path.name, "size": size, "checksum": digest}
 
 
 # ---------------------------------------------------------------- reading

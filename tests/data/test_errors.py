@@ -97,7 +97,7 @@ def test_corrupted_parquet_same_size(copy_of, kind, where):
     i = int(len(raw) * where)
     raw[i : i + 4] = bytes(b ^ 0xFF for b in raw[i : i + 4])
     part.write_bytes(bytes(raw))
-    fails("sha256 differs from manifest.json", part, kind, d)
+    fails("checksum differs from manifest.json", part, kind, d)
 
 
 @pytest.mark.parametrize("region", ["pointers", "document_indices", "magic"])

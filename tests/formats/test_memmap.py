@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import struct
 import warnings
 from pathlib import Path
 
 import numpy as np
+import xxhash
 import pytest
 
 from pretok_lib.errors import PretokError
@@ -193,13 +193,13 @@ def test_concat_datasets_equals_single_dataset(tmp_path, dtype):
         concat_datasets([a], tmp_path / "x", "int32" if dtype == "uint16" else "uint16")
 
 
-def test_sha256_matches_files(dataset):
+def test_checksums_match_files(dataset):
     prefix, _, stats = dataset
     names = [f["path"] for f in stats["files"]]
     assert names == [prefix.name + ".bin", prefix.name + ".idx"]
     for f in stats["files"]:
         data = (prefix.parent / f["path"]).read_bytes()
-        assert f["size"] == len(data) and f["sha256"] == "sha256:" + hashlib.sha256(data).hexdigest()
+        assert f["size"] == len(data) and f["checksum"] == "xxh3_128:" + xxhash.xxh3_128(data).hexdigest()
 
 
 def test_uint16_overflow_rejected_at_write(tmp_path):
