@@ -40,7 +40,8 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-index", type=int, default=None, help="default: SLURM_ARRAY_TASK_ID or 0")
     p.add_argument("--part-mb", type=float, default=None,
                    help="text MB per output part, the resume unit (default: the input's text/32 within [1, 64])")
-    p.add_argument("--batch-mb", type=float, default=4.0, help="input MB tokenized per batch (bounds memory)")
+    p.add_argument("--batch-mb", type=float, default=1.0,
+                   help="input MB tokenized per batch (bounds memory; 1 MB stays in CPU caches)")
     p.add_argument("--overwrite", action="store_true", help="replace an output directory holding another config")
     p.add_argument("--no-progress", action="store_true")
 

@@ -30,11 +30,11 @@ from .formats import checksum
 from .formats import parquet as pqf
 from .formats.manifest import FORMAT_VERSIONS, atomic_write_json, environment, write_manifest
 from .memmap_append import MemmapAppender
-from .parts import STATE, Job, part_files_intact, part_name
+from .parts import PART_HASH_KEY, STATE, Job, part_files_intact, part_name
 from .progress import Progress
 from .sources import SourceOptions, Unit, estimate_text_bytes, expand_inputs, plan_units, sample_texts, shard_units
 from .tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
-from .workers import Workers
+from .workers import Stopped, Workers
 
 FORMATS = ("padded", "token-list", "memmap")
 MEMMAP_PREFIX = "data"
@@ -61,7 +61,7 @@ class TokenizeConfig:
     num_shards: int = 1
     shard_index: int = 0
     part_mb: float | None = None  # None: auto from the total input size (see `part_bytes`)
-    batch_mb: float = 4.0
+    batch_mb: float = 1.0  # ~1 MB of text per encode call: faster than 4 MB (cache locality), less memory
     overwrite: bool = False
     progress: bool = True
     command: list[str] = field(default_factory=lambda: list(sys.argv))
@@ -199,6 +199,21 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
     if cfg.seq_len < 1:
         raise PretokError(f"--seq-len must be >= 1 (got {cfg.seq_len})")
     t0 = time.time()
+    out = Path(cfg.out)
+    # The worker processes start first: their start-up (interpreter, imports, building the encoder) overlaps
+    # the planning and tokenizer loading below. Not when the output is complete already (a no-op rerun).
+    start = cfg.workers > 0 and (cfg.overwrite or not (out / "manifest.json").exists())
+    with Workers(cfg.tokenizer, cfg.backend, cfg.workers if start else 0) as workers:
+        restart = _run(cfg, t0, out, workers)
+    if restart is None:
+        return json.loads((out / "manifest.json").read_text())
+    shutil.rmtree(out)  # the fast guess failed the check: drop what it made, rerun with the checked backend
+    return run_tokenize(TokenizeConfig(**{**cfg.__dict__, "backend": restart}))
+
+
+def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers) -> str | None:
+    """Plan, prepare the output, tokenize what is pending and finalize; returns None when the output is complete,
+    else the backend to restart with (the backend check rejected the one the workers started with)."""
     files = expand_inputs(cfg.inputs)
     sopts = cfg.source_options(estimate_text_bytes(files, cfg.text_column))
     units = plan_units(files, sopts)
@@ -206,13 +221,11 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
     info = load_tokenizer(cfg.tokenizer)
     policy = resolve_policy(info, cfg)
     inputs = [{"path": f.path, "kind": f.kind, "size": f.size, "mtime_ns": f.mtime_ns} for f in files]
-    out = Path(cfg.out)
     key = _output_key(cfg, sopts, info, policy, inputs, mine)
     complete, lock = prepare_output(out, key, cfg.overwrite)
-    restart = None
     try:
         if complete:
-            return json.loads((out / "manifest.json").read_text())
+            return None
         done = committed_parts(out, mine)
         appender = None
         if cfg.format == "memmap":
@@ -220,49 +233,50 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
             _resume_appends(appender, out, done)
         pending = [u for u in mine if u.index not in done]
         job = Job(cfg.format, policy["dtype"], cfg.seq_len, policy["bos_id"], policy["eos_id"], policy["pad_id"],
-                  cfg.compression, sopts, str(out), info.vocab_size)
-        records = dict(done)
+                  cfg.compression, sopts, str(out), info.vocab_size, info.spec, info.fingerprint)
+        records, last_record = dict(done), [t0]
 
         def on_record(rec: dict) -> None:
+            last_record[0] = time.time()
             if appender is not None:
-                appender.add(rec["unit"]["index"], out / STATE / "parts" / rec["part"], rec["part_crc32"])
+                appender.add(rec["unit"]["index"], out / STATE / "parts" / rec["part"], rec[PART_HASH_KEY])
             records[rec["unit"]["index"]] = rec
 
         # Optimistic start: workers tokenize with the fastest candidate at once while the check of that choice
         # on a sample of this input runs beside them; if the check picks another backend, everything made with
         # the first one is discarded and the run starts over with the checked backend.
         guess = cfg.backend or backends_for(info)[0]
-        with Workers(info, job, cfg.workers if pending else 0, len(pending)) as workers:
-            hasher = _InputHasher(sorted({p for u in mine for p in u.paths}))
-            stop_check = threading.Event()
-            check = _BackendCheck(info, lambda: sample_texts(mine, sopts), cfg.backend, guess,
-                                  workers.encoder(guess, stop_check))
-            bar = Progress(sum(u.est_bytes for u in pending), f"{cfg.format} {len(pending)}/{len(mine)} parts",
-                           enabled=cfg.progress)
-            try:
-                workers.run(pending, guess, bar, on_record, check.raise_if_other)
-                choice = check.result()
-            except BaseException as e:
-                hasher.stop()
-                stop_check.set()
-                check.thread.join()  # select_backend runs in C: let it end before any interpreter exit
-                bar.close(ok=False)
-                if appender is not None:
-                    appender.close()
-                if not isinstance(e, _OtherBackend):
-                    raise
-                restart = e.choice.backend
-            else:
-                bar.close()
-        if restart is None:
-            hasher.join()
-            files = appender.finish() if appender is not None else None
-            return _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hasher.hashes, len(units), t0,
-                             files)
+        hasher = _InputHasher(sorted({p for u in mine for p in u.paths}))
+        stop_check = threading.Event()
+        check = _BackendCheck(info, lambda: sample_texts(mine, sopts), cfg.backend, guess,
+                              workers.encoder(guess, stop_check))
+        bar = Progress(sum(u.est_bytes for u in pending), f"{cfg.format} {len(pending)}/{len(mine)} parts",
+                       enabled=cfg.progress)
+        try:
+            workers.run(pending, guess, job, info, bar, on_record, check.raise_if_other)
+            choice = check.result()
+        except BaseException as e:
+            hasher.stop()
+            stop_check.set()
+            check.thread.join()  # select_backend runs in C: let it end before any interpreter exit
+            bar.close(ok=False)
+            if appender is not None:
+                appender.close()
+            if not isinstance(e, _OtherBackend):
+                raise
+            return e.choice.backend
+        bar.close()
+        hasher.join()
+        files = appender.finish() if appender is not None else None
+        # where the wall time went: start-up until the first batch was tokenized, tokenizing, then finishing
+        first = bar.first_update or last_record[0]
+        timeline = {"startup_seconds": round(first - t0, 3), "tokenize_seconds": round(last_record[0] - first, 3),
+                    "finish_seconds": round(time.time() - last_record[0], 3)}
+        _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hasher.hashes, len(units), t0, files,
+                  timeline)
+        return None
     finally:
         os.close(lock)
-    shutil.rmtree(out)  # the fast guess failed the check: drop what it made, rerun with the checked backend
-    return run_tokenize(TokenizeConfig(**{**cfg.__dict__, "backend": restart}))
 
 
 class _OtherBackend(Exception):
@@ -288,20 +302,23 @@ class _BackendCheck:
             self.error = e
 
     def raise_if_other(self) -> None:
-        if self.error is not None:
-            raise self.error
+        if self.error is not None and not isinstance(self.error, Stopped):  # Stopped: the pool's own failure,
+            raise self.error  # which the run reports itself
         if self.choice is not None and self.choice.backend != self.guess:
             raise _OtherBackend(self.choice)
 
     def result(self):
         self.thread.join()
         self.raise_if_other()
+        if self.choice is None:
+            raise PretokError("the tokenizer backend check could not finish (its worker process died); rerun the "
+                              "same command to resume")
         return self.choice
 
 
 def _resume_appends(appender: MemmapAppender, out: Path, done: dict[int, dict]) -> None:
     """Hand finished-but-unappended parts to the appender; forget parts whose data is gone or damaged (appended
-    once but beyond the intact prefix after a crash, or part files failing their CRCs) so they are tokenized
+    once but beyond the intact prefix after a crash, or part files failing their hashes) so they are tokenized
     again."""
     appended = set(appender.committed_units())
     for i in sorted(done):
@@ -311,7 +328,7 @@ def _resume_appends(appender: MemmapAppender, out: Path, done: dict[int, dict]) 
                 prefix.with_name(prefix.name + ext).unlink(missing_ok=True)
             continue
         if part_files_intact(prefix, done[i], appender.itemsize):  # parts are not fsynced: check them
-            appender.add(i, prefix, done[i]["part_crc32"])
+            appender.add(i, prefix, done[i][PART_HASH_KEY])
         else:
             (out / STATE / "parts" / f"{done.pop(i)['part']}.json").unlink()
             for ext in (".bin", ".lens"):
@@ -320,7 +337,7 @@ def _resume_appends(appender: MemmapAppender, out: Path, done: dict[int, dict]) 
 
 def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: TokenizerInfo, choice, policy: dict,
               mine: list[Unit], records: dict[int, dict], inputs: list, hashes: dict, total_units: int, t0: float,
-              files: list[dict] | None) -> dict:
+              files: list[dict] | None, timeline: dict) -> dict:
     ordered = [records[u.index] for u in mine]
     if files is None:
         files = [f for r in ordered for f in r["files"]]
@@ -329,7 +346,7 @@ def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: Tokeni
                               {"num_shards": cfg.num_shards, "shard_index": cfg.shard_index,
                                "units": [mine[0].index, mine[-1].index + 1] if mine else [0, 0],
                                "total_units": total_units},
-                              {"wall_seconds": round(time.time() - t0, 3), "workers": cfg.workers,
+                              {"wall_seconds": round(time.time() - t0, 3), **timeline, "workers": cfg.workers,
                                "worker_peak_rss_mb": max((r.get("peak_rss_mb", 0) for r in ordered), default=0)},
                               {"text_column": cfg.text_column, "separator": cfg.separator,
                                "bad_docs": cfg.bad_docs, "part_bytes": sopts.part_bytes,

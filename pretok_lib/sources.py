@@ -9,6 +9,7 @@ output part and outputs are identical for any number of workers and shards.
 from __future__ import annotations
 
 import codecs
+import functools
 import glob
 import gzip
 import io
@@ -58,7 +59,7 @@ class SourceOptions:
     separator: str | None = None  # txt: a Python `re.split` pattern; None = one document per file
     bad_docs: str = "skip"  # skip (and count) | fail
     part_bytes: int = 64 << 20
-    batch_bytes: int = 4 << 20
+    batch_bytes: int = 1_000_000
 
 
 @dataclass
@@ -125,16 +126,19 @@ def _parquet_file(path: str):
 def estimate_text_bytes(files: Sequence[InputFile], text_column: str) -> int:
     """About how many bytes of text the inputs hold: a parquet file's text column uncompressed (from its footer),
     else the file size. Sizes parts by text, not by compressed bytes on disk."""
-    total = 0
-    for f in files:
-        if f.kind != "parquet":
-            total += f.size
-            continue
-        pf = _parquet_file(f.path)
-        col = _text_column_index(pf, f.path, text_column)
-        meta = pf.metadata
-        total += sum(meta.row_group(rg).column(col).total_uncompressed_size for rg in range(meta.num_row_groups))
-    return total
+    return sum(sum(size for _, size in _row_groups(f, text_column)) if f.kind == "parquet" else f.size
+               for f in files)
+
+
+@functools.lru_cache(maxsize=4096)
+def _row_groups(f: InputFile, text_column: str) -> tuple[tuple[int, int], ...]:
+    """(rows, text column bytes uncompressed) of every row group, from the footer; read once per file version
+    (InputFile carries size and mtime) for both sizing and planning."""
+    pf = _parquet_file(f.path)
+    col = _text_column_index(pf, f.path, text_column)
+    meta = pf.metadata
+    return tuple((meta.row_group(rg).num_rows, meta.row_group(rg).column(col).total_uncompressed_size)
+                 for rg in range(meta.num_row_groups))
 
 
 def _text_column_index(pf, path: str, column: str) -> int:
@@ -151,12 +155,9 @@ def _text_column_index(pf, path: str, column: str) -> int:
 
 def _plan_parquet(f: InputFile, opts: SourceOptions) -> list[tuple]:
     """Row ranges [start, stop) of ~part_bytes text: row groups are joined; only very big ones are split."""
-    pf = _parquet_file(f.path)
-    col = _text_column_index(pf, f.path, opts.text_column)
-    meta, units = pf.metadata, []
+    units: list[tuple] = []
     start = row = acc = 0
-    for rg in range(meta.num_row_groups):
-        rows, size = meta.row_group(rg).num_rows, meta.row_group(rg).column(col).total_uncompressed_size
+    for rows, size in _row_groups(f, opts.text_column):
         if size > max(opts.part_bytes, SPLIT_ROW_GROUP_BYTES):  # close the open range, split this group evenly
             if row > start:
                 units.append(("parquet", (f.path,), start, row, acc))
@@ -340,12 +341,13 @@ def _read_row_group(pf, rg: int, rgm, col: int, lo: int, hi: int, c: _Collector,
     """Rows [lo, hi) of one row group: read whole if small (fast), streamed in batches if big (bounded memory)."""
     name = c.opts.text_column
     if rgm.column(col).total_uncompressed_size <= 4 * c.opts.batch_bytes:
-        arr = pf.read_row_group(rg, columns=[name]).column(0).combine_chunks()
+        arr = pf.read_row_group(rg, columns=[name], use_threads=False).column(0).combine_chunks()
         yield from c.add_arrow(arr.slice(lo, hi - lo), where)
         return
     avg = max(1, rgm.total_byte_size // max(rgm.num_rows, 1))
     pos = 0
-    for batch in pf.iter_batches(batch_size=max(1, c.opts.batch_bytes // avg), row_groups=[rg], columns=[name]):
+    for batch in pf.iter_batches(batch_size=max(1, c.opts.batch_bytes // avg), row_groups=[rg], columns=[name],
+                                   use_threads=False):
         a, b = max(lo - pos, 0), min(hi - pos, batch.num_rows)
         pos += batch.num_rows
         if a < b:

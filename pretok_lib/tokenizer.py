@@ -12,6 +12,7 @@ for a slow tokenizer). Workers rebuild an encoder from (info, backend) alone and
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import itertools
 import json
@@ -21,7 +22,6 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
-from unittest import mock
 
 import numpy as np
 
@@ -141,6 +141,21 @@ def load_tokenizer(spec: str | os.PathLike) -> TokenizerInfo:
     return loaders[kind](spec, file, data, obj)
 
 
+def identify(spec: str | os.PathLike) -> TokenizerInfo:
+    """What `make_encoder` needs (spec, kind, fingerprint) without building the tokenizer, so worker processes can
+    start building theirs at once; vocab_size and the special ids are not read (0 / None). Directories and hub
+    names that need transformers are loaded fully."""
+    spec = os.fspath(spec)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        return load_tokenizer(spec)
+    kind, file = _detect_dir(path) if path.is_dir() else ("", path)
+    if kind == "hf-auto":
+        return load_tokenizer(spec)
+    data = _read_bytes(file)
+    return TokenizerInfo(spec, _file_kind(file, data)[0], _sha(data), 0, None, None, None)
+
+
 def _detect_dir(path: Path) -> tuple[str, Path | None]:
     """(kind, defining file) of a tokenizer directory; tokenizer.json wins, then a single *.model/*.tiktoken/tekken."""
     if (path / "tokenizer.json").is_file():
@@ -229,11 +244,20 @@ def _template_roles(pp: dict | None) -> dict[str, int]:
 
 
 def _hf_from_str(text: str, where: str | Path) -> Any:
-    import tokenizers
+    """HF `tokenizers.Tokenizer` from tokenizer.json text, reading special-token strings as text."""
     try:
-        tok = tokenizers.Tokenizer.from_str(text)
+        return _hf_build(text)
     except Exception as e:  # tokenizers raises bare Exception
         raise PretokError(f"not a valid HF tokenizer.json: {e}", where) from None
+
+
+@functools.lru_cache(maxsize=2)
+def _hf_build(text: str) -> Any:
+    """Cached: loading a tokenizer and building its reference encoder share one build (~0.2 s for 50k tokens).
+    The returned tokenizer is only read from (encode/decode), never reconfigured."""
+    import tokenizers
+
+    tok = tokenizers.Tokenizer.from_str(text)
     tok.encode_special_tokens = True
     return tok
 
@@ -295,6 +319,8 @@ def _tiktoken_constants(path: Path) -> tuple[str, dict[str, int]]:
     if path.stem not in TIKTOKEN_STEMS:
         raise PretokError(f"unknown tiktoken encoding '{path.stem}': name the file one of "
                           f"{', '.join(s + '.tiktoken' for s in TIKTOKEN_STEMS)}", path)
+    from unittest import mock  # imported here: it pulls in asyncio (~30 ms at every worker start)
+
     with mock.patch.object(openai_public, "load_tiktoken_bpe", lambda *a, **k: {}):  # no download: constants only
         c = openai_public.ENCODING_CONSTRUCTORS[path.stem]()
     return c["pat_str"], c["special_tokens"]
@@ -492,8 +518,8 @@ def select_backend(info: TokenizerInfo, sample_texts: list[str], force: str | No
         if backend == reference:
             return BackendChoice(reference, reference, 0, 0, rejected)
         try:
-            got = (encoders or {}).get(backend) or make_encoder(info, backend).encode_batch
-            got = got(texts)
+            encode = (encoders or {}).get(backend) or make_encoder(info, backend).encode_batch
+            got = encode(texts)
         except Exception as e:
             rejected[backend] = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             continue
@@ -524,6 +550,7 @@ def limit_threads_to_one_cpu(cpu_index: int | None = None) -> None:
     """Make this process's tokenizers single-threaded (call before the first encode); pin to one allowed
     CPU when cpu_index is given (fastokens sizes its thread pool from the affinity mask)."""
     os.environ["RAYON_NUM_THREADS"] = "1"
+    os.environ["FASTOKENS_BPE_THREADS"] = "1"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["OMP_NUM_THREADS"] = "1"
     if cpu_index is not None:

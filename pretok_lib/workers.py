@@ -1,154 +1,151 @@
-"""The worker pool: spawned processes pinned to one CPU each, fed units, reporting progress and records."""
+"""The worker pool, main-process side: the spawned zygote (`zygote.py`) and the workers it forks.
+
+Start-up (interpreter, imports, building e.g. a fastokens tokenizer from JSON: ~0.5 s of CPU) is paid once, not
+once per worker, and begins at the start of a run, while the main process still plans the input and loads the
+tokenizer itself. Each worker begins with the encoder the zygote built.
+
+Messages: main → workers `tasks` queue: ("unit", Unit, backend, Job) or None (stop). Workers → main `results`
+queue: ("progress", bytes, docs, tokens), ("done", record), ("error", exception). A worker that dies makes the
+zygote exit with a code saying how; the main process watches the zygote.
+"""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import queue as queue_mod
 import threading
-from typing import Callable
+from collections import deque
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from .errors import PretokError
 from .parts import Job, process_unit
-from .progress import Progress
 from .sources import Unit
-from .tokenizer import TokenizerInfo, backends_for, limit_threads_to_one_cpu, make_encoder
+from .tokenizer import TokenizerInfo, make_encoder
+from .zygote import DIED_BY_SIGNAL, DIED_EXIT, SINGLE_THREADED, run_zygote
 
-_WORKER: dict = {}
-
-
-def _set_parent_death_signal() -> None:
-    """Die with the parent (a kill -9 of the main process must not leave workers writing parts)."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-def _init_worker(info: TokenizerInfo, job: Job, queue, slot) -> None:
-    """Pin to one CPU and build the most likely backend while the main process is still checking backends."""
-    _set_parent_death_signal()
-    with slot.get_lock():
-        cpu = slot.value
-        slot.value += 1
-    limit_threads_to_one_cpu(cpu)
-    first = backends_for(info)[0]
-    _WORKER.update(info=info, job=job, queue=queue, encoders={first: make_encoder(info, first)})
-
-
-def _encoder(backend: str):
-    encoders = _WORKER["encoders"]
-    if backend not in encoders:
-        encoders[backend] = make_encoder(_WORKER["info"], backend)
-    return encoders[backend]
-
-
-def _worker_unit(unit: Unit, backend: str) -> dict:
-    q = _WORKER["queue"]
-    return process_unit(unit, _encoder(backend), _WORKER["job"], lambda b, d, t: q.put((b, d, t)))
-
-
-def _worker_encode(texts: list[str], backend: str) -> tuple[np.ndarray, np.ndarray]:
-    ids, offsets = _encoder(backend).encode_batch(texts)
-    return np.array(ids), offsets
-
+if TYPE_CHECKING:
+    from .progress import Progress
 
 class Stopped(BaseException):
     """A wait on the pool given up because the run is ending (not an error of the work itself)."""
 
 
 class Workers:
-    """The worker pool (spawned, one pinned CPU each), or inline processing for `workers <= 0`."""
+    """The zygote and its forked workers, or inline processing for `workers <= 0`."""
 
-    def __init__(self, info: TokenizerInfo, job: Job, workers: int, units: int):
-        self.info, self.job, self.pool = info, job, None
-        if workers > 0 and units > 0:
-            # spawn, not fork: a worker's memory is its own (a forked one would carry, and be charged for, the
-            # parent's pages) and no lock or thread state of the parent leaks in. Workers start while the main
-            # process plans and checks; each builds its own encoder after pinning to a CPU.
+    def __init__(self, spec: str, backend: str | None, workers: int):
+        """Start at once (the caller plans meanwhile); `backend`: the one to build before forking (None: the
+        fastest candidate for the tokenizer)."""
+        self.n, self.zygote, self.drained = max(workers, 0), None, False
+        if self.n:
             ctx = mp.get_context("spawn")
-            self.queue, slot = ctx.Queue(), ctx.Value("i", 0)
-            self.pool = ctx.Pool(min(workers, units), _init_worker, (info, job, self.queue, slot))
-            self.pids = {w.pid for w in self.pool._pool}  # noqa: SLF001 — to notice a worker that died
+            self.tasks, self.results = ctx.Queue(), ctx.Queue()
+            self.conn, child = ctx.Pipe()
+            self.lock = threading.Lock()  # one encode request at a time on the pipe
+            self.zygote = ctx.Process(target=run_zygote, args=(spec, backend, self.n, self.tasks, self.results, child),
+                                      name="pretok-zygote")
+            saved = {k: os.environ.get(k) for k in SINGLE_THREADED}
+            os.environ.update(SINGLE_THREADED)  # read by the spawned interpreter as it starts, before any import
+            try:
+                self.zygote.start()
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            child.close()
 
     def encoder(self, backend: str, stop: threading.Event) -> Callable[[list[str]], tuple[np.ndarray, np.ndarray]] | None:
-        """`encode_batch` of `backend` run by a worker (which has built it already), or None when inline. The
-        call waits behind the parts already queued; it raises `Stopped` once `stop` is set."""
-        if self.pool is None:
+        """`encode_batch` of `backend` run by the zygote (which has built it already), or None when inline. Raises
+        `Stopped` once `stop` is set or when the zygote is gone."""
+        if self.zygote is None:
             return None
 
         def encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-            result = self.pool.apply_async(_worker_encode, (texts, backend))
-            while not result.ready():
-                if stop.is_set():
-                    raise Stopped()
-                result.wait(0.05)
-            return result.get()
+            with self.lock:
+                try:
+                    self.conn.send((texts, backend))
+                    while not self.conn.poll(0.05):
+                        if stop.is_set() or not self.zygote.is_alive():
+                            raise Stopped()
+                    got = self.conn.recv()
+                except (EOFError, OSError):  # the zygote died: the run fails for that, not the backend
+                    raise Stopped() from None
+            if isinstance(got, BaseException):
+                raise got
+            return got
         return encode
-
-    def check_alive(self) -> None:
-        """multiprocessing.Pool silently replaces a dead worker and loses its task (the run would hang): fail
-        instead, with the reason (killed by the OOM killer, a crash in native code, an unimportable __main__)."""
-        now = {w.pid for w in self.pool._pool}  # noqa: SLF001
-        if now != self.pids:
-            raise PretokError("a tokenizer worker process died (killed, out of memory, or a crash in native code; "
-                              "scripts fed on stdin cannot start spawned workers: use a file or --workers 0); "
-                              "rerun the same command to resume")
 
     def __enter__(self) -> "Workers":
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
+        self.close()
 
-    def run(self, pending: list[Unit], backend: str, bar: Progress, on_record: Callable[[dict], None],
-            keep_going: Callable[[], None] = lambda: None) -> None:
+    def close(self) -> None:
+        """After a completed `run`, let the idle workers exit; else (an error, a restart, nothing to do) kill the
+        zygote at once, even mid start-up, and its workers die with it."""
+        if self.zygote is None:
+            return
+        if self.drained and self.zygote.is_alive():
+            for _ in range(self.n):
+                self.tasks.put(None)
+            self.conn.close()  # the zygote then only waits for its workers
+            self.zygote.join(10)
+        if self.zygote.is_alive():
+            self.zygote.kill()
+        self.zygote.join()
+        for q in (self.tasks, self.results):
+            q.cancel_join_thread()
+            q.close()
+        self.zygote = None
+
+    def run(self, pending: list[Unit], backend: str, job: Job, info: TokenizerInfo, bar: Progress,
+            on_record: Callable[[dict], None], keep_going: Callable[[], None] = lambda: None) -> None:
         """Process `pending` units; `on_record` gets each finished part's record in the main process. At most
-        4 parts per worker are in flight, which bounds what the main process buffers for in-order appending.
-        `keep_going` is called between parts and may raise to stop the run."""
-        if self.pool is None:  # inline, for debugging and tiny inputs
-            enc = make_encoder(self.info, backend) if pending else None
+        4 parts per worker are queued, which bounds what the main process buffers for in-order appending.
+        `keep_going` is called between messages and may raise to stop the run."""
+        if self.zygote is None:  # inline, for debugging and tiny inputs
+            enc = make_encoder(info, backend) if pending else None
             for u in pending:
                 keep_going()
-                on_record(process_unit(u, enc, self.job, bar.update))
+                on_record(process_unit(u, enc, job, bar.update))
             return
-        import queue as queue_mod
-
-        done: queue_mod.SimpleQueue = queue_mod.SimpleQueue()  # filled by the pool's result thread, in order of completion
-        todo, running = list(pending), 0
-        window = 4 * self.pool._processes  # noqa: SLF001 — the pool's size
+        todo, running, window = deque(pending), 0, 4 * self.n
+        self.drained = False
         while todo or running:
             while todo and running < window:
-                self.pool.apply_async(_worker_unit, (todo.pop(0), backend), callback=lambda r: done.put((r, None)),
-                                      error_callback=lambda e: done.put((None, e)))
+                self.tasks.put(("unit", todo.popleft(), backend, job))
                 running += 1
             keep_going()
+            self.check_alive()
             try:
-                rec, err = done.get(timeout=0.05)
+                kind, *msg = self.results.get(timeout=0.05)
             except queue_mod.Empty:
-                _drain(self.queue, bar, timeout=0)
-                self.check_alive()
                 continue
-            running -= 1
-            if err is not None:
-                raise err  # a worker's PretokError, with its one-line message
-            on_record(rec)
-            _drain(self.queue, bar, timeout=0)
-        _drain(self.queue, bar, timeout=0)
+            if kind == "progress":
+                bar.update(*msg)
+            elif kind == "done":
+                running -= 1
+                on_record(msg[0])
+            else:
+                raise msg[0]  # a worker's PretokError, with its one-line message
+        self.drained = True
 
-
-def _drain(queue, bar: Progress, timeout: float) -> None:
-    import queue as queue_mod
-
-    try:
-        item = queue.get(timeout=timeout) if timeout else queue.get_nowait()
-        while True:
-            bar.update(*item)
-            item = queue.get_nowait()
-    except queue_mod.Empty:
-        pass
+    def check_alive(self) -> None:
+        """Raise if the zygote ended during the run: a worker died (it then exits at once) or it never started."""
+        code = self.zygote.exitcode
+        if code is None:
+            return
+        if code >= DIED_BY_SIGNAL:
+            why = f"killed by signal {code - DIED_BY_SIGNAL}: out of memory, kill -9, or a crash in native code"
+        elif code == DIED_EXIT:
+            why = "it exited with an error"
+        else:
+            why = (f"the worker processes could not start or were killed, exit code {code}; scripts fed on stdin "
+                   "cannot start spawned workers: use a file or --workers 0")
+        raise PretokError(f"a tokenizer worker process died ({why}); rerun the same command to resume")

@@ -230,3 +230,39 @@ def test_dead_worker_fails_the_run_instead_of_hanging(tmp_path, shared_data):
                        cwd=Path(__file__).resolve().parents[1])
     assert p.returncode != 0 and "a tokenizer worker process died" in p.stderr
     assert not (out / "manifest.json").exists()
+
+
+def test_killed_worker_fails_the_run_and_the_rerun_completes(tmp_path, shared_data):
+    """A worker killed mid-run (as the OOM killer would) fails the run with one clear line at once, not a hang;
+    rerunning the same command resumes and gives the bytes of an uninterrupted run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from .conftest import ROOT
+    from .test_pretokenize import data_files
+
+    args = ["tokenize", str(PYDOCS_JSONL), "--tokenizer", str(GPT2_JSON), "--format", "memmap", "--part-mb", "0.1",
+            "--batch-mb", "0.02", "--workers", "2", "--no-progress", "--out"]
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    assert run_cli(*args, str(ref)).returncode == 0
+    p = subprocess.Popen([sys.executable, "-m", "pretok_lib.cli", *args, str(out)], stderr=subprocess.PIPE, text=True,
+                         cwd=ROOT)
+    deadline, victims = time.time() + 60, []
+    while time.time() < deadline and not victims:
+        zygotes = [c for c in psutil.Process(p.pid).children() if c.children()]
+        if zygotes and any((out / ".pretok" / "parts").glob("*.json")):
+            victims = zygotes[0].children()
+        time.sleep(0.005)
+    assert victims, "the run should still be going when its first part is committed"
+    victims[0].send_signal(signal.SIGKILL)
+    _, err = p.communicate(timeout=60)
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert p.returncode != 0 and len(lines) == 1, err
+    assert "a tokenizer worker process died (killed by signal 9" in lines[0]
+    assert not (out / "manifest.json").exists()
+    assert run_cli(*args, str(out)).returncode == 0
+    assert data_files(out) == data_files(ref)

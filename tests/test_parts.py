@@ -1,15 +1,14 @@
-"""parts: the BOS/EOS policy on a flat batch (both code paths), and the memmap part's CRC."""
+"""parts: the BOS/EOS policy on a flat batch (both code paths), and the memmap part's hashes."""
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
+import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pretok_lib.parts import _ChecksummedPart, add_special, part_files_intact
+from pretok_lib.parts import PART_HASH_KEY, _ChecksummedPart, add_special, part_files_intact
 
 
 def reference(docs: list[list[int]], bos: int | None, eos: int | None) -> list[list[int]]:
@@ -46,7 +45,7 @@ def test_add_special_both_paths_on_many_documents(doc_len):
     assert np.array_equal(out, np.array([t for d in reference(docs, 1, 2) for t in d], dtype=np.uint16))
 
 
-def test_checksummed_part_records_the_crcs_of_both_files(tmp_path):
+def test_checksummed_part_records_the_hashes_of_both_files(tmp_path):
     part = _ChecksummedPart(tmp_path / "p", "uint16")
     a, b = np.arange(10, dtype="<u2"), np.arange(100, 105, dtype="<u2")
     part.add(a, np.array([4, 6]))
@@ -54,11 +53,11 @@ def test_checksummed_part_records_the_crcs_of_both_files(tmp_path):
     stats = part.close()
     data, lens = (tmp_path / "p.bin").read_bytes(), (tmp_path / "p.lens").read_bytes()
     assert data == a.tobytes() + b.tobytes() and np.frombuffer(lens, "<i4").tolist() == [4, 6, 5]
-    assert (part.crc_bin, part.crc_lens) == (zlib.crc32(data), zlib.crc32(lens))
+    assert part.hashes() == [xxhash.xxh3_64_intdigest(data), xxhash.xxh3_64_intdigest(lens)]
     assert stats == {"documents": 3, "tokens": 15, "bin_bytes": 30}
-    record = {"documents": 3, "tokens": 15, "part_crc32": [part.crc_bin, part.crc_lens]}
+    record = {"documents": 3, "tokens": 15, PART_HASH_KEY: part.hashes()}
     assert part_files_intact(tmp_path / "p", record, 2)
     assert not part_files_intact(tmp_path / "p", {**record, "tokens": 14}, 2)  # size differs
-    assert not part_files_intact(tmp_path / "p", {**record, "part_crc32": part.crc_bin}, 2)  # older record layout
+    assert not part_files_intact(tmp_path / "p", {**record, PART_HASH_KEY: part.hashes()[0]}, 2)  # older record layout
     (tmp_path / "p.lens").write_bytes(lens[:-4] + b"\x06\x00\x00\x00")  # same size, other bytes
     assert not part_files_intact(tmp_path / "p", record, 2)

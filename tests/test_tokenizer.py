@@ -347,3 +347,15 @@ def test_fresh_spawned_worker_rebuilds_encoder_pinned_to_one_cpu(infos, english_
         ids, n_cpus, rayon = pool.apply(_worker, (infos["cl100k"].to_dict(), "fastokens", english_docs[:3]))
     assert (n_cpus, rayon) == (1, "1")
     assert ids == make_encoder(infos["cl100k"], "hf-tokenizers").encode_batch(english_docs[:3])[0].tolist()
+
+
+def test_identify_gives_what_make_encoder_needs_without_building(infos, english_docs):
+    """`identify` (used by the worker zygote to start building at once) gives each tokenizer's kind and
+    fingerprint exactly as `load_tokenizer` does, and an encoder built from it encodes identically."""
+    for name, path in SPECS.items():
+        quick, full = tk.identify(path), infos[name]
+        assert (quick.spec, quick.kind, quick.fingerprint) == (full.spec, full.kind, full.fingerprint), name
+        backend = backends_for(full)[0]
+        a = make_encoder(quick, backend).encode_batch(english_docs[:3])
+        b = make_encoder(full, backend).encode_batch(english_docs[:3])
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]), name

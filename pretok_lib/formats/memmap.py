@@ -112,8 +112,12 @@ class PartWriter:
                 bad = lo if lo < 0 else hi
                 hint = "; write with dtype int32" if self.dtype.itemsize == 2 else ""
                 raise PretokError(f"token id {bad} does not fit {self.dtype.name} (0..{top}){hint}", self.bin_path)
-        self._bin.write(memoryview(np.ascontiguousarray(tokens, dtype=self.dtype)))
-        self._lens.write(memoryview(np.ascontiguousarray(lengths, dtype=_le("int32"))))
+        self._append(np.ascontiguousarray(tokens, dtype=self.dtype), np.ascontiguousarray(lengths, dtype=_le("int32")))
+
+    def _append(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Write already-checked, contiguous little-endian tokens (the part's dtype) and int32 lengths."""
+        self._bin.write(memoryview(tokens))
+        self._lens.write(memoryview(lengths))
         self._docs += lengths.size
         self._tokens += tokens.size
 
