@@ -217,7 +217,7 @@ def _bench_args(add_args: Callable[[argparse.ArgumentParser], None], argv: list[
 
 
 def bench_tokenize(paths: StudyPaths, index: Mapping, workers: int = 2, loop_mb: float = 2.0,
-                   formats: Sequence[str] = FORMATS, skip: Sequence[str] = ("rss-scan",)) -> dict:
+                   formats: Sequence[str] = FORMATS, skip: Sequence[str] = ("rss-scan",), repeat: int = 1) -> dict:
     """`pretok bench tokenize` on the study corpus and tokenizer: per-document loop and datasets.map (the
     on-the-fly cost, on the first `loop_mb` MB) vs the in-memory ceiling vs the engine; JSON in
     `bench/tokenize.json`."""
@@ -226,7 +226,7 @@ def bench_tokenize(paths: StudyPaths, index: Mapping, workers: int = 2, loop_mb:
     out = paths.bench / "tokenize.json"
     argv = ["--corpus", index["corpus"], "--tokenizer", index["tokenizer"], "--workdir", str(paths.bench / "tokenize"),
             "--workers", str(workers), "--loop-mb", str(loop_mb), "--rss-scan", "", "--formats", *formats,
-            "--json", str(out)]
+            "--repeat", str(repeat), "--json", str(out)]
     if skip:
         argv += ["--skip", *skip]
     return main(_bench_args(add_args, argv))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pretok_lib.bench.tokenize import CEIL, LOOP, MAP
+import pytest
+
+from pretok_lib.bench.tokenize import CEIL, LOOP, MAP, ceil_name
 from pretok_lib.cli import build_parser
 from pretok_lib.formats.memmap import MemmapDataset
 
@@ -15,7 +17,7 @@ GPT2_EOT = 50256
 def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path) -> None:
     out, work = tmp_path / "b.json", tmp_path / "w"
     args = build_parser().parse_args(
-        ["bench", "tokenize", "--mb", "2", "--loop-mb", "0.5", "--rss-scan", "1,3", "--workers", "2",
+        ["bench", "tokenize", "--mb", "2", "--loop-mb", "0.5", "--rss-scan", "1,3", "--workers", "2", "--repeat", "2",
          "--json", str(out), "--workdir", str(work),
          "--tokenizer", str(shared_data / "tokenizers" / "gpt2" / "tokenizer.json")])
     returned = args.fn(args) or json.loads(out.read_text())  # the CLI wrapper drops main()'s return value
@@ -23,7 +25,7 @@ def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path) -> None:
     assert res["methods"].keys() == returned["methods"].keys()
     m = res["methods"]
     engine = {f"(d) engine {fmt} w{w}" for fmt in ("memmap", "token-list", "padded") for w in (1, 2)}
-    assert {LOOP, MAP, CEIL, "(c) ceiling x2 (derived)"} | engine == m.keys(), sorted(m)
+    assert {LOOP, MAP, CEIL, ceil_name(2)} | engine == m.keys(), sorted(m)
     for name, r in m.items():
         for key in ("docs_per_s", "tokens_per_s", "mb_per_s"):
             assert r[key] > 0, (name, key, r[key])
@@ -36,7 +38,14 @@ def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path) -> None:
     # (a) and (b) ran on the same prefix and counted the same tokens; the ceiling and the engine on the whole corpus
     assert m[LOOP]["documents"] == m[MAP]["documents"] == corpus["prefix_documents"] < corpus["documents"]
     assert m[LOOP]["tokens"] == m[MAP]["tokens"] > 0
-    assert ceil["documents"] == eng["documents"] == corpus["documents"]
+    assert ceil["documents"] == eng["documents"] == m[ceil_name(2)]["documents"] == corpus["documents"]
+    assert m[ceil_name(2)]["tokens"] == ceil["tokens"]  # two processes on disjoint batches: every token once
+    for name in (CEIL, ceil_name(2), *engine):  # --repeat 2: the fastest of two timings
+        assert len(m[name]["all_seconds"]) == 2
+        assert m[name]["seconds"] == pytest.approx(min(m[name]["all_seconds"]), abs=1e-3)
+    timeline = eng["timeline"]  # where the engine's wall time went, from its manifest
+    assert all(timeline[k] >= 0 for k in ("startup_seconds", "tokenize_seconds", "finish_seconds"))
+    assert sum(timeline.values()) <= eng["manifest_wall_seconds"] + 0.01
     assert eng["policy"]["bos_id"] == GPT2_EOT and eng["policy"]["eos_id"] is None
     assert eng["engine_tokens"] == ceil["tokens"] + corpus["documents"]  # the engine adds one BOS per document
     for name in engine:  # every format tokenized every text token (padded counts kept + truncated)
