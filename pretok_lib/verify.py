@@ -78,6 +78,12 @@ def format_inspect(report: dict) -> str:
         lines.append(f"padding     {s['padding_fraction']:.1%} of slots; truncated {c['truncated']:,} tokens "
                      f"({s['truncated_fraction']:.2%})")
     lines.append(f"created     {m['created']} by pretok {m['tool']['version']}")
+    run = m.get("run") or {}
+    if run.get("tokenize_seconds") is not None:  # outputs of earlier versions have the wall time only
+        mb_s = c["input_bytes"] / 1e6 / run["tokenize_seconds"] if run["tokenize_seconds"] else 0.0
+        lines.append(f"run         {run['wall_seconds']:.2f} s with {run['workers']} workers: start-up "
+                     f"{run['startup_seconds']:.2f} s, tokenizing {run['tokenize_seconds']:.2f} s ({mb_s:.1f} MB/s), "
+                     f"finish {run['finish_seconds']:.2f} s; worker peak RSS {run['worker_peak_rss_mb']:.0f} MB")
     return "\n".join(lines)
 
 

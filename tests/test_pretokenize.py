@@ -23,7 +23,7 @@ from pretok_lib.formats.manifest import read_manifest
 from pretok_lib.formats.memmap import MemmapDataset
 from pretok_lib.merge import merge_shards
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
-from pretok_lib.verify import verify
+from pretok_lib.verify import format_inspect, inspect, verify
 
 from .conftest import GPT2_JSON, PYDOCS_JSONL, ROOT, WIKI_EN, WIKITEXT_VALID
 
@@ -115,6 +115,11 @@ def test_manifest_records_everything(three_formats, corpus):
     assert m["compression"] == "zstd:3" and m["command"] and m["created"]
     assert file_checksums(three_formats["padded"][0])
     assert verify(three_formats["padded"][0], sample=20).ok
+    run = m["run"]  # where the wall time went, shown by `pretok inspect`
+    parts = [run[k] for k in ("startup_seconds", "tokenize_seconds", "finish_seconds")]
+    assert all(x >= 0 for x in parts) and sum(parts) <= run["wall_seconds"] + 0.01 and run["tokenize_seconds"] > 0
+    shown = format_inspect(inspect(three_formats["padded"][0])).splitlines()[-1]
+    assert shown.startswith("run ") and f"tokenizing {run['tokenize_seconds']:.2f} s" in shown
 
 
 def test_workers_do_not_change_bytes(corpus, tmp_path):
