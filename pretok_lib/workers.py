@@ -29,6 +29,7 @@ from .zygote import DIED_BY_SIGNAL, DIED_EXIT, SINGLE_THREADED, run_zygote
 if TYPE_CHECKING:
     from .progress import Progress
 
+
 class Stopped(BaseException):
     """A wait on the pool given up because the run is ending (not an error of the work itself)."""
 

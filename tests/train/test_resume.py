@@ -16,7 +16,7 @@ import pytest
 from ..conftest import ROOT
 from .conftest import records, run_cli, tiny_overrides
 
-STEPS = 60
+STEPS = 30  # bf16 on a CPU without AVX-512 BF16 is emulated: ~2.5 s per step of the tiny model here
 
 
 def _popen(overrides: list[str]) -> subprocess.Popen:
@@ -53,7 +53,7 @@ def _losses(run_dir) -> list[tuple[int, float, float]]:
 @pytest.fixture(scope="module")
 def uninterrupted(train_data, tmp_path_factory):
     runs = tmp_path_factory.mktemp("ref")
-    o = tiny_overrides(train_data, runs, "pretok-memmap", **{"train.steps": STEPS, "checkpoint.every": 10,
+    o = tiny_overrides(train_data, runs, "pretok-memmap", **{"train.steps": STEPS, "checkpoint.every": 5,
                                                                "train.precision": "bf16", "run.id": "ref"})
     run_cli(o)
     return o, runs / "ref"
@@ -61,15 +61,15 @@ def uninterrupted(train_data, tmp_path_factory):
 
 def test_killed_run_resumes_bit_exact(uninterrupted, tmp_path):
     ref = uninterrupted[1]
-    proc, o, run = _start_copy(uninterrupted, tmp_path, "killed", 25)
+    proc, o, run = _start_copy(uninterrupted, tmp_path, "killed", 13)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert json.loads((run / "run.json").read_text())["status"] == "running"      # died without a word
     done = [r["step"] for r in records(run)]
-    assert done[-1] >= 25 and done[-1] < STEPS
+    assert done[-1] >= 13 and done[-1] < STEPS
     p = run_cli(o)
     assert "resumed from" in p.stderr and "step_000000" in p.stderr
-    assert json.loads((run / "run.json").read_text())["resumed_from_step"] in (20, 30, 40, 50)
+    assert json.loads((run / "run.json").read_text())["resumed_from_step"] in (10, 15, 20, 25)
     # every step once, and every loss and gradient norm identical to the uninterrupted run
     assert _losses(run) == _losses(ref)
     assert records(run)[-1]["cum_tokens"] == records(ref)[-1]["cum_tokens"]
@@ -78,7 +78,7 @@ def test_killed_run_resumes_bit_exact(uninterrupted, tmp_path):
 
 def test_sigusr1_checkpoints_and_exits_then_resumes_bit_exact(uninterrupted, tmp_path):
     ref = uninterrupted[1]
-    proc, o, run = _start_copy(uninterrupted, tmp_path, "sig", 12)
+    proc, o, run = _start_copy(uninterrupted, tmp_path, "sig", 6)
     proc.send_signal(signal.SIGUSR1)
     assert proc.wait(timeout=120) == 3
     info = json.loads((run / "run.json").read_text())
