@@ -38,8 +38,8 @@ class Job:
     sources: SourceOptions
     out_dir: str
     vocab_size: int
-    tokenizer_spec: str = ""
-    tokenizer_fingerprint: str = ""
+    tokenizer_spec: str
+    tokenizer_fingerprint: str  # checked by a worker against the tokenizer its zygote built
 
 
 # ---------------------------------------------------------------- policy: BOS/EOS, dtype
@@ -86,8 +86,8 @@ def part_name(index: int) -> str:
 class _ChecksummedPart(mm.PartWriter):
     """A memmap part (`.bin` + `.lens` under .pretok/parts) with the XXH3-64 of each file's bytes (10x faster than
     zlib's CRC-32 here), checked when a rerun finds the part (or its appended copy) after a crash. Not fsynced:
-    data lost by a power cut fails that check and the part is redone. Takes ids already range-checked and in the part's little-endian dtype
-    (`process_unit` checks them against the vocabulary once)."""
+    data lost by a power cut fails that check and the part is redone. Takes ids already range-checked and in
+    the part's little-endian dtype (`process_unit` checks them against the vocabulary once)."""
 
     def __init__(self, prefix: Path, dtype: str):
         super().__init__(prefix, dtype, fsync=False)
@@ -110,7 +110,8 @@ def part_files_intact(prefix: Path, record: dict, itemsize: int) -> bool:
     hashes = record.get(PART_HASH_KEY)
     if not isinstance(hashes, list) or len(hashes) != 2:
         return False
-    for ext, size, h in ((".bin", record["tokens"] * itemsize, hashes[0]), (".lens", record["documents"] * 4, hashes[1])):
+    expected = ((".bin", record["tokens"] * itemsize, hashes[0]), (".lens", record["documents"] * 4, hashes[1]))
+    for ext, size, h in expected:
         path = prefix.with_name(prefix.name + ext)
         if not path.is_file() or path.stat().st_size != size or xxhash.xxh3_64_intdigest(path.read_bytes()) != h:
             return False

@@ -253,7 +253,7 @@ def _hf_from_str(text: str, where: str | Path) -> Any:
 
 @functools.lru_cache(maxsize=2)
 def _hf_build(text: str) -> Any:
-    """Cached: loading a tokenizer and building its reference encoder share one build (~0.2 s for 50k tokens).
+    """Cached: loading a tokenizer and building its reference encoder share one build (~0.1 s for GPT-2).
     The returned tokenizer is only read from (encode/decode), never reconfigured."""
     import tokenizers
 

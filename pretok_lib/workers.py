@@ -29,6 +29,8 @@ from .zygote import DIED_BY_SIGNAL, DIED_EXIT, SINGLE_THREADED, run_zygote
 if TYPE_CHECKING:
     from .progress import Progress
 
+Encoded = tuple[np.ndarray, np.ndarray]  # (flat ids, offsets), as `Encoder.encode_batch` returns them
+
 
 class Stopped(BaseException):
     """A wait on the pool given up because the run is ending (not an error of the work itself)."""
@@ -60,13 +62,13 @@ class Workers:
                         os.environ[k] = v
             child.close()
 
-    def encoder(self, backend: str, stop: threading.Event) -> Callable[[list[str]], tuple[np.ndarray, np.ndarray]] | None:
+    def encoder(self, backend: str, stop: threading.Event) -> Callable[[list[str]], Encoded] | None:
         """`encode_batch` of `backend` run by the zygote (which has built it already), or None when inline. Raises
         `Stopped` once `stop` is set or when the zygote is gone."""
         if self.zygote is None:
             return None
 
-        def encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        def encode(texts: list[str]) -> Encoded:
             with self.lock:
                 try:
                     self.conn.send((texts, backend))

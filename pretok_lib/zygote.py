@@ -1,7 +1,7 @@
 """The zygote: the one spawned process that loads the tokenizer, builds its encoder once and forks the workers.
 
 Imported in a fresh interpreter, this module pulls in nothing heavy at import time, so the zygote can start
-building the encoder (a fastokens build runs largely without the GIL) in a thread while the modules the workers
+building the encoder (a fastokens build releases the GIL part of the time) in a thread while the modules the workers
 need are imported beside it; the thread is joined before the zygote forks (a fork copies no other thread).
 After forking, the zygote supervises: it exits as soon as a worker dies (the exit code says how; the main
 process watches the zygote) and answers the main process's `encode` requests for the backend check.
@@ -57,9 +57,8 @@ def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn) -> 
     """Load the tokenizer, build the most likely backend, fork `n` workers, then supervise them."""
     _set_parent_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    from . import tokenizer
+    from . import tokenizer  # noqa: F401 — numpy first, before the build thread (single-threaded: SINGLE_THREADED)
 
-    tokenizer.limit_threads_to_one_cpu()
     build = threading.Thread(target=_build, args=(spec, backend))
     build.start()
     from . import parts, sources  # noqa: F401 — what the workers run, imported beside the build
@@ -110,7 +109,8 @@ def _worker(slot: int, tasks, results) -> None:
         _, unit, backend, job = task
         try:
             if not _INFO or _INFO[0].fingerprint != job.tokenizer_fingerprint:
-                raise PretokError("the tokenizer changed while the run was starting", job.tokenizer_spec)
+                raise PretokError("the tokenizer file could not be read or changed while the run was starting",
+                                  job.tokenizer_spec)
             results.put(("done", process_unit(unit, _encoder(backend), job, report)))
         except Exception as e:
             results.put(("error", e))
