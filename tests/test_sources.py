@@ -89,3 +89,49 @@ def test_byte_lengths_from_offsets_match_arrow(typ):
     for a in (arr, arr.slice(1, 4), arr.slice(5), arr.slice(0, 0)):
         expected = pc.binary_length(a).fill_null(0).to_numpy(zero_copy_only=False)
         assert _byte_lengths(a).tolist() == expected.tolist()
+
+
+def test_parquet_text_column_after_nested_columns(tmp_path, fr_docs):
+    """Sizes come from the text column's own Parquet leaf, counted past struct, list and map columns before it."""
+    from pretok_lib.sources import _parquet_file, _text_column_index, estimate_text_bytes
+
+    n = 300
+    table = pa.table({
+        "meta": pa.array([{"a": i, "b": {"c": str(i), "d": [i]}} for i in range(n)]),
+        "tags": pa.array([[str(i)] * 3 for i in range(n)], pa.list_(pa.string())),
+        "attrs": pa.array([[("k", i)] for i in range(n)], pa.map_(pa.string(), pa.int64())),
+        "text": fr_docs[:n],
+        "id": list(range(n)),
+    })
+    p = tmp_path / "nested.parquet"
+    pq.write_table(table, p, row_group_size=100)
+    meta = pq.ParquetFile(p).metadata
+    leaf = [meta.row_group(0).column(i).path_in_schema for i in range(meta.num_columns)].index("text")
+    assert leaf == 6  # meta.a, meta.b.c, meta.b.d.list.element, tags, attrs key + value
+    assert _text_column_index(_parquet_file(str(p)), str(p), "text") == leaf
+    text_size = sum(meta.row_group(r).column(leaf).total_uncompressed_size for r in range(meta.num_row_groups))
+    assert estimate_text_bytes(expand_inputs([str(p)]), "text") == text_size
+    assert read_all([p], part_bytes=50_000) == fr_docs[:n]
+
+
+def test_reading_leaves_no_reference_cycles(tmp_path, fr_docs):
+    """Objects left in cycles wait for a rare full collection; a pyarrow footer in one kept each worker's memory
+    growing with the input. Every reader must free everything as it goes."""
+    import gc
+
+    pq.write_table(pa.table({"text": fr_docs}), tmp_path / "a.parquet", row_group_size=50)
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in fr_docs[:200]))
+    (tmp_path / "c.txt").write_text(fr_docs[0])
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for name in ("a.parquet", "b.jsonl", "c.txt"):
+            docs = read_all([tmp_path / name], part_bytes=20_000, batch_bytes=5_000)
+            assert docs, name
+            gc.collect()
+            assert not gc.garbage, (name, sorted({type(o).__name__ for o in gc.garbage}))
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
