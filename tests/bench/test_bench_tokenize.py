@@ -17,7 +17,7 @@ GPT2_EOT = 50256
 def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path) -> None:
     out, work = tmp_path / "b.json", tmp_path / "w"
     args = build_parser().parse_args(
-        ["bench", "tokenize", "--mb", "2", "--loop-mb", "0.5", "--rss-scan", "1,3", "--workers", "2", "--repeat", "2",
+        ["bench", "tokenize", "--mb", "2", "--loop-mb", "0.5", "--rss-scan", "0.5,1,4", "--workers", "2", "--repeat", "2",
          "--json", str(out), "--workdir", str(work),
          "--tokenizer", str(shared_data / "tokenizers" / "gpt2" / "tokenizer.json")])
     returned = args.fn(args) or json.loads(out.read_text())  # the CLI wrapper drops main()'s return value
@@ -43,6 +43,15 @@ def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path) -> None:
     for name in (CEIL, ceil_name(2), *engine):  # --repeat 2: the fastest of two timings
         assert len(m[name]["all_seconds"]) == 2
         assert m[name]["seconds"] == pytest.approx(min(m[name]["all_seconds"]), abs=1e-3)
+    # targets comparing memmap w1/w2 and the ceilings pair them within each round, then take the median
+    rounds = res["rounds"]
+    assert len(rounds) == 2 and all(set(r) == {CEIL, ceil_name(2), "(d) engine memmap w1", "(d) engine memmap w2"}
+                                    for r in rounds)
+    speedup = next(t for t in res["targets"] if t["target"] == "engine memmap speedup w1 -> w2")
+    per_round = [r["(d) engine memmap w1"] / r["(d) engine memmap w2"] for r in rounds]
+    assert speedup["value"] == pytest.approx(sum(per_round) / 2)  # the median of two
+    gain = sum(r[CEIL] / r[ceil_name(2)] for r in rounds) / 2
+    assert speedup["need"] == f">= {0.8 * min(2, gain):.3g}"
     timeline = eng["timeline"]  # where the engine's wall time went, from its manifest
     assert all(timeline[k] >= 0 for k in ("startup_seconds", "tokenize_seconds", "finish_seconds"))
     assert sum(timeline.values()) <= eng["manifest_wall_seconds"] + 0.01
@@ -59,8 +68,14 @@ def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path) -> None:
         assert m[name]["bytes_per_token"] > 0 and 0 < m[name]["peak_rss_mb"] < 4000, name
     assert 2.0 <= eng["bytes_per_token"] < 2.2  # uint16 tokens + a small index
 
-    assert [s["mb"] for s in res["rss_scan"]] == [1.0, 3.0]
-    assert all(s["peak_rss_mb"] > 0 and s["mb_per_s"] > 0 for s in res["rss_scan"])
+    scan = res["rss_scan"]
+    assert [s["mb"] for s in scan] == [0.5, 1.0, 4.0]
+    assert all(s["peak_rss_mb"] > 0 and s["mb_per_s"] > 0 for s in scan)
+    rss = {t["target"]: t for t in res["targets"] if t["target"].startswith("worker peak RSS")}
+    flat = rss["worker peak RSS 4 MB / 1 MB input (flat once caches are full)"]  # largest vs <= a quarter of it
+    assert flat["value"] == pytest.approx(scan[2]["peak_rss_mb"] / scan[1]["peak_rss_mb"]) and flat["need"] == "<= 1.1"
+    filling = rss["worker peak RSS 4 MB / 0.5 MB input (caches filling)"]
+    assert filling["pass"] is None and filling["value"] == pytest.approx(scan[2]["peak_rss_mb"] / scan[0]["peak_rss_mb"])
     ids_target = next(t for t in res["targets"] if t["target"].startswith("(b) ids identical"))
     assert ids_target["pass"] is True
     assert res["environment"]["cpus"] >= 1 and res["tokenizer"]["backends"][0] == ceil["backend"]
