@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import shutil
+import statistics
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -258,28 +259,25 @@ def _keep_barrier(barrier: Any) -> None:
 
 
 def child_ceiling(corpus: str, tok_spec: str, backend: str, batch_bytes: int, ref: dict | None, slot: int = 0,
-                  n: int = 1, repeat: int = 1) -> dict:
-    """(c) `encode_batch` over ~batch_bytes batches of texts already in memory: one pinned core, no I/O. With
-    n > 1 this is one of n such processes, each pinned to its own core, encoding every n-th batch from the
-    moment all are ready."""
+                  n: int = 1) -> dict:
+    """(c) One timed pass of `encode_batch` over ~batch_bytes batches of texts already in memory: one pinned core,
+    no I/O, a fresh encoder (as each engine run has: no caches warm from an earlier pass). With n > 1 this is one
+    of n such processes, each pinned to its own core, encoding every n-th batch from the moment all are ready."""
     from ..tokenizer import limit_threads_to_one_cpu, load_tokenizer, make_encoder
 
     limit_threads_to_one_cpu(slot)
     info = load_tokenizer(tok_spec)
     batches = _ceiling_batches(corpus, batch_bytes)
-    mine, times = batches[slot::n], []
-    for _ in range(max(1, repeat)):
-        # a fresh encoder per pass, as each engine run has: its caches must not be warm from an earlier pass
-        enc = make_encoder(info, backend)
-        enc.encode_batch(batches[0][:8])  # warm-up (lazy initialisation), untimed
-        if _BARRIER:
-            _BARRIER[0].wait()
-        tokens = 0
-        t0 = time.perf_counter()
-        for b in mine:  # results are dropped as the engine's are: keeping them would time page faults, not encoding
-            tokens += int(enc.encode_batch(b)[1][-1])
-        times.append(time.perf_counter() - t0)
-    out = {"seconds": min(times), "all_seconds": times, "peak_rss_mb": hwm_mb(), "tokens": tokens,
+    mine = batches[slot::n]
+    enc = make_encoder(info, backend)
+    enc.encode_batch(batches[0][:8])  # warm-up (lazy initialisation), untimed
+    if _BARRIER:
+        _BARRIER[0].wait()
+    tokens = 0
+    t0 = time.perf_counter()
+    for b in mine:  # results are dropped as the engine's are: keeping them would time page faults, not encoding
+        tokens += int(enc.encode_batch(b)[1][-1])
+    out = {"seconds": time.perf_counter() - t0, "peak_rss_mb": hwm_mb(), "tokens": tokens,
            "documents": sum(len(b) for b in mine), "backend": backend}
     if n == 1 and ref is not None:  # untimed second pass: the same ids as the engine stored?
         results = [enc.encode_batch(b) for b in mine]
@@ -289,16 +287,14 @@ def child_ceiling(corpus: str, tok_spec: str, backend: str, batch_bytes: int, re
     return out
 
 
-def ceiling_parallel(corpus: str, tok_spec: str, backend: str, batch_bytes: int, n: int, repeat: int = 1) -> dict:
-    """(c) on n cores, measured: n pinned processes encode disjoint batches at once (each pass starts together);
-    the slowest one's time of the fastest pass."""
+def ceiling_parallel(corpus: str, tok_spec: str, backend: str, batch_bytes: int, n: int) -> dict:
+    """(c) on n cores, measured: n pinned processes encode disjoint batches, starting together; the slowest one's
+    time."""
     ctx = get_context("spawn")
     with ProcessPoolExecutor(n, mp_context=ctx, initializer=_keep_barrier, initargs=(ctx.Barrier(n),)) as ex:
-        futures = [ex.submit(child_ceiling, corpus, tok_spec, backend, batch_bytes, None, k, n, repeat)
-                   for k in range(n)]
+        futures = [ex.submit(child_ceiling, corpus, tok_spec, backend, batch_bytes, None, k, n) for k in range(n)]
         parts = [f.result() for f in futures]
-    passes = [max(p["all_seconds"][i] for p in parts) for i in range(len(parts[0]["all_seconds"]))]
-    return {"seconds": min(passes), "all_seconds": passes, "documents": sum(p["documents"] for p in parts),
+    return {"seconds": max(p["seconds"] for p in parts), "documents": sum(p["documents"] for p in parts),
             "tokens": sum(p["tokens"] for p in parts), "peak_rss_mb": max(p["peak_rss_mb"] for p in parts),
             "backend": backend, "ids_identical": None}
 
@@ -381,11 +377,8 @@ def table(methods: dict[str, dict], ref_b: float | None) -> str:
 
 def paired_ratio(rounds: list[dict[str, float]], slow: str, fast: str) -> float | None:
     """Median over rounds of seconds[slow] / seconds[fast] (= the MB/s ratio fast / slow) within each round."""
-    vals = sorted(r[slow] / r[fast] for r in rounds if r.get(slow) and r.get(fast))
-    if not vals:
-        return None
-    mid = len(vals) // 2
-    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+    vals = [r[slow] / r[fast] for r in rounds if r.get(slow) and r.get(fast)]
+    return statistics.median(vals) if vals else None
 
 
 def targets(methods: dict[str, dict], n: int, scan: list[dict], rounds: list[dict[str, float]] = ()) -> list[dict]:
@@ -441,15 +434,10 @@ def targets(methods: dict[str, dict], n: int, scan: list[dict], rounds: list[dic
         big = scan[-1]
         mid = max((s for s in scan[:-1] if 4 * s["mb"] <= big["mb"]), key=lambda s: s["mb"], default=scan[-2])
         add(f"worker peak RSS {big['mb']:g} MB / {mid['mb']:g} MB input (flat once caches are full)",
-            ratio_of(big, mid), 1.1, "<=")
+            ratio(big["peak_rss_mb"], mid["peak_rss_mb"]), 1.1, "<=")
         add(f"worker peak RSS {big['mb']:g} MB / {scan[0]['mb']:g} MB input (caches filling)",
-            ratio_of(big, scan[0]), None)
+            ratio(big["peak_rss_mb"], scan[0]["peak_rss_mb"]), None)
     return out
-
-
-def ratio_of(a: dict, b: dict) -> float | None:
-    """Peak RSS of scan point `a` over that of `b`."""
-    return a["peak_rss_mb"] / b["peak_rss_mb"] if b["peak_rss_mb"] else None
 
 
 def main(args: argparse.Namespace) -> dict:
@@ -478,6 +466,7 @@ def main(args: argparse.Namespace) -> dict:
     from ..pretokenize import TokenizeConfig
 
     runs: dict[str, list[dict]] = {}  # every timed run of each method
+    rounds: list[dict[str, float]] = []  # seconds of memmap w1, wN and the ceilings, per round
     widths = ([1] if n > 1 and "engine-1" not in skip else []) + [n]
     ref = None  # the engine's memmap output (N workers): the ids every other method is checked against
     batch = int((args.batch_mb or TokenizeConfig.batch_mb) * 1e6)
@@ -496,18 +485,17 @@ def main(args: argparse.Namespace) -> dict:
             ref = {"out": r["out"], "bos": r["policy"]["bos_id"], "eos": r["policy"]["eos_id"]}
         if "ceiling" not in skip:
             backend = next((rs[0]["backend"] for rs in runs.values()), backends[0])
-            c = in_child(child_ceiling, corpus, tok, backend, batch, ref if k == 0 else None, 0, 1, 1)
+            c = in_child(child_ceiling, corpus, tok, backend, batch, ref if k == 0 else None, 0, 1)
             runs.setdefault(CEIL, []).append(c)
             if n > 1:
-                runs.setdefault(ceil_name(n), []).append(ceiling_parallel(corpus, tok, backend, batch, n, 1))
+                runs.setdefault(ceil_name(n), []).append(ceiling_parallel(corpus, tok, backend, batch, n))
+        rounds.append({name: rs[-1]["seconds"] for name, rs in runs.items()})  # only this round's methods so far
         print(f"  round {k + 1}: " + ", ".join(f"{name} {rs[-1]['seconds']:.2f} s" for name, rs in runs.items()),
               flush=True)
     for fmt in (f for f in args.formats if f != "memmap"):
         for w in widths:
             for _ in range(max(1, args.repeat)):
                 engine(fmt, w)
-    rounds = [{name: rs[k]["seconds"] for name, rs in runs.items() if k < len(rs) and name in
-               (CEIL, ceil_name(n), *(f"(d) engine memmap w{w}" for w in widths))} for k in range(max(1, args.repeat))]
     methods: dict[str, dict] = {}
     for name in [f"(d) engine {fmt} w{w}" for fmt in args.formats for w in widths] + [CEIL, ceil_name(n)]:
         if name in runs and name not in methods:
@@ -542,9 +530,9 @@ def main(args: argparse.Namespace) -> dict:
     for name, r in methods.items():
         tl = r.get("timeline") or {}
         if name.startswith("(d) engine memmap") and tl.get("tokenize_seconds"):
-            runs = ", ".join(f"{x:.2f}" for x in r["all_seconds"])
+            times = ", ".join(f"{x:.2f}" for x in r["all_seconds"])
             steady = cinfo["text_bytes"] / 1e6 / tl["tokenize_seconds"]
-            print(f"{name} (fastest of {len(r['all_seconds'])}: {runs} s): start-up {tl['startup_seconds']:.2f} s, "
+            print(f"{name} (fastest of {len(r['all_seconds'])}: {times} s): start-up {tl['startup_seconds']:.2f} s, "
                   f"tokenizing {tl['tokenize_seconds']:.2f} s ({steady:.0f} MB/s), finish {tl['finish_seconds']:.2f} s")
     tg = targets(methods, n, scan, rounds)
     print()
