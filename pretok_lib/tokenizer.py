@@ -408,7 +408,7 @@ def _cached(name: str, data: bytes) -> Path:
     return path
 
 
-def _fastokens_encoder(tok: Any, specials: Sequence[str] = (), shift: int = 0) -> Encoder:
+def fastokens_encoder(tok: Any, specials: Sequence[str] = (), shift: int = 0) -> Encoder:
     """fastokens' zero-copy bulk path: little-endian uint32 ids + uint64 offsets."""
     def encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         ids, offsets = tok.encode_batch_flat(texts, add_special_tokens=False, split_special_tokens=True)
@@ -432,7 +432,7 @@ def _build_hf(info: TokenizerInfo, backend: str) -> Encoder:
         text = auto.backend_tokenizer.to_str()
     if backend == "fastokens":
         import fastokens
-        return _fastokens_encoder(fastokens.Tokenizer.from_json_str(text))
+        return fastokens_encoder(fastokens.Tokenizer.from_json_str(text))
     tok = _hf_from_str(text, info.spec)
     return Encoder(backend, lambda ts: [e.ids for e in tok.encode_batch_fast(ts, add_special_tokens=False)],
                    lambda ids: tok.decode(ids, skip_special_tokens=False),
@@ -444,7 +444,7 @@ def _build_tiktoken(info: TokenizerInfo, backend: str) -> Encoder:
     pattern, specials = _tiktoken_constants(path)
     if backend == "fastokens":
         import fastokens
-        return _fastokens_encoder(fastokens.Tokenizer.from_tiktoken(str(path), pattern=pattern, special_tokens=specials))
+        return fastokens_encoder(fastokens.Tokenizer.from_tiktoken(str(path), pattern=pattern, special_tokens=specials))
     import tiktoken
     enc = tiktoken.Encoding(path.stem, pat_str=pattern, mergeable_ranks=_parse_tiktoken(data, path),
                             special_tokens=specials)  # a plain loop: encode_ordinary_batch spawns threads
@@ -473,7 +473,7 @@ def _build_tekken(info: TokenizerInfo, backend: str) -> Encoder:
         ranks = _cached(f"tekken-{info.fingerprint[7:]}.tiktoken",
                         "".join(f"{t['token_bytes']} {t['rank']}\n" for t in kept).encode())
         tok = fastokens.Tokenizer.from_tiktoken(str(ranks), pattern=pattern, special_tokens={})
-        return _fastokens_encoder(tok, names, len(names))
+        return fastokens_encoder(tok, names, len(names))
     import tiktoken
     ranks_map = {base64.b64decode(t["token_bytes"]): t["rank"] for t in kept}
     enc = tiktoken.Encoding(path.stem, pat_str=pattern, mergeable_ranks=ranks_map, special_tokens={})

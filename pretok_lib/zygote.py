@@ -1,8 +1,10 @@
 """The zygote: the one spawned process that loads the tokenizer, builds its encoder once and forks the workers.
 
-Imported in a fresh interpreter, this module pulls in nothing heavy at import time, so the zygote can start
-building the encoder (a fastokens build releases the GIL part of the time) in a thread while the modules the workers
-need are imported beside it; the thread is joined before the zygote forks (a fork copies no other thread).
+Imported in a fresh interpreter, this module pulls in nothing heavy at import time, so the zygote starts a
+fastokens build straight from a tokenizer.json's bytes in a thread at once (the build releases the GIL most of the
+time) while the modules the workers need are imported and the tokenizer is identified beside it; the build is
+adopted only if it is of the identified file, and the thread is joined before the zygote forks (a fork copies no
+other thread).
 After forking, the zygote supervises: it exits as soon as a worker dies (the exit code says how; the main
 process watches the zygote) and answers the main process's `encode` requests for the backend check.
 """
@@ -43,26 +45,58 @@ def _encoder(backend: str):
     return _ENCODERS[backend]
 
 
-def _build(spec: str, backend: str | None) -> None:
-    from .tokenizer import backends_for, identify
+def _early_fastokens(spec: str) -> tuple[str, object] | None:
+    """(sha256 fingerprint, fastokens.Tokenizer) built straight from a HF tokenizer.json's bytes, before numpy and
+    the tokenizer module are imported and the file is identified (~0.2 s sooner); None if the spec is not such a
+    file or the build fails. `_prepare` adopts it only if `identify` then finds that very file."""
+    import hashlib
+    from pathlib import Path
+
+    path = Path(spec).expanduser()
+    file = path / "tokenizer.json" if path.is_dir() else path
+    try:
+        if file.suffix != ".json" or file.name.startswith("tekken") or not file.is_file():
+            return None
+        data = file.read_bytes()
+        if b'"config"' in data[:4096]:  # a Mistral tekken file under another name
+            return None
+        import fastokens
+
+        return "sha256:" + hashlib.sha256(data).hexdigest(), fastokens.Tokenizer.from_json_str(data.decode("utf-8"))
+    except Exception:
+        return None
+
+
+def _prepare(spec: str, backend: str | None, build: threading.Thread, early: list) -> None:
+    """Identify the tokenizer while `build` runs `_early_fastokens` (result in `early`), then adopt that build if
+    identify found that very file an hf-json tokenizer to be run by fastokens; else build the backend now."""
+    from .tokenizer import backends_for, fastokens_encoder, identify
 
     try:
         _INFO.append(identify(spec))
-        _encoder(backend or backends_for(_INFO[0])[0])
+        choice = backend or backends_for(_INFO[0])[0]
+        build.join()
+        got = early[0] if early else None
+        if got is not None and (_INFO[0].kind, choice, _INFO[0].fingerprint) == ("hf-json", "fastokens", got[0]):
+            _ENCODERS[choice] = fastokens_encoder(got[1])
+        else:
+            _encoder(choice)
     except Exception:  # the main process reports a bad tokenizer itself; a failed build is the check's to judge
         pass
+    finally:
+        build.join()
 
 
 def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn) -> None:
     """Load the tokenizer, build the most likely backend, fork `n` workers, then supervise them."""
     _set_parent_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    from . import tokenizer  # noqa: F401 — numpy first, before the build thread (single-threaded: SINGLE_THREADED)
-
-    build = threading.Thread(target=_build, args=(spec, backend))
+    early: list = []
+    build = threading.Thread(target=lambda: early.append(_early_fastokens(spec)) if backend in (None, "fastokens")
+                             else None)
     build.start()
     from . import parts, sources  # noqa: F401 — what the workers run, imported beside the build
-    build.join()
+    _prepare(spec, backend, build, early)
     fork = mp.get_context("fork")
     procs = [fork.Process(target=_worker, args=(i, tasks, results), name=f"pretok-worker-{i}") for i in range(n)]
     for p in procs:

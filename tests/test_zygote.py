@@ -1,0 +1,80 @@
+"""The zygote's early fastokens build: started from a tokenizer.json's bytes before the file is identified, adopted
+only when identify then finds that very file an hf-json tokenizer run by fastokens."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pretok_lib import tokenizer, zygote
+from pretok_lib.tokenizer import identify, make_encoder
+from tests.conftest import GPT2_JSON, MISTRAL_SP, TEKKEN
+
+TEXTS = ["def f(x):\n    return x ** 2  # squares", "Héllo wörld <|endoftext|> ok"]
+
+
+@pytest.fixture()
+def fresh(monkeypatch):
+    """The zygote's module state as in a new zygote process."""
+    monkeypatch.setattr(zygote, "_ENCODERS", {})
+    monkeypatch.setattr(zygote, "_INFO", [])
+
+
+def prepare(spec: str, backend: str | None, early: list | None = None) -> None:
+    """Run the zygote's start-up sequence in this process: the early build in a thread, identify beside it."""
+    early = [] if early is None else early
+    build = threading.Thread(target=lambda: early.append(zygote._early_fastokens(spec)) if not early else None)
+    build.start()
+    zygote._prepare(spec, backend, build, early)
+    assert not build.is_alive()  # joined: the zygote forks with no other thread
+
+
+def same_ids(enc, reference) -> None:
+    for got, want in zip(enc.encode_batch(TEXTS), reference.encode_batch(TEXTS)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_early_build_only_for_hf_tokenizer_json(shared_data: Path, tmp_path: Path) -> None:
+    fingerprint, tok = zygote._early_fastokens(str(GPT2_JSON))
+    assert fingerprint == identify(str(GPT2_JSON)).fingerprint and tok.vocab_size == 50257
+    shutil.copy(GPT2_JSON, tmp_path / "tokenizer.json")
+    assert zygote._early_fastokens(str(tmp_path))[0] == fingerprint  # a directory holding a tokenizer.json
+    shutil.copy(TEKKEN, tmp_path / "vocab.json")  # tekken under another name: recognised by its content
+    for spec in (TEKKEN, tmp_path / "vocab.json", MISTRAL_SP, tmp_path / "missing.json"):
+        assert zygote._early_fastokens(str(spec)) is None, spec
+    (tmp_path / "bad.json").write_text('{"model": ')
+    assert zygote._early_fastokens(str(tmp_path / "bad.json")) is None
+
+
+def test_prepare_adopts_the_early_build(fresh, shared_data: Path, monkeypatch) -> None:
+    built = []
+    monkeypatch.setattr(tokenizer, "make_encoder", lambda info, b: built.append(b) or make_encoder(info, b))
+    prepare(str(GPT2_JSON), None)
+    assert zygote._INFO[0].kind == "hf-json" and set(zygote._ENCODERS) == {"fastokens"}
+    assert built == []  # no second build: the early one is used
+    enc = zygote._ENCODERS["fastokens"]
+    assert enc.backend == "fastokens" and enc.decode(enc.encode_batch(TEXTS)[0]) == "".join(TEXTS)
+    same_ids(enc, make_encoder(zygote._INFO[0], "hf-tokenizers"))
+
+
+def test_prepare_builds_anew_when_the_early_build_is_not_that_file(fresh, shared_data: Path, tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    """A file changed between the early read and identify (other fingerprint): the early build is dropped and the
+    backend built from the identified file; another backend asked for: no early build at all."""
+    other = tmp_path / "tokenizer.json"
+    shutil.copy(GPT2_JSON, other)
+    stale = zygote._early_fastokens(str(other))
+    other.write_text(other.read_text().replace('"<|endoftext|>"', '"<|end|>"'))
+    built = []
+    monkeypatch.setattr(tokenizer, "make_encoder", lambda info, b: built.append(b) or make_encoder(info, b))
+    prepare(str(other), None, [stale])
+    assert zygote._INFO[0].fingerprint != stale[0] and set(zygote._ENCODERS) == {"fastokens"}
+    assert built == ["fastokens"]  # built again, from the identified file
+    zygote._ENCODERS.clear()
+    zygote._INFO.clear()
+    prepare(str(GPT2_JSON), "hf-tokenizers")
+    assert set(zygote._ENCODERS) == {"hf-tokenizers"} and built == ["fastokens", "hf-tokenizers"]
