@@ -34,11 +34,17 @@ NOTES = """\
     1 pinned core; {n} cores: {n} pinned processes at once on disjoint batches (measured).
     (d) end to end: read + tokenize + write + checksums + manifest; "x ceiling" compares wK with the K-core ceiling.
     (c) and (d): the fastest of --repeat runs. Targets comparing memmap w1, w{n} and the ceilings: the median of
-    their ratios within each of the --repeat rounds (one of each, back to back).
+    their ratios within each of the --repeat rounds (one of each, back to back). The w1 -> w{n} speedup target is
+    on the engine's tokenizing phase (its steady state, as the ceilings are timed); end to end is shown beside it.
 Peak RSS: (a), (c) VmHWM of the process (it holds all its texts); (b) max of its main process and any map worker,
     (d) the largest worker VmHWM recorded in the manifest. tokens/s: text tokens (no BOS/EOS). bytes/token: bytes on disk per
     stored token (BOS/EOS included, padding and truncated tokens excluded)."""
 LOOP, MAP, CEIL = "(a) per-doc tok(text) loop", "(b) datasets.map", "(c) ceiling 1 core"
+
+
+def phase_name(name: str) -> str:
+    """The key, in a round, of an engine method's tokenizing-phase seconds (start-up and finish excluded)."""
+    return f"{name} tokenizing phase"
 
 
 def ceil_name(n: int) -> str:
@@ -414,17 +420,21 @@ def targets(methods: dict[str, dict], n: int, scan: list[dict], rounds: list[dic
     same = methods[MAP]["ids_identical"] if MAP in methods else None
     add("(b) ids identical to engine memmap (1 = yes)", None if same is None else float(same), 1)
     if n > 1:
+        # The ceilings time encoding only (their encoder is built before the clock starts), so their 1 -> n gain is
+        # a steady-state one; the engine is held to it on its steady state too: the tokenizing phase, from the first
+        # batch to the last part appended (reading, tokenizing, writing, hashing and appending all included). Its
+        # start-up (mostly building the encoder, ~1 s whatever the worker count) is in the end-to-end speedup.
         allows = rate_ratio(ceil_name(n), CEIL)  # what the machine itself gives from 1 to n cores, in memory
         need = None if allows is None else 0.8 * min(n, allows)
-        speedup = rate_ratio(en, e1)
-        each = [f"{r[e1] / r[en]:.2f}/{r[CEIL] / r[ceil_name(n)]:.2f}" for r in rounds
-                if all(r.get(k) for k in (e1, en, CEIL, ceil_name(n)))]
-        add(f"engine memmap speedup w1 -> w{n}", speedup, need,
+        p1, pn = phase_name(e1), phase_name(en)
+        tok_s = [(methods.get(k) or {}).get("timeline", {}).get("tokenize_seconds") for k in (e1, en)]
+        steady = paired_ratio(list(rounds), p1, pn) if rounds else ratio(*tok_s)
+        each = [f"{r[p1] / r[pn]:.2f}/{r[CEIL] / r[ceil_name(n)]:.2f}" for r in rounds
+                if all(r.get(k) for k in (p1, pn, CEIL, ceil_name(n)))]
+        add(f"engine memmap speedup w1 -> w{n}, steady state", steady, need,
             note="" if allows is None else f"(0.8 x the ceiling's own {allows:.2f}x from 1 to {n} cores"
             + (f"; engine/ceiling by round: {', '.join(each)})" if each else ")"))
-        phase = [(methods.get(k) or {}).get("timeline", {}).get("tokenize_seconds") for k in (e1, en)]
-        add(f"engine memmap speedup w1 -> w{n}, tokenizing phase only (fastest runs; start-up and finish excluded)",
-            ratio(phase[0], phase[1]), None)
+        add(f"engine memmap speedup w1 -> w{n}, end to end (with the start-up)", rate_ratio(en, e1), None)
     rss = [r["peak_rss_mb"] for k, r in methods.items() if k.startswith("(d)")] + [s["peak_rss_mb"] for s in scan]
     add("engine worker peak RSS MB, all runs", max(rss) if rss else None, 400, "<=")
     if len(scan) > 2:
@@ -490,6 +500,8 @@ def main(args: argparse.Namespace) -> dict:
             if n > 1:
                 runs.setdefault(ceil_name(n), []).append(ceiling_parallel(corpus, tok, backend, batch, n))
         rounds.append({name: rs[-1]["seconds"] for name, rs in runs.items()})  # only this round's methods so far
+        rounds[-1].update({phase_name(name): rs[-1]["timeline"]["tokenize_seconds"] for name, rs in runs.items()
+                           if name.startswith("(d) engine memmap")})
         print(f"  round {k + 1}: " + ", ".join(f"{name} {rs[-1]['seconds']:.2f} s" for name, rs in runs.items()),
               flush=True)
     for fmt in (f for f in args.formats if f != "memmap"):
