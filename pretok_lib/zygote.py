@@ -45,13 +45,16 @@ def _encoder(backend: str):
     return _ENCODERS[backend]
 
 
-def _early_fastokens(spec: str) -> tuple[str, object] | None:
+def _early_fastokens(spec: str, backend: str | None) -> tuple[str, object] | None:
     """(sha256 fingerprint, fastokens.Tokenizer) built straight from a HF tokenizer.json's bytes, before numpy and
-    the tokenizer module are imported and the file is identified (~0.2 s sooner); None if the spec is not such a
-    file or the build fails. `_prepare` adopts it only if `identify` then finds that very file."""
+    the tokenizer module are imported and the file is identified (~0.2 s sooner); None if another backend is asked
+    for, the spec is not such a file or the build fails. `_prepare` adopts it only if `identify` then finds that
+    very file."""
     import hashlib
     from pathlib import Path
 
+    if backend not in (None, "fastokens"):
+        return None
     path = Path(spec).expanduser()
     file = path / "tokenizer.json" if path.is_dir() else path
     try:
@@ -65,6 +68,14 @@ def _early_fastokens(spec: str) -> tuple[str, object] | None:
         return "sha256:" + hashlib.sha256(data).hexdigest(), fastokens.Tokenizer.from_json_str(data.decode("utf-8"))
     except Exception:
         return None
+
+
+def _start_early_build(spec: str, backend: str | None) -> tuple[threading.Thread, list]:
+    """`_early_fastokens` started in a thread; its result is appended to the returned list."""
+    early: list = []
+    build = threading.Thread(target=lambda: early.append(_early_fastokens(spec, backend)))
+    build.start()
+    return build, early
 
 
 def _prepare(spec: str, backend: str | None, build: threading.Thread, early: list) -> None:
@@ -91,10 +102,7 @@ def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn) -> 
     """Load the tokenizer, build the most likely backend, fork `n` workers, then supervise them."""
     _set_parent_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    early: list = []
-    build = threading.Thread(target=lambda: early.append(_early_fastokens(spec)) if backend in (None, "fastokens")
-                             else None)
-    build.start()
+    build, early = _start_early_build(spec, backend)
     from . import parts, sources  # noqa: F401 — what the workers run, imported beside the build
     _prepare(spec, backend, build, early)
     fork = mp.get_context("fork")

@@ -24,13 +24,17 @@ def fresh(monkeypatch):
     monkeypatch.setattr(zygote, "_INFO", [])
 
 
-def prepare(spec: str, backend: str | None, early: list | None = None) -> None:
-    """Run the zygote's start-up sequence in this process: the early build in a thread, identify beside it."""
-    early = [] if early is None else early
-    build = threading.Thread(target=lambda: early.append(zygote._early_fastokens(spec)) if not early else None)
-    build.start()
+def prepare(spec: str, backend: str | None, early: list | None = None) -> list:
+    """Run the zygote's start-up sequence in this process: the early build in a thread, identify beside it (or,
+    given `early`, that result as the early build's). Returns the early build's result list."""
+    if early is None:
+        build, early = zygote._start_early_build(spec, backend)
+    else:
+        build = threading.Thread(target=lambda: None)
+        build.start()
     zygote._prepare(spec, backend, build, early)
     assert not build.is_alive()  # joined: the zygote forks with no other thread
+    return early
 
 
 def same_ids(enc, reference) -> None:
@@ -39,15 +43,16 @@ def same_ids(enc, reference) -> None:
 
 
 def test_early_build_only_for_hf_tokenizer_json(shared_data: Path, tmp_path: Path) -> None:
-    fingerprint, tok = zygote._early_fastokens(str(GPT2_JSON))
+    fingerprint, tok = zygote._early_fastokens(str(GPT2_JSON), None)
     assert fingerprint == identify(str(GPT2_JSON)).fingerprint and tok.vocab_size == 50257
     shutil.copy(GPT2_JSON, tmp_path / "tokenizer.json")
-    assert zygote._early_fastokens(str(tmp_path))[0] == fingerprint  # a directory holding a tokenizer.json
+    assert zygote._early_fastokens(str(tmp_path), "fastokens")[0] == fingerprint  # a directory holding a tokenizer.json
     shutil.copy(TEKKEN, tmp_path / "vocab.json")  # tekken under another name: recognised by its content
     for spec in (TEKKEN, tmp_path / "vocab.json", MISTRAL_SP, tmp_path / "missing.json"):
-        assert zygote._early_fastokens(str(spec)) is None, spec
+        assert zygote._early_fastokens(str(spec), None) is None, spec
     (tmp_path / "bad.json").write_text('{"model": ')
-    assert zygote._early_fastokens(str(tmp_path / "bad.json")) is None
+    assert zygote._early_fastokens(str(tmp_path / "bad.json"), None) is None
+    assert zygote._early_fastokens(str(GPT2_JSON), "hf-tokenizers") is None  # another backend forced
 
 
 def test_prepare_adopts_the_early_build(fresh, shared_data: Path, monkeypatch) -> None:
@@ -67,7 +72,7 @@ def test_prepare_builds_anew_when_the_early_build_is_not_that_file(fresh, shared
     backend built from the identified file; another backend asked for: no early build at all."""
     other = tmp_path / "tokenizer.json"
     shutil.copy(GPT2_JSON, other)
-    stale = zygote._early_fastokens(str(other))
+    stale = zygote._early_fastokens(str(other), None)
     other.write_text(other.read_text().replace('"<|endoftext|>"', '"<|end|>"'))
     built = []
     monkeypatch.setattr(tokenizer, "make_encoder", lambda info, b: built.append(b) or make_encoder(info, b))
@@ -76,5 +81,5 @@ def test_prepare_builds_anew_when_the_early_build_is_not_that_file(fresh, shared
     assert built == ["fastokens"]  # built again, from the identified file
     zygote._ENCODERS.clear()
     zygote._INFO.clear()
-    prepare(str(GPT2_JSON), "hf-tokenizers")
+    assert prepare(str(GPT2_JSON), "hf-tokenizers") == [None]  # no early build
     assert set(zygote._ENCODERS) == {"hf-tokenizers"} and built == ["fastokens", "hf-tokenizers"]
