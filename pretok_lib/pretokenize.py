@@ -116,13 +116,39 @@ def _output_key(cfg: TokenizeConfig, sopts: SourceOptions, info: TokenizerInfo, 
             "shard_index": cfg.shard_index, "units": [u.index for u in units]}
 
 
+def _only_scaffolding(out: Path) -> bool:
+    """True if `out` holds nothing but what a run killed before writing its config leaves: the state dir with
+    an empty parts dir, the lock file and perhaps a torn config temp file."""
+    state = out / STATE
+    if [p.name for p in out.iterdir()] != [STATE] or not state.is_dir():
+        return False
+    allowed = {"parts", "lock", "config.json.tmp"}
+    return all(p.name in allowed for p in state.iterdir()) and not any((state / "parts").glob("*"))
+
+
+def _aside(out: Path) -> Path:
+    return out.with_name(f".{out.name}.removing")
+
+
+def remove_output(out: Path) -> None:
+    """Delete an output dir as one step for a reader: renamed aside first, so a kill mid-delete leaves no torn
+    output under `out` (a later run finishes deleting the leftover)."""
+    aside = _aside(out)
+    if aside.exists():
+        shutil.rmtree(aside)
+    os.replace(out, aside)
+    shutil.rmtree(aside)
+
+
 def prepare_output(out: Path, key: dict, overwrite: bool) -> tuple[bool, int]:
     """Create/validate the output dir. Returns (already_complete, lock_fd). Refuses a different config."""
     state = out / STATE
-    if out.exists() and any(out.iterdir()):
+    if _aside(out).exists():  # a delete killed midway
+        shutil.rmtree(_aside(out))
+    if out.exists() and any(out.iterdir()) and not _only_scaffolding(out):
         old = state / "config.json"
         if overwrite:
-            shutil.rmtree(out)
+            remove_output(out)
         elif not old.exists():
             raise PretokError("exists, is not empty and is not a pretok output; use --overwrite or another --out", out)
         else:
@@ -207,7 +233,7 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
         restart = _run(cfg, t0, out, workers)
     if restart is None:
         return json.loads((out / "manifest.json").read_text())
-    shutil.rmtree(out)  # the fast guess failed the check: drop what it made, rerun with the checked backend
+    remove_output(out)  # the fast guess failed the check: drop what it made, rerun with the checked backend
     return run_tokenize(TokenizeConfig(**{**cfg.__dict__, "backend": restart}))
 
 

@@ -22,7 +22,7 @@ from pretok_lib.formats import parquet as pqf
 from pretok_lib.formats.manifest import read_manifest
 from pretok_lib.formats.memmap import MemmapDataset
 from pretok_lib.merge import merge_shards
-from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
+from pretok_lib.pretokenize import TokenizeConfig, prepare_output, remove_output, run_tokenize
 from pretok_lib.verify import format_inspect, inspect, verify
 
 from .conftest import GPT2_JSON, PYDOCS_JSONL, ROOT, WIKI_EN, WIKITEXT_VALID
@@ -160,6 +160,32 @@ def test_shards_merge_to_the_unsharded_bytes(corpus, tmp_path):
         assert verify(tmp_path / f"merged-{fmt}", sample=10).ok
 
 
+def test_output_left_by_a_kill_before_its_config_is_taken_over(tmp_path):
+    """A run killed between creating its state dir and writing its config leaves only scaffolding: not refused.
+    A kill in the middle of deleting an output leaves nothing under --out and the leftover is removed later."""
+    key = {"format": "memmap"}
+    out = tmp_path / "o"
+    (out / ".pretok" / "parts").mkdir(parents=True)
+    (out / ".pretok" / "lock").touch()
+    (out / ".pretok" / "config.json.tmp").write_text('{"form')
+    complete, fd = prepare_output(out, key, overwrite=False)
+    os.close(fd)
+    assert not complete and json.loads((out / ".pretok" / "config.json").read_text()) == key
+    foreign = tmp_path / "f"
+    (foreign / ".pretok" / "parts").mkdir(parents=True)
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(Exception, match="is not a pretok output"):
+        prepare_output(foreign, key, overwrite=False)
+    aside = tmp_path / ".o.removing"
+    (aside / "part-00000.parquet").parent.mkdir()
+    (aside / "part-00000.parquet").write_bytes(b"x")  # what a kill during remove_output leaves
+    complete, fd = prepare_output(out, key, overwrite=False)
+    os.close(fd)
+    assert not aside.exists() and (out / ".pretok" / "config.json").exists()
+    remove_output(out)
+    assert not out.exists() and not aside.exists()
+
+
 def test_slurm_array_variables_choose_the_shard(corpus, tmp_path):
     env = {"SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_MIN": "0"}
     old = {k: os.environ.get(k) for k in env}
@@ -189,7 +215,7 @@ def _kill_after(args: list[str], out: Path, delay: float) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["token-list", "memmap"])
 def test_kill9_then_resume_is_byte_identical(corpus, tmp_path, fmt):
-    """kill -9 at several moments of a real run (spread over its duration), rerun: identical bytes."""
+    """kill -9 at several moments of a real run (from start-up to the end), rerun: identical bytes."""
     args = [str(corpus), "--tokenizer", str(GPT2_JSON), "--format", fmt, "--part-mb", "0.2",
             "--batch-mb", "0.05", "--workers", "2", "--no-progress"]
     ref = tmp_path / "ref"
@@ -197,7 +223,7 @@ def test_kill9_then_resume_is_byte_identical(corpus, tmp_path, fmt):
     assert run_cli("tokenize", *args, "--out", str(ref)).returncode == 0
     took = time.time() - t0
     interrupted = 0
-    for i, frac in enumerate((0.3, 0.5, 0.7, 0.85)):
+    for i, frac in enumerate((0.1, 0.3, 0.5, 0.7, 0.85)):  # 0.1: at start-up, before the config
         out = tmp_path / f"killed{i}"
         interrupted += _kill_after(args, out, took * frac)
         r = run_cli("tokenize", *args, "--out", str(out))
