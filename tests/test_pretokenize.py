@@ -177,7 +177,7 @@ def test_output_left_by_a_kill_before_its_config_is_taken_over(tmp_path):
     with pytest.raises(Exception, match="is not a pretok output"):
         prepare_output(foreign, key, overwrite=False)
     aside = tmp_path / ".o.removing"
-    (aside / "part-00000.parquet").parent.mkdir()
+    aside.mkdir()
     (aside / "part-00000.parquet").write_bytes(b"x")  # what a kill during remove_output leaves
     complete, fd = prepare_output(out, key, overwrite=False)
     os.close(fd)
