@@ -1,0 +1,185 @@
+"""stall.py: the stall model's arithmetic, its FLOPs count against the built model, the prediction table, and the
+prediction checked against CPU training runs whose loader is made slow on purpose (and one that is fast)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pretok_lib.analysis import stall as S
+
+from ..conftest import ROOT, WIKI_EN
+
+SEQ, MB = 64, 4
+
+
+# ---------------------------------------------------------------- arithmetic
+
+
+def test_stall_fraction_both_regimes() -> None:
+    assert S.stall_fraction(50.0, 100.0, prefetch=True) == pytest.approx(0.5)   # max(0, 1 - h)
+    assert S.stall_fraction(200.0, 100.0, prefetch=True) == 0.0
+    assert S.stall_fraction(100.0, 100.0, prefetch=False) == pytest.approx(0.5)  # 1 / (1 + h)
+    assert S.stall_fraction(300.0, 100.0, prefetch=False) == pytest.approx(0.25)
+    assert S.stall_fraction(0.0, 100.0, prefetch=True) == 1.0
+
+
+@pytest.mark.parametrize("model", [
+    {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2},
+    {"hidden_size": 96, "num_layers": 3, "num_heads": 6, "num_kv_heads": 3, "intermediate_size": 200,
+     "tie_embeddings": True},
+])
+def test_flops_per_token_equals_the_trainers(model: dict) -> None:
+    from pretok_lib.train.config import ModelConfig
+    from pretok_lib.train.model import build_model, model_flops_per_token, vocab_size_for
+
+    cfg = ModelConfig(**model)
+    vocab = vocab_size_for(cfg, 1000)
+    built = build_model(cfg, vocab, SEQ, seed=0)
+    assert S.config_flops_per_token(model, 1000, SEQ) == model_flops_per_token(built, cfg, SEQ)
+
+
+def test_study_config_consumption_on_h100() -> None:
+    """configs/study.yaml with a 131k vocabulary at seq_len 2048: F = 6·1.241e9 + 12·16·2048·2048."""
+    model = yaml.safe_load((ROOT / "configs" / "study.yaml").read_text())["model"]
+    f = S.config_flops_per_token(model, 131072, 2048)
+    n = 16 * (2 * 2048**2 + 2 * 2048 * 512 + 3 * 2048 * 8192) + 131072 * 2048
+    assert f == 6 * n + 12 * 16 * 2048 * 2048
+    c = S.consumption(0.4, S.ACCELERATORS["H100 SXM"].bf16_tflops * 1e12, f)
+    assert 45_000 < c < 50_000  # tokens/s per GPU
+
+
+def _bench(cpus: int = 2) -> dict:
+    row = lambda kind, w, tps, eff: {"kind": kind, "workers": w, "tokens_per_s": tps,  # noqa: E731
+                                     "effective_tokens_per_s": eff}
+    return {"seq_len": SEQ, "micro_batch": MB, "environment": {"cpus": cpus}, "loaders": {
+        "ref: raw memmap get_batch": row("reference", 0, 5e7, 5e7),
+        "padded w0": row("padded", 0, 4e4, 1e4), "padded w2": row("padded", 2, 6e4, 1.5e4),
+        "pretok-memmap w0": row("pretok-memmap", 0, 1e8, 1e8)}}
+
+
+def test_predict_table_by_hand() -> None:
+    acc = S.Accelerator("X", 100.0, "test")
+    rows = S.predict(_bench(), flops_per_token_=1e9, accelerators=[acc], mfu=(0.4, 0.5))
+    by = {(r["path"], r["workers"]): r for r in rows}
+    assert set(by) == {("padded", 0), ("padded", 2), ("pretok-memmap", 0)}   # references left out
+    r = by[("padded", 0)]   # C = 0.4·1e14/1e9 = 40k .. 50k; no prefetch: C / (C + S)
+    assert (r["consumption_low"], r["consumption_high"]) == pytest.approx((4e4, 5e4))
+    assert (r["stall_low"], r["stall_high"]) == pytest.approx((0.5, 5 / 9))
+    assert r["headroom_low"] == pytest.approx(0.8) and r["effective_share"] == pytest.approx(0.25)
+    r = by[("padded", 2)]   # prefetch: max(0, 1 - S/C)
+    assert (r["stall_low"], r["stall_high"]) == (0.0, 0.0) and r["headroom_low"] == pytest.approx(1.2)
+    assert by[("pretok-memmap", 0)]["stall_high"] < 1e-3
+    assert "padded" in S.markdown_table(rows) and S.markdown_table([]).startswith("No loader")
+
+
+def test_cores_per_rank_scales_worker_rows_only() -> None:
+    rows = S.supply_rows(_bench(cpus=2), cores_per_rank=16)
+    by = {(r["path"], r["workers"]): r for r in rows}
+    assert by[("padded", 2)]["supply"] == pytest.approx(6e4 * 16 / 2) and by[("padded", 2)]["target_workers"] == 16
+    assert by[("padded", 0)]["supply"] == 4e4 and by[("padded", 0)]["target_workers"] == 0
+    assert S.supply_rows(_bench(cpus=1), cores_per_rank=4)[1]["supply"] == pytest.approx(6e4 * 4)
+
+
+# ---------------------------------------------------------------- prediction vs measurement on this CPU
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, shared_data) -> dict[str, Path]:
+    """Wikipedia summaries and a 512-token BPE trained on them (a small LM head keeps the model fast)."""
+    from pretok_lib.corpus import train_default_tokenizer
+    from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
+
+    base = tmp_path_factory.mktemp("stall-data")
+    docs = [v["extract"] for v in json.loads(WIKI_EN.read_text()).values()][:400]
+    pq.write_table(pa.table({"text": docs}), base / "docs.parquet")
+    tok = train_default_tokenizer(base / "docs.parquet", base / "tok", vocab_size=512)
+    run_tokenize(TokenizeConfig(inputs=[str(base / "docs.parquet")], out=str(base / "memmap"),
+                                tokenizer=str(tok), format="memmap", workers=0, progress=False))
+    return {"padded": base / "docs.parquet", "pretok-memmap": base / "memmap", "tokenizer": tok}
+
+
+def _throttle(ds, delay: float):
+    """Make a dataset sleep `delay` s before each batch (in the DataLoader worker when there is one): a slow loader
+    that uses no CPU, so the compute it races against is not disturbed."""
+    from pretok_lib.data.loader import ShardedBatches
+
+    class Throttled(ShardedBatches):
+        def __iter__(self):
+            for b in super().__iter__():
+                time.sleep(delay)
+                yield b
+
+    ds.__class__ = Throttled
+    return ds
+
+
+def _dataset(kind: str, data: dict, delay: float):
+    from pretok_lib.data import make_dataset
+
+    ds = make_dataset(kind, str(data[kind]), SEQ, micro_batch=MB, seed=0, shuffle=True, tokenizer=str(data["tokenizer"]))
+    return _throttle(ds, delay) if delay else ds
+
+
+def _supply(kind: str, data: dict, delay: float, workers: int) -> float:
+    """The loader alone, as `pretok bench loaders` times it: tokens/s of collated batches."""
+    from pretok_lib.bench.loaders import measure
+    from pretok_lib.data import make_loader
+
+    loader = make_loader(_dataset(kind, data, delay), num_workers=workers)
+    r = measure(lambda: iter(loader), 30 if not delay else 12, 2)
+    return r["tokens"] / r["seconds"]
+
+
+def _train(kind: str, data: dict, delay: float, workers: int, runs: Path, monkeypatch, steps: int = 24) -> list:
+    from pretok_lib import data as data_mod
+    from pretok_lib.train import loop
+    from pretok_lib.train.config import load_config
+    from pretok_lib.train.metrics import read_records
+    from pretok_lib.train.run import train
+
+    real = data_mod.make_dataset
+    monkeypatch.setattr(loop, "make_dataset", lambda *a, **k: _throttle(real(*a, **k), delay) if delay
+                        else real(*a, **k))
+    rid = f"{kind}-d{delay:.3f}-w{workers}"
+    over = {"run.dir": str(runs), "run.id": rid, "model.hidden_size": 64, "model.num_layers": 2,
+            "model.num_heads": 4, "model.num_kv_heads": 2, "data.kind": kind, "data.path": str(data[kind]),
+            "data.tokenizer": str(data["tokenizer"]), "data.seq_len": SEQ, "data.micro_batch": MB,
+            "data.num_workers": workers, "train.steps": steps, "train.warmup_steps": 2, "train.precision": "fp32",
+            "log.tensorboard": False, "checkpoint.every": 0, "hardware.peak_tflops": 1.0}
+    assert train(load_config(None, [f"{k}={v}" for k, v in over.items()])) == 0
+    return read_records(runs / rid / "metrics.jsonl")
+
+
+def test_prediction_matches_measured_stall_on_cpu(data, tmp_path, monkeypatch) -> None:
+    """Consumption C from the run (slots / compute time), supply S from the loader timed apart; the predicted
+    stall must match the stall the run logged: ~0 for the pretokenized path, substantial for a loader slowed to
+    a third of the model's speed, without workers (C/(C+S)) and with a prefetching worker (1 - S/C)."""
+    import torch
+
+    torch.set_num_threads(1)
+    skip = 8  # the warm-up and, with a worker, the batches it prefetched before the first step
+    fast = _train("pretok-memmap", data, 0.0, 0, tmp_path, monkeypatch)
+    c = S.check_run(fast, _supply("pretok-memmap", data, 0.0, 0), 0, skip)
+    assert c["predicted_stall"] < 0.05 and c["data_stall"] < 0.05, c
+    assert abs(c["predicted_stall"] - c["data_stall"]) < 0.03, c
+
+    delay = 3 * SEQ * MB / c["consumption"]   # a batch takes 3x as long to load as to compute (stall 3/4, 2/3)
+    for workers in (0, 1):
+        recs = _train("pretok-memmap", data, delay, workers, tmp_path, monkeypatch)
+        c = S.check_run(recs, _supply("pretok-memmap", data, delay, workers), workers, skip)
+        assert c["data_stall"] > 0.25, c        # the slowdown made a real stall (compute speed varies here)
+        assert abs(c["predicted_stall"] - c["data_stall"]) < 0.1, c
+
+    # a real path: the on-the-fly padded baseline tokenizing in the training process (a few % of the step here;
+    # measured apart the tokenizer runs up to ~2x faster than between training steps, whose compute evicts its
+    # caches: the prediction is optimistic by that much in supply)
+    recs = _train("padded", data, 0.0, 0, tmp_path, monkeypatch, steps=16)
+    c = S.check_run(recs, _supply("padded", data, 0.0, 0), 0, 4)
+    assert c["predicted_stall"] > 0.005 and abs(c["predicted_stall"] - c["data_stall"]) < 0.1, c
