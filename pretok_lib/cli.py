@@ -164,6 +164,12 @@ def cmd_study(a: argparse.Namespace) -> None:
               kernel=a.kernel)
 
 
+def cmd_gpu_check(a: argparse.Namespace) -> int:
+    from .gpu_check import main
+
+    return main(a)
+
+
 def _kv(text: str) -> tuple[str, object]:
     import yaml
 
@@ -173,7 +179,7 @@ def _kv(text: str) -> tuple[str, object]:
     return key.strip(), yaml.safe_load(value)
 
 
-SUBCOMMANDS_LIGHT = ("corpus", "tokenize", "merge", "inspect", "verify", "demo", "sweep", "study")
+SUBCOMMANDS_LIGHT = ("corpus", "tokenize", "merge", "inspect", "verify", "demo", "sweep", "study", "gpu-check")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -241,6 +247,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="notebook parameter for every notebook that has it (YAML value)")
     p.add_argument("--kernel", default="pretok", help="Jupyter kernel (registered in the venv if missing)")
     p.set_defaults(fn=cmd_study)
+    p = sub.add_parser("gpu-check", help="acceptance of a GPU machine: DDP/NCCL, bf16, compile, kill + resume, smoke "
+                       "study; prints a JSON verdict (docs/GPU_CHECK.md)")
+    from .gpu_check import add_args as add_gpu_check_args
+
+    add_gpu_check_args(p)
+    p.set_defaults(fn=cmd_gpu_check)
     bench = sub.add_parser("bench", help="benchmarks that print tables and ratios measured in one run")
     if heavy:
         bsub = bench.add_subparsers(dest="bench", required=True)

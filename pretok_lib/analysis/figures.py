@@ -336,6 +336,34 @@ def precision_figure(runs: Iterable[Run], skip: int | None = None) -> go.Figure:
     return fig
 
 
+def stall_prediction_figure(rows: list[dict[str, Any]]) -> go.Figure:
+    """Predicted data-stall fraction (bar: mid MFU, whiskers: the MFU range) and headroom S/C (log) per accelerator,
+    one bar series per data path x worker count; rows from `analysis.stall.predict`."""
+    title = "Would this loader stall a GPU? Predicted per rank"
+    if not rows:
+        return empty_figure(title, "no loader benchmark results (notebook 02)")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("predicted data stall (MFU range)", "headroom S / C"))
+    accs = list(dict.fromkeys(r["accelerator"] for r in rows))
+    for i, key in enumerate(dict.fromkeys((r["path"], r["workers"], r["target_workers"]) for r in rows)):
+        mine = {r["accelerator"]: r for r in rows if (r["path"], r["workers"], r["target_workers"]) == key}
+        rs = [mine[a] for a in accs]
+        name = f"{key[0]} w{key[2]}" + (f" (measured w{key[1]})" if key[1] != key[2] else "")
+        mid = [(r["stall_low"] + r["stall_high"]) / 2 for r in rs]
+        common = dict(x=accs, name=name, marker_color=path_color(key[0], i), legendgroup=name,
+                      opacity=1.0 if key[2] == 0 else 0.6)
+        fig.add_trace(go.Bar(y=mid, error_y=dict(type="data", symmetric=False,
+                                                 array=[r["stall_high"] - m for r, m in zip(rs, mid)],
+                                                 arrayminus=[m - r["stall_low"] for r, m in zip(rs, mid)]),
+                             hovertext=[f"C {r['consumption_low']:,.0f}-{r['consumption_high']:,.0f} tok/s, "
+                                        f"S {r['supply']:,.0f} tok/s" for r in rs], **common), row=1, col=1)
+        fig.add_trace(go.Bar(y=[r["headroom_low"] for r in rs], showlegend=False, **common), row=1, col=2)
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#888", row=1, col=2)
+    fig.update_yaxes(tickformat=".0%", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(type="log", title_text="S / C at the high MFU (< 1: stalls)", row=1, col=2)
+    fig.update_layout(title=title, barmode="group", **LAYOUT)
+    return fig
+
+
 TABLE_COLUMNS = ("run_id", "status", "data_kind", "world_size", "global_batch", "seq_len", "precision", "steps",
                  "tokens_per_s", "effective_tokens_per_s", "mfu", "data_stall", "padding_frac", "peak_mem_mb",
                  "final_loss", "final_val_loss", "final_val_ppl", "time_to_target_s", "note")

@@ -258,3 +258,45 @@ def load_json(path: str | Path) -> dict | None:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
+
+
+def study_prediction(loaders: Mapping[str, Any] | None, config: str | Path | Mapping[str, Any],
+                     vocab: int | None = None, seq_len: int | None = None, mfu: Sequence[float] = DEFAULT_MFU,
+                     cores_per_rank: int | None = None, accelerators: Iterable[str] | None = None,
+                     cpu_speed: float = 1.0) -> dict:
+    """The prediction for a training config (YAML path or dict; its `model` section and `data.seq_len`) fed by the
+    loaders a benchmark measured: rows, the markdown table with the formula and the numbers it used."""
+    import yaml
+
+    cfg = dict(config) if isinstance(config, Mapping) else yaml.safe_load(Path(config).read_text()) or {}
+    model, data = cfg.get("model") or {}, cfg.get("data") or {}
+    loaders = loaders or {}
+    vocab = vocab or ((loaders.get("tokenizer") or {}).get("info") or {}).get("vocab_size") or 32000
+    seq = seq_len or int(data.get("seq_len", 256))
+    f = config_flops_per_token(model, int(vocab), seq)
+    rows = predict(loaders, f, accelerators or tuple(ACCELERATORS), mfu, cores_per_rank, cpu_speed) if loaders \
+        else []
+    cores = (loaders.get("environment") or {}).get("cpus")
+    name = config if isinstance(config, (str, Path)) else "the given config"
+    facts = (f"Target: `{name}` (hidden {model.get('hidden_size')}, {model.get('num_layers')} layers), vocab "
+             f"{vocab}, seq_len {seq}: F = {f:.3g} FLOPs/token. Supply: `pretok bench loaders` on this machine "
+             f"({cores} CPUs, seq_len {loaders.get('seq_len')}, micro-batch {loaders.get('micro_batch')}), "
+             + ("as measured" if cores_per_rank is None else f"scaled to {cores_per_rank} CPU cores per rank")
+             + (f", x{cpu_speed:g} per-core speed" if cpu_speed != 1 else "") + ". Peaks: dense bf16 datasheet "
+             "figures (`analysis.stall.ACCELERATORS`).")
+    return {"rows": rows, "flops_per_token": f, "vocab": vocab, "seq_len": seq,
+            "markdown": "\n\n".join([FORMULA.strip(), facts, markdown_table(rows)])}
+
+
+def check_markdown(checks: Sequence[Mapping[str, Any]]) -> str:
+    """The model checked on this machine's runs, as markdown."""
+    if not checks:
+        return ("No run to check the model on (runs with the loader benchmark's data path, worker count, seq_len "
+                "and micro-batch).")
+    lines = ["| run | data path | workers | C measured tok/s | S benchmark tok/s | predicted stall | measured stall |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for c in checks:
+        lines.append(f"| {c['run_id']} | {c['path']} | {c['workers']} | {_num(c['consumption'])} | {_num(c['supply'])} "
+                     f"| {_pct(c['predicted_stall'])} | {_pct(c['data_stall'])} |")
+    return "\n".join(lines) + ("\n\nC: the run's slots per second of compute (step time − data wait) per rank; "
+                               "S: the loader benchmark's rate for that path and worker count.")

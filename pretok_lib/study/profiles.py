@@ -15,6 +15,9 @@ from typing import Any
 
 PATHS = ["padded", "padding-free", "pretok-padded", "pretok-token-list", "pretok-memmap"]
 CODECS = ["none", "snappy", "zstd:3", "zstd:22"]
+# The stall prediction of notebook 05: the original study's model at 35-45% MFU, supply as measured here
+STALL = {"target_config": "configs/study.yaml", "target_vocab": None, "target_seq_len": None,
+         "target_mfu": [0.35, 0.45], "cores_per_rank": None}
 QUIET_RUN = {"checkpoint.every": 0, "log.tensorboard": False}  # checkpoint at the end only, no TensorBoard files
 
 PROFILES: dict[str, dict[str, Any]] = {
@@ -30,7 +33,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "sweep_base": {"train.steps": 40, "train.warmup_steps": 5, "train.precision": "bf16", "eval.every": 20,
                        **QUIET_RUN},
         "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 900,
-        "target_loss": None, "png": True,
+        "target_loss": None, "png": True, **STALL,
     },
     "full": {
         "corpus": "", "corpus_mb": 500.0, "tokenizer": "", "vocab_size": 32768, "seq_len": 2048,
@@ -44,7 +47,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                         {"data": ["pretok-memmap"], "micro_batch": [1, 2, 4], "world": "max"}],
         "sweep_base": {"train.steps": 300, "train.precision": "bf16", "eval.every": 100, "checkpoint.every": 100},
         "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": None,
-        "target_loss": None, "png": True,
+        "target_loss": None, "png": True, **STALL,
     },
     "smoke": {
         "corpus": "", "corpus_mb": 2.0, "tokenizer": "", "vocab_size": 1024, "seq_len": 64,
@@ -58,7 +61,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "sweep_base": {"train.steps": 2, "train.warmup_steps": 1, "eval.every": 2, "eval.batches": 1,
                        "model.hidden_size": 64, "model.num_layers": 1, **QUIET_RUN},
         "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 300,
-        "target_loss": None, "png": True,
+        "target_loss": None, "png": True, **STALL,
     },
 }
 
