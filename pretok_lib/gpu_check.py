@@ -283,8 +283,8 @@ def run_check(a: argparse.Namespace) -> dict:
     cmds = {"train": train_command(out, "reference", data_path, s),
             "resume": train_command(out, "resumed", data_path, s), "study": study_command(out, world)}
     s["commands"] = {k: shlex.join(c) for k, c in cmds.items()}
-    why = lambda name, cuda_only=False: ("dry run" if a.dry_run else "--skip" if name in a.skip  # noqa: E731
-                                         else NO_CUDA if cuda_only and not cuda else None)
+    why = lambda name, cuda_only=False: (NO_CUDA if cuda_only and not cuda else "--skip" if name in a.skip  # noqa
+                                         else "dry run" if a.dry_run else None)
     v.run("cuda", lambda: {"gpu": env["gpu_name"], "count": env["gpu_count"]}, why("cuda", True))
     data: dict = {}
     v.run("data", lambda: data.update(prepare_data(out, a, s["seq_len"])) or dict(data), why("data"))

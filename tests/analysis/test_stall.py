@@ -183,3 +183,40 @@ def test_prediction_matches_measured_stall_on_cpu(data, tmp_path, monkeypatch) -
     recs = _train("padded", data, 0.0, 0, tmp_path, monkeypatch, steps=16)
     c = S.check_run(recs, _supply("padded", data, 0.0, 0), 0, 4)
     assert c["predicted_stall"] > 0.005 and abs(c["predicted_stall"] - c["data_stall"]) < 0.1, c
+
+
+def test_study_prediction_and_figure(tmp_path: Path) -> None:
+    from pretok_lib.analysis.figures import stall_prediction_figure
+
+    bench = {**_bench(), "tokenizer": {"info": {"vocab_size": 1000}}}
+    cfg = {"model": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}, "data": {"seq_len": 32}}
+    p = S.study_prediction(bench, cfg, mfu=(0.35, 0.45), accelerators=["H100 SXM", "A10"])
+    assert p["vocab"] == 1000 and p["seq_len"] == 32
+    assert p["flops_per_token"] == S.config_flops_per_token(cfg["model"], 1000, 32)
+    assert len(p["rows"]) == 2 * 3 and "max(0, 1 - h)" in p["markdown"] and "| padded | 2 |" in p["markdown"]
+    fig = stall_prediction_figure(p["rows"])
+    assert len(fig.data) == 2 * 3 and list(fig.data[0].x) == ["H100 SXM", "A10"]
+    json.loads(fig.to_json())
+    empty = stall_prediction_figure(S.study_prediction(None, cfg)["rows"])
+    assert not empty.data and "no loader" in empty.layout.annotations[0].text
+
+
+def test_check_study_runs_pairs_runs_with_the_benchmark(tmp_path: Path) -> None:
+    """Only completed runs whose path, workers, seq_len and micro-batch the benchmark measured are checked."""
+    from pretok_lib.analysis.runs import load_runs
+
+    from .helpers import simple_run
+
+    # helpers: data_wait = stall · step_time; padded runs use 2 workers, the others 0
+    simple_run(tmp_path, "a", kind="pretok-memmap", tokens_per_s=1000.0, data_stall=0.0, micro_batch=MB)
+    simple_run(tmp_path, "b", kind="padded", tokens_per_s=1000.0, data_stall=0.5, micro_batch=MB)
+    simple_run(tmp_path, "c", kind="padded", tokens_per_s=1000.0, data_stall=0.5, micro_batch=MB + 1)
+    simple_run(tmp_path, "d", kind="padded", tokens_per_s=1000.0, data_stall=0.5, micro_batch=MB, status="failed")
+    checks = {c["run_id"]: c for c in S.check_study_runs(load_runs(tmp_path), _bench())}
+    assert set(checks) == {"a", "b"}
+    b = checks["b"]   # compute = half the step: C = 2000 slots/s; benchmark w2: S = 60k -> no stall predicted
+    assert b["consumption"] == pytest.approx(2000.0) and b["data_stall"] == pytest.approx(0.5)
+    assert b["predicted_stall"] == 0.0 and b["workers"] == 2
+    assert checks["a"]["predicted_stall"] == pytest.approx(1 / (1 + 1e8 / 1000.0))
+    assert "| b | padded | 2 |" in S.check_markdown(list(checks.values()))
+    assert S.check_study_runs(load_runs(tmp_path), None) == []
