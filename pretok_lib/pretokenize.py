@@ -216,8 +216,9 @@ class _InputHasher(threading.Thread):
         self.join()
 
 
-def run_tokenize(cfg: TokenizeConfig) -> dict:
-    """Pretokenize `cfg.inputs` into `cfg.out`; returns the manifest. Resumes an interrupted identical run."""
+def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None) -> dict:
+    """Pretokenize `cfg.inputs` into `cfg.out`; returns the manifest. Resumes an interrupted identical run.
+    `_rejected`: why a restart's earlier run rejected other backends (kept in the manifest)."""
     if cfg.format not in FORMATS:
         raise PretokError(f"unknown --format {cfg.format} (choose from {', '.join(FORMATS)})")
     if cfg.format != "memmap":
@@ -230,16 +231,17 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
     # the planning and tokenizer loading below. Not when the output is complete already (a no-op rerun).
     start = cfg.workers > 0 and (cfg.overwrite or not (out / "manifest.json").exists())
     with Workers(cfg.tokenizer, cfg.backend, cfg.workers if start else 0) as workers:
-        restart = _run(cfg, t0, out, workers)
+        restart = _run(cfg, t0, out, workers, _rejected or {})
     if restart is None:
         return json.loads((out / "manifest.json").read_text())
     remove_output(out)  # the fast guess failed the check: drop what it made, rerun with the checked backend
-    return run_tokenize(TokenizeConfig(**{**cfg.__dict__, "backend": restart}))
+    return run_tokenize(TokenizeConfig(**{**cfg.__dict__, "backend": restart.backend}),
+                        {**(_rejected or {}), **restart.rejected})
 
 
-def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers) -> str | None:
+def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: dict[str, str]):
     """Plan, prepare the output, tokenize what is pending and finalize; returns None when the output is complete,
-    else the backend to restart with (the backend check rejected the one the workers started with)."""
+    else the check's BackendChoice to restart with (it rejected the backend the workers started with)."""
     files = expand_inputs(cfg.inputs)
     sopts = cfg.source_options(estimate_text_bytes(files, cfg.text_column))
     units = plan_units(files, sopts)
@@ -284,6 +286,7 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers) -> str | N
             guess = check.guess = workers.backend(info, cfg.backend)  # one-line error if none can be built
             workers.run(pending, guess, job, info, bar, on_record, check.raise_if_other)
             choice = check.result()
+            choice.rejected = {**rejected, **choice.rejected}
         except BaseException as e:
             hasher.stop()
             stop_check.set()
@@ -293,7 +296,7 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers) -> str | N
                 appender.close()
             if not isinstance(e, _OtherBackend):
                 raise
-            return e.choice.backend
+            return e.choice
         bar.close()
         hasher.join()
         files = appender.finish() if appender is not None else None

@@ -24,7 +24,8 @@ import numpy as np
 from .errors import PretokError
 from .parts import Job, process_unit
 from .sources import Unit
-from .tokenizer import BackendUnavailable, Encoder, TokenizerInfo, build_first, make_encoder, unbuildable
+from .tokenizer import (BackendUnavailable, Encoder, TokenizerInfo, backends_for, build_first, make_encoder,
+                        unbuildable)
 from .zygote import DIED_BY_SIGNAL, DIED_EXIT, SINGLE_THREADED, Ready, run_zygote
 
 if TYPE_CHECKING:
@@ -69,6 +70,9 @@ class Workers:
         """The backend every worker runs: the first candidate (or `force`) that could be built, by the zygote before
         it forked (inline: here, kept for `run`). Raises a one-line PretokError naming the tokenizer if none could
         (or the zygote's tokenizer is not `info`'s). Blocks until the zygote has built it."""
+        if force is not None and force not in backends_for(info):
+            raise PretokError(f"backend '{force}' is not available for {info.kind} tokenizers "
+                              f"(choose from {', '.join(backends_for(info))})", info.spec)
         if self.ready is None and self.zygote is None:
             backend, self.inline, failures = build_first(info, force)
             self.ready = Ready(info.fingerprint, backend, failures)

@@ -117,6 +117,10 @@ def _prepare(spec: str, backend: str | None, build: threading.Thread, early: lis
 
     try:
         _INFO.append(identify(spec))
+    except Exception as e:  # the main process reports a bad tokenizer itself (it loads it too)
+        build.join()
+        return Ready(None, None, {}, str(e).splitlines()[0] if str(e) else type(e).__name__)
+    try:
         order = [backend] if backend else backends_for(_INFO[0])
         build.join()
         got = early[0] if early else None
@@ -129,12 +133,11 @@ def _prepare(spec: str, backend: str | None, build: threading.Thread, early: lis
             try:
                 _encoder(choice)
                 break
-            except BackendUnavailable:
-                continue
+            except Exception as e:  # BackendUnavailable; or a forced backend not available for this kind
+                _FAILED.setdefault(choice, e if isinstance(e, BackendUnavailable) else
+                                   BackendUnavailable(choice, _reason(e), spec))
         built = next((b for b in order if b in _ENCODERS), None)
         return Ready(_INFO[0].fingerprint, built, {b: e.reason for b, e in _FAILED.items()})
-    except Exception as e:  # the main process reports a bad tokenizer itself (it loads it too)
-        return Ready(None, None, {}, str(e).splitlines()[0] if str(e) else type(e).__name__)
     finally:
         build.join()
 

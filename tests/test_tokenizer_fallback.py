@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pretok_lib.errors import PretokError
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 from pretok_lib.tokenizer import _tiktoken_constants
 
@@ -153,3 +154,34 @@ def test_corrupt_tokenizer_files_give_one_clean_line(tmp_path, corpus):
         one_error_line(["tokenize", str(corpus), "--tokenizer", str(bad), "--out", str(tmp_path / f"o{i}"),
                         "--workers", "2" if i % 4 == 0 else "0"], str(bad))
         assert not (tmp_path / f"o{i}" / "manifest.json").exists()
+
+
+def test_unknown_forced_backend_is_one_line(tmp_path, corpus):
+    one_error_line(["tokenize", str(corpus), "--tokenizer", str(GPT2_JSON), "--out", str(tmp_path / "o"),
+                    "--workers", "2", "--backend", "tiktoken"], str(GPT2_JSON), "'tiktoken' is not available")
+
+
+class Panic(BaseException):
+    """Like pyo3's PanicException (a Rust panic in fastokens): not an Exception."""
+
+
+def test_any_build_failure_falls_back_and_nothing_buildable_is_one_line(tmp_path, corpus, monkeypatch):
+    from pretok_lib import tokenizer as tk
+
+    real = tk._BUILDERS["hf-json"]
+
+    def panicking(info, backend):
+        if backend == "fastokens":
+            raise Panic("called `Option::unwrap()` on a `None` value")
+        return real(info, backend)
+
+    monkeypatch.setitem(tk._BUILDERS, "hf-json", panicking)
+    m = tokenize(corpus, GPT2_JSON, tmp_path / "a", 0)
+    assert m["tokenizer"]["backend"]["backend"] == "hf-tokenizers"
+    assert m["tokenizer"]["backend"]["rejected"] == {"fastokens": "cannot be built: Panic: called `Option::unwrap()` "
+                                                                  "on a `None` value"}
+    monkeypatch.setitem(tk._BUILDERS, "hf-json", lambda info, backend: {}[backend])
+    with pytest.raises(PretokError, match="no tokenizer backend can be built from this file") as e:
+        tokenize(corpus, GPT2_JSON, tmp_path / "b", 0)
+    assert str(e.value).startswith(f"{GPT2_JSON}: ") and "fastokens: KeyError" in str(e.value)
+    assert "\n" not in str(e.value) and not (tmp_path / "b" / "manifest.json").exists()
