@@ -6,8 +6,8 @@ tokenizer itself. Each worker begins with the encoder the zygote built.
 
 Messages: main → workers `tasks` queue: ("unit", Unit, backend, Job) or None (stop). Workers → main `results`
 queue: ("progress", bytes, docs, tokens), ("done", record), ("error", exception). A worker that dies makes the
-zygote exit with a code saying how; the main process watches the zygote. Zygote → main pipe: first `Ready` (the
-backend it built for the workers, why faster ones could not be built), then the answers to `encode` requests.
+zygote exit with a code saying how; the main process watches the zygote. Zygote → main, once, on its own pipe:
+`Ready` (the backend it built for the workers, why faster ones could not be built), sent before it forks.
 """
 
 from __future__ import annotations
@@ -51,8 +51,10 @@ class Workers:
             ctx = mp.get_context("spawn")
             self.tasks, self.results = ctx.Queue(), ctx.Queue()
             self.conn, child = ctx.Pipe()
+            self.ready_conn, ready_child = ctx.Pipe(duplex=False)
             self.lock = threading.Lock()  # one encode request at a time on the pipe
-            self.zygote = ctx.Process(target=run_zygote, args=(spec, backend, self.n, self.tasks, self.results, child),
+            self.zygote = ctx.Process(target=run_zygote, args=(spec, backend, self.n, self.tasks, self.results, child,
+                                                                 ready_child),
                                       name="pretok-zygote")
             saved = {k: os.environ.get(k) for k in SINGLE_THREADED}
             os.environ.update(SINGLE_THREADED)  # read by the spawned interpreter as it starts, before any import
@@ -65,6 +67,7 @@ class Workers:
                     else:
                         os.environ[k] = v
             child.close()
+            ready_child.close()
 
     def backend(self, info: TokenizerInfo, force: str | None) -> str:
         """The backend every worker runs: the first candidate (or `force`) that could be built, by the zygote before
@@ -77,9 +80,7 @@ class Workers:
             backend, self.inline, failures = build_first(info, force)
             self.ready = Ready(info.fingerprint, backend, failures)
         elif self.ready is None:
-            with self.lock:
-                if self.ready is None:
-                    self._recv(None)
+            self.ready = self._ready()
         ready = self.ready
         if ready.error is not None or ready.fingerprint != info.fingerprint:
             raise PretokError("the tokenizer file could not be read or changed while the run was starting"
@@ -88,27 +89,19 @@ class Workers:
             raise unbuildable(info, force, ready.failures)
         return ready.backend
 
-    def _recv(self, stop: threading.Event | None):
-        """The zygote's next answer (the `Ready` message, first, is kept in `self.ready`); call with the lock held.
-        Raises `Stopped` once `stop` is set, PretokError when the zygote is gone before `Ready`."""
+    def _ready(self) -> Ready:
+        """The zygote's `Ready`; a one-line PretokError if it dies first."""
         try:
-            while True:
-                while not self.conn.poll(0.05):
-                    if (stop is not None and stop.is_set()) or not self.zygote.is_alive():
-                        raise Stopped()
-                got = self.conn.recv()
-                if not isinstance(got, Ready):
-                    return got
-                self.ready = got
-                if stop is None:
-                    return got
-        except (EOFError, OSError, Stopped):  # the zygote died: the run fails for that, not the backend
-            if stop is None:
-                self.zygote.join(5)
-                self.check_alive()
-                raise PretokError("the tokenizer worker process stopped before building its tokenizer; rerun the "
-                                  "same command") from None
-            raise Stopped() from None
+            while not self.ready_conn.poll(0.05):
+                if not self.zygote.is_alive():
+                    break
+            else:
+                return self.ready_conn.recv()
+        except (EOFError, OSError):
+            pass
+        self.zygote.join(5)
+        self.check_alive()
+        raise PretokError("the tokenizer worker process stopped before building its tokenizer; rerun the same command")
 
     def encoder(self, backend: str, stop: threading.Event) -> Callable[[list[str]], Encoded] | None:
         """`encode_batch` of `backend` run by the zygote (built there once: a backend whose build failed there raises
@@ -127,9 +120,12 @@ class Workers:
             with self.lock:
                 try:
                     self.conn.send((texts, backend))
-                except (EOFError, OSError):
+                    while not self.conn.poll(0.05):
+                        if stop.is_set() or not self.zygote.is_alive():
+                            raise Stopped()
+                    got = self.conn.recv()
+                except (EOFError, OSError):  # the zygote died: the run fails for that, not the backend
                     raise Stopped() from None
-                got = self._recv(stop)
             if isinstance(got, BaseException):
                 raise got
             return got
@@ -154,6 +150,7 @@ class Workers:
         if self.zygote.is_alive():
             self.zygote.kill()
         self.zygote.join()
+        self.ready_conn.close()
         for q in (self.tasks, self.results):
             q.cancel_join_thread()
             q.close()

@@ -142,15 +142,21 @@ def _prepare(spec: str, backend: str | None, build: threading.Thread, early: lis
         build.join()
 
 
-def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn) -> None:
-    """Load the tokenizer, build the most likely backend, fork `n` workers, then supervise them."""
+def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, ready_conn) -> None:
+    """Load the tokenizer, build the first candidate backend that builds, report it (`Ready` on `ready_conn`),
+    fork `n` workers, then supervise them and answer `encode` requests on `conn`."""
     _set_parent_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     build, early = _start_early_build(spec, backend)
     from . import parts, sources  # noqa: F401 — what the workers run, imported beside the build
-    conn.send(_prepare(spec, backend, build, early))
+    report = _prepare(spec, backend, build, early)
+    ready_conn.send(report)
+    ready_conn.close()
+    if report.backend is None:  # nothing the workers could run: the main process reports why and ends the run
+        n = 0
     fork = mp.get_context("fork")
-    procs = [fork.Process(target=_worker, args=(i, tasks, results), name=f"pretok-worker-{i}") for i in range(n)]
+    procs = [fork.Process(target=_worker, args=(i, tasks, results, os.getpid()), name=f"pretok-worker-{i}")
+             for i in range(n)]
     for p in procs:
         p.start()
     alive, requests = {p.sentinel: p for p in procs}, [conn]
@@ -187,13 +193,15 @@ def _answer(conn) -> bool:
     return True
 
 
-def _worker(slot: int, tasks, results) -> None:
+def _worker(slot: int, tasks, results, zygote_pid: int) -> None:
     """Take units until None; each becomes one committed part, its record sent back."""
     from .errors import PretokError
     from .parts import process_unit
     from .tokenizer import limit_threads_to_one_cpu
 
     _set_parent_death_signal()
+    if os.getppid() != zygote_pid:  # the zygote was killed before the death signal was set: nobody to serve
+        os._exit(0)
     limit_threads_to_one_cpu(slot)
     report = lambda b, d, t: results.put(("progress", b, d, t))  # noqa: E731
     while (task := tasks.get()) is not None:
