@@ -216,8 +216,9 @@ class _InputHasher(threading.Thread):
         self.join()
 
 
-def run_tokenize(cfg: TokenizeConfig) -> dict:
-    """Pretokenize `cfg.inputs` into `cfg.out`; returns the manifest. Resumes an interrupted identical run."""
+def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None) -> dict:
+    """Pretokenize `cfg.inputs` into `cfg.out`; returns the manifest. Resumes an interrupted identical run.
+    `_rejected`: why a restart's earlier run rejected other backends (kept in the manifest)."""
     if cfg.format not in FORMATS:
         raise PretokError(f"unknown --format {cfg.format} (choose from {', '.join(FORMATS)})")
     if cfg.format != "memmap":
@@ -230,16 +231,17 @@ def run_tokenize(cfg: TokenizeConfig) -> dict:
     # the planning and tokenizer loading below. Not when the output is complete already (a no-op rerun).
     start = cfg.workers > 0 and (cfg.overwrite or not (out / "manifest.json").exists())
     with Workers(cfg.tokenizer, cfg.backend, cfg.workers if start else 0) as workers:
-        restart = _run(cfg, t0, out, workers)
+        restart = _run(cfg, t0, out, workers, _rejected or {})
     if restart is None:
         return json.loads((out / "manifest.json").read_text())
     remove_output(out)  # the fast guess failed the check: drop what it made, rerun with the checked backend
-    return run_tokenize(TokenizeConfig(**{**cfg.__dict__, "backend": restart}))
+    return run_tokenize(TokenizeConfig(**{**cfg.__dict__, "backend": restart.backend}),
+                        {**(_rejected or {}), **restart.rejected})
 
 
-def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers) -> str | None:
+def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: dict[str, str]):
     """Plan, prepare the output, tokenize what is pending and finalize; returns None when the output is complete,
-    else the backend to restart with (the backend check rejected the one the workers started with)."""
+    else the check's BackendChoice to restart with (it rejected the backend the workers started with)."""
     files = expand_inputs(cfg.inputs)
     sopts = cfg.source_options(estimate_text_bytes(files, cfg.text_column))
     units = plan_units(files, sopts)
@@ -268,19 +270,23 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers) -> str | N
                 appender.add(rec["unit"]["index"], out / STATE / "parts" / rec["part"], rec[PART_HASH_KEY])
             records[rec["unit"]["index"]] = rec
 
-        # Optimistic start: workers tokenize with the fastest candidate at once while the check of that choice
-        # on a sample of this input runs beside them; if the check picks another backend, everything made with
-        # the first one is discarded and the run starts over with the checked backend.
-        guess = cfg.backend or backends_for(info)[0]
+        # Optimistic start: workers tokenize with the fastest candidate that could be built (by the zygote, before
+        # it forked; a failed build is recorded, never retried elsewhere) while the check of that choice on a sample
+        # of this input runs beside them; if the check picks another backend, everything made with the first one
+        # is discarded and the run starts over with the checked backend.
+        if workers.zygote is None:  # inline: build here first, so that the check sees what could not be built
+            workers.backend(info, cfg.backend)
         hasher = _InputHasher(sorted({p for u in mine for p in u.paths}))
         stop_check = threading.Event()
-        check = _BackendCheck(info, lambda: sample_texts(mine, sopts), cfg.backend, guess,
-                              workers.encoder(guess, stop_check))
+        remote = {b: e for b in backends_for(info) if (e := workers.encoder(b, stop_check)) is not None}
+        check = _BackendCheck(info, lambda: sample_texts(mine, sopts), cfg.backend, remote)
         bar = Progress(sum(u.est_bytes for u in pending), f"{cfg.format} {len(pending)}/{len(mine)} parts",
                        enabled=cfg.progress)
         try:
+            guess = check.guess = workers.backend(info, cfg.backend)  # one-line error if none can be built
             workers.run(pending, guess, job, info, bar, on_record, check.raise_if_other)
             choice = check.result()
+            choice.rejected = {**rejected, **choice.rejected}
         except BaseException as e:
             hasher.stop()
             stop_check.set()
@@ -290,7 +296,7 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers) -> str | N
                 appender.close()
             if not isinstance(e, _OtherBackend):
                 raise
-            return e.choice.backend
+            return e.choice
         bar.close()
         hasher.join()
         files = appender.finish() if appender is not None else None
@@ -313,11 +319,12 @@ class _OtherBackend(Exception):
 class _BackendCheck:
     """`select_backend` in a thread beside the workers; `raise_if_other` stops the run if it picks another."""
 
-    def __init__(self, info: TokenizerInfo, sample: Callable[[], list[str]], force: str | None, guess: str,
-                 remote: Callable | None):
-        """`remote`: the guess's encode_batch in a worker (no second build of it in this process), or None."""
-        self.guess, self.choice, self.error = guess, None, None
-        self.encoders = {guess: remote} if remote is not None else {}
+    def __init__(self, info: TokenizerInfo, sample: Callable[[], list[str]], force: str | None,
+                 remote: dict[str, Callable]):
+        """`remote`: candidates' encode_batch run by the zygote (no second build in this process; one whose build
+        failed there raises that failure). `guess`, the backend the workers run, is set once the zygote tells it."""
+        self.guess, self.choice, self.error = None, None, None
+        self.encoders = remote
         self.thread = threading.Thread(target=self._run, args=(info, sample, force), daemon=True)
         self.thread.start()
 

@@ -54,6 +54,18 @@ _PROBES = [
 ]
 
 
+class BackendUnavailable(PretokError):
+    """A candidate backend that cannot be built for this tokenizer (any exception while building it); `reason` is
+    the one-line cause. Picklable with its fields (it crosses from the zygote to the main process)."""
+
+    def __init__(self, backend: str, reason: str, path: str | os.PathLike | None = None):
+        super().__init__(f"cannot build the {backend} backend: {reason}", path)
+        self.backend, self.reason = backend, reason
+
+    def __reduce__(self):
+        return type(self), (self.backend, self.reason, self.path)
+
+
 @dataclass(frozen=True)
 class TokenizerInfo:
     """What identifies a tokenizer: enough to rebuild any backend for it in a fresh process."""
@@ -328,14 +340,20 @@ def _tiktoken_constants(path: Path) -> tuple[str, dict[str, int]]:
 
 def _parse_tiktoken(data: bytes, path: Path) -> dict[bytes, int]:
     """Parse a .tiktoken file ourselves: tiktoken.load caches local paths in /tmp and can serve stale bytes."""
-    ranks = {}
+    ranks: dict[bytes, int] = {}
+    seen: set[int] = set()
     for n, line in enumerate(data.splitlines(), 1):
         try:
             if line:
                 token, rank = line.split()
-                ranks[base64.b64decode(token, validate=True)] = int(rank)
-        except ValueError:
-            raise PretokError(f"corrupt .tiktoken file at line {n}", path) from None
+                token, rank = base64.b64decode(token, validate=True), int(rank)
+                if rank < 0 or token in ranks or rank in seen:
+                    raise ValueError("a negative or repeated rank, or a repeated token")
+                ranks[token] = rank
+                seen.add(rank)
+        except ValueError as e:
+            why = f": {e}" if "repeated" in str(e) else ""
+            raise PretokError(f"corrupt .tiktoken file at line {n}{why}", path) from None
     if not ranks:
         raise PretokError("empty .tiktoken file", path)
     return ranks
@@ -384,7 +402,44 @@ def make_encoder(info: TokenizerInfo, backend: str) -> Encoder:
     if backend not in CANDIDATES.get(info.kind, []):
         raise PretokError(f"backend '{backend}' is not available for {info.kind} tokenizers "
                           f"(choose from {', '.join(CANDIDATES.get(info.kind, []))})", info.spec)
-    return _BUILDERS[info.kind](info, backend)
+    try:
+        return _BUILDERS[info.kind](info, backend)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # any failure, a Rust panic (a BaseException) included, rejects this candidate
+        raise BackendUnavailable(backend, _reason(e), info.spec) from None
+
+
+def _reason(e: BaseException) -> str:
+    """`Type: first line of the message` (a PretokError's message without its path prefix)."""
+    msg = str(e)
+    path = getattr(e, "path", None)
+    if isinstance(e, PretokError) and path and msg.startswith(f"{path}: "):
+        msg = msg[len(path) + 2:]
+    first = msg.splitlines()[0] if msg.strip() else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+def build_first(info: TokenizerInfo, force: str | None = None) -> tuple[str | None, Encoder | None, dict[str, str]]:
+    """(backend, encoder, failures): the first candidate, fastest first (only `force` when given), that can be
+    built, and why each one before it could not. (None, None, failures) when none can: see `unbuildable`.
+    Deterministic: candidates are tried in the fixed order of `backends_for`."""
+    failures: dict[str, str] = {}
+    for backend in [force] if force else backends_for(info):
+        try:
+            return backend, make_encoder(info, backend), failures
+        except BackendUnavailable as e:
+            failures[backend] = e.reason
+    return None, None, failures
+
+
+def unbuildable(info: TokenizerInfo, force: str | None, failures: dict[str, str]) -> PretokError:
+    """The one-line error of a run where no candidate (or the forced backend) could be built."""
+    if force:
+        return PretokError(f"backend '{force}' cannot be built for this tokenizer: {failures.get(force, '?')}",
+                           info.spec)
+    why = "; ".join(f"{b}: {r}" for b, r in failures.items())
+    return PretokError(f"no tokenizer backend can be built from this file ({why})", info.spec)
 
 
 def _source(info: TokenizerInfo) -> tuple[Path, bytes]:
@@ -498,7 +553,10 @@ def select_backend(info: TokenizerInfo, sample_texts: list[str], force: str | No
                    ) -> BackendChoice:
     """First candidate (or only `force`) whose ids equal the reference's on the samples plus built-in probes.
 
-    A forced backend is checked too: if it is not a candidate or its ids differ, PretokError says why.
+    A candidate that cannot be built (BackendUnavailable: any exception while building it, here or, through
+    `encoders`, in the zygote) is rejected with its reason and the next one is tried. A forced backend is checked
+    too: if it is not a candidate, cannot be built or its ids differ, PretokError says why in one line. The
+    reference must build (it defines the exact ids).
     checked_docs/checked_tokens count the texts/reference tokens compared (0 when the reference itself runs).
     `encoders` may supply a candidate's `encode_batch` already built elsewhere (e.g. run by a worker process).
     """
@@ -513,15 +571,24 @@ def select_backend(info: TokenizerInfo, sample_texts: list[str], force: str | No
         return BackendChoice(reference, reference, 0, 0, rejected)
     ref = make_encoder(info, reference)
     texts = [*sample_texts, *probe_texts(ref.special_tokens)]
-    want = ref.encode_batch(texts)
+    try:
+        want = ref.encode_batch(texts)
+    except Exception as e:  # the reference defines the exact ids: without them nothing can be checked
+        raise PretokError(f"the reference backend {reference} fails to encode the check's texts: {_reason(e)}",
+                          info.spec) from None
     for backend in order:
         if backend == reference:
             return BackendChoice(reference, reference, 0, 0, rejected)
         try:
             encode = (encoders or {}).get(backend) or make_encoder(info, backend).encode_batch
             got = encode(texts)
+        except BackendUnavailable as e:
+            rejected[backend] = f"cannot be built: {e.reason}"
+            if force:
+                raise unbuildable(info, force, {force: e.reason}) from None
+            continue
         except Exception as e:
-            rejected[backend] = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            rejected[backend] = f"failed: {_reason(e)}"
             continue
         why = _mismatch(texts, len(sample_texts), got, want)
         if why is None:

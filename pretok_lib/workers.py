@@ -6,7 +6,8 @@ tokenizer itself. Each worker begins with the encoder the zygote built.
 
 Messages: main → workers `tasks` queue: ("unit", Unit, backend, Job) or None (stop). Workers → main `results`
 queue: ("progress", bytes, docs, tokens), ("done", record), ("error", exception). A worker that dies makes the
-zygote exit with a code saying how; the main process watches the zygote.
+zygote exit with a code saying how; the main process watches the zygote. Zygote → main, once, on its own pipe:
+`Ready` (the backend it built for the workers, why faster ones could not be built), sent before it forks.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import numpy as np
 from .errors import PretokError
 from .parts import Job, process_unit
 from .sources import Unit
-from .tokenizer import TokenizerInfo, make_encoder
-from .zygote import DIED_BY_SIGNAL, DIED_EXIT, SINGLE_THREADED, run_zygote
+from .tokenizer import (BackendUnavailable, Encoder, TokenizerInfo, backends_for, build_first, make_encoder,
+                        unbuildable)
+from .zygote import DIED_BY_SIGNAL, DIED_EXIT, SINGLE_THREADED, Ready, run_zygote
 
 if TYPE_CHECKING:
     from .progress import Progress
@@ -43,12 +45,16 @@ class Workers:
         """Start at once (the caller plans meanwhile); `backend`: the one to build before forking (None: the
         fastest candidate for the tokenizer)."""
         self.n, self.zygote, self.drained = max(workers, 0), None, False
+        self.ready: Ready | None = None  # the zygote's build report (inline: this process's), once known
+        self.inline: Encoder | None = None
         if self.n:
             ctx = mp.get_context("spawn")
             self.tasks, self.results = ctx.Queue(), ctx.Queue()
             self.conn, child = ctx.Pipe()
+            self.ready_conn, ready_child = ctx.Pipe(duplex=False)
             self.lock = threading.Lock()  # one encode request at a time on the pipe
-            self.zygote = ctx.Process(target=run_zygote, args=(spec, backend, self.n, self.tasks, self.results, child),
+            self.zygote = ctx.Process(target=run_zygote, args=(spec, backend, self.n, self.tasks, self.results, child,
+                                                                 ready_child),
                                       name="pretok-zygote")
             saved = {k: os.environ.get(k) for k in SINGLE_THREADED}
             os.environ.update(SINGLE_THREADED)  # read by the spawned interpreter as it starts, before any import
@@ -61,12 +67,54 @@ class Workers:
                     else:
                         os.environ[k] = v
             child.close()
+            ready_child.close()
+
+    def backend(self, info: TokenizerInfo, force: str | None) -> str:
+        """The backend every worker runs: the first candidate (or `force`) that could be built, by the zygote before
+        it forked (inline: here, kept for `run`). Raises a one-line PretokError naming the tokenizer if none could
+        (or the zygote's tokenizer is not `info`'s). Blocks until the zygote has built it."""
+        if force is not None and force not in backends_for(info):
+            raise PretokError(f"backend '{force}' is not available for {info.kind} tokenizers "
+                              f"(choose from {', '.join(backends_for(info))})", info.spec)
+        if self.ready is None and self.zygote is None:
+            backend, self.inline, failures = build_first(info, force)
+            self.ready = Ready(info.fingerprint, backend, failures)
+        elif self.ready is None:
+            self.ready = self._ready()
+        ready = self.ready
+        if ready.error is not None or ready.fingerprint != info.fingerprint:
+            raise PretokError("the tokenizer file could not be read or changed while the run was starting"
+                              + (f" ({ready.error})" if ready.error else ""), info.spec)
+        if ready.backend is None:
+            raise unbuildable(info, force, ready.failures)
+        return ready.backend
+
+    def _ready(self) -> Ready:
+        """The zygote's `Ready`; a one-line PretokError if it dies first."""
+        try:
+            while not self.ready_conn.poll(0.05):
+                if not self.zygote.is_alive():
+                    break
+            else:
+                return self.ready_conn.recv()
+        except (EOFError, OSError):
+            pass
+        self.zygote.join(5)
+        self.check_alive()
+        raise PretokError("the tokenizer worker process stopped before building its tokenizer; rerun the same command")
 
     def encoder(self, backend: str, stop: threading.Event) -> Callable[[list[str]], Encoded] | None:
-        """`encode_batch` of `backend` run by the zygote (which has built it already), or None when inline. Raises
+        """`encode_batch` of `backend` run by the zygote (built there once: a backend whose build failed there raises
+        that BackendUnavailable), or None when inline (then one whose build failed here raises it too). Raises
         `Stopped` once `stop` is set or when the zygote is gone."""
         if self.zygote is None:
-            return None
+            failed = (self.ready.failures if self.ready else {}).get(backend)
+            if failed is None:
+                return None
+
+            def unavailable(texts: list[str]) -> Encoded:
+                raise BackendUnavailable(backend, failed)
+            return unavailable
 
         def encode(texts: list[str]) -> Encoded:
             with self.lock:
@@ -102,6 +150,7 @@ class Workers:
         if self.zygote.is_alive():
             self.zygote.kill()
         self.zygote.join()
+        self.ready_conn.close()
         for q in (self.tasks, self.results):
             q.cancel_join_thread()
             q.close()
@@ -113,7 +162,8 @@ class Workers:
         4 parts per worker are queued, which bounds what the main process buffers for in-order appending.
         `keep_going` is called between messages and may raise to stop the run."""
         if self.zygote is None:  # inline, for debugging and tiny inputs
-            enc = make_encoder(info, backend) if pending else None
+            enc = self.inline if self.inline is not None and self.inline.backend == backend else None
+            enc = enc or (make_encoder(info, backend) if pending else None)
             for u in pending:
                 keep_going()
                 on_record(process_unit(u, enc, job, bar.update))

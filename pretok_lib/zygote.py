@@ -5,6 +5,10 @@ fastokens build straight from a tokenizer.json's bytes in a thread at once (the 
 time) while the modules the workers need are imported and the tokenizer is identified beside it; the build is
 adopted only if it is of the identified file, and the thread is joined before the zygote forks (a fork copies no
 other thread).
+It builds the first candidate backend that can be built (fastest first, or only the forced one), remembers why
+each one before it could not, and tells the main process (`Ready`) before it forks: the workers all run that one
+backend, and a backend that failed here is never built again in this run (asking for it raises the same error),
+so the output never depends on which process failed.
 After forking, the zygote supervises: it exits as soon as a worker dies (the exit code says how; the main
 process watches the zygote) and answers the main process's `encode` requests for the backend check.
 """
@@ -15,6 +19,7 @@ import multiprocessing as mp
 import os
 import signal
 import threading
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_any
 
 # The zygote must hold no thread when it forks: these keep numpy's OpenBLAS, Arrow's jemalloc and the tokenizer
@@ -25,6 +30,19 @@ SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM
 DIED_EXIT, DIED_BY_SIGNAL = 63, 64  # zygote exit codes: a worker exited with an error / was killed by a signal
 _ENCODERS: dict = {}  # backend -> Encoder, in the zygote and (inherited) in every worker
 _INFO: list = []  # the TokenizerInfo (kind and fingerprint) the encoders were built from
+_FAILED: dict = {}  # backend -> the BackendUnavailable its build raised here
+
+
+@dataclass
+class Ready:
+    """The zygote's first message to the main process, sent before it forks: the tokenizer it identified, the
+    backend it built for the workers (None: none could be), why the ones tried before could not, or why the
+    tokenizer itself could not be identified (`error`)."""
+
+    fingerprint: str | None
+    backend: str | None
+    failures: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
 
 
 def _set_parent_death_signal() -> None:
@@ -38,18 +56,25 @@ def _set_parent_death_signal() -> None:
 
 
 def _encoder(backend: str):
-    from .tokenizer import make_encoder
+    """The encoder of `backend`, built once; a backend whose build failed raises that same error again."""
+    from .tokenizer import BackendUnavailable, make_encoder
 
+    if backend in _FAILED:
+        raise _FAILED[backend]
     if backend not in _ENCODERS:
-        _ENCODERS[backend] = make_encoder(_INFO[0], backend)
+        try:
+            _ENCODERS[backend] = make_encoder(_INFO[0], backend)
+        except BackendUnavailable as e:
+            _FAILED[backend] = e
+            raise
     return _ENCODERS[backend]
 
 
 def _early_fastokens(spec: str, backend: str | None) -> tuple[str, object] | None:
-    """(sha256 fingerprint, fastokens.Tokenizer) built straight from a HF tokenizer.json's bytes, before numpy and
-    the tokenizer module are imported and the file is identified (~0.2 s sooner); None if another backend is asked
-    for, the spec is not such a file or the build fails. `_prepare` adopts it only if `identify` then finds that
-    very file."""
+    """(sha256 fingerprint, fastokens.Tokenizer or the exception its build raised) built straight from a HF
+    tokenizer.json's bytes, before numpy and the tokenizer module are imported and the file is identified (~0.2 s
+    sooner); None if another backend is asked for or the spec is not such a file. `_prepare` adopts it (or its
+    failure) only if `identify` then finds that very file."""
     import hashlib
     from pathlib import Path
 
@@ -63,11 +88,17 @@ def _early_fastokens(spec: str, backend: str | None) -> tuple[str, object] | Non
         data = file.read_bytes()
         if b'"config"' in data[:4096]:  # a Mistral tekken file under another name
             return None
-        import fastokens
-
-        return "sha256:" + hashlib.sha256(data).hexdigest(), fastokens.Tokenizer.from_json_str(data.decode("utf-8"))
+        fingerprint = "sha256:" + hashlib.sha256(data).hexdigest()
     except Exception:
         return None
+    try:
+        import fastokens
+
+        return fingerprint, fastokens.Tokenizer.from_json_str(data.decode("utf-8"))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # a Rust panic is a BaseException
+        return fingerprint, e
 
 
 def _start_early_build(spec: str, backend: str | None) -> tuple[threading.Thread, list]:
@@ -78,35 +109,54 @@ def _start_early_build(spec: str, backend: str | None) -> tuple[threading.Thread
     return build, early
 
 
-def _prepare(spec: str, backend: str | None, build: threading.Thread, early: list) -> None:
-    """Identify the tokenizer while `build` runs `_early_fastokens` (result in `early`), then adopt that build if
-    identify found that very file an hf-json tokenizer to be run by fastokens; else build the backend now."""
-    from .tokenizer import backends_for, fastokens_encoder, identify
+def _prepare(spec: str, backend: str | None, build: threading.Thread, early: list) -> Ready:
+    """Identify the tokenizer while `build` runs `_early_fastokens` (result in `early`), adopt that build (or its
+    failure) if identify found that very file an hf-json tokenizer to be run by fastokens, then build the first
+    candidate (or `backend`) that can be built."""
+    from .tokenizer import BackendUnavailable, _reason, backends_for, fastokens_encoder, identify
 
     try:
         _INFO.append(identify(spec))
-        choice = backend or backends_for(_INFO[0])[0]
+    except Exception as e:  # the main process reports a bad tokenizer itself (it loads it too)
+        build.join()
+        return Ready(None, None, {}, str(e).splitlines()[0] if str(e) else type(e).__name__)
+    try:
+        order = [backend] if backend else backends_for(_INFO[0])
         build.join()
         got = early[0] if early else None
-        if got is not None and (_INFO[0].kind, choice, _INFO[0].fingerprint) == ("hf-json", "fastokens", got[0]):
-            _ENCODERS[choice] = fastokens_encoder(got[1])
-        else:
-            _encoder(choice)
-    except Exception:  # the main process reports a bad tokenizer itself; a failed build is the check's to judge
-        pass
+        if got is not None and (_INFO[0].kind, order[0], _INFO[0].fingerprint) == ("hf-json", "fastokens", got[0]):
+            if isinstance(got[1], BaseException):
+                _FAILED["fastokens"] = BackendUnavailable("fastokens", _reason(got[1]), spec)
+            else:
+                _ENCODERS["fastokens"] = fastokens_encoder(got[1])
+        for choice in order:
+            try:
+                _encoder(choice)
+                break
+            except Exception as e:  # BackendUnavailable; or a forced backend not available for this kind
+                _FAILED.setdefault(choice, e if isinstance(e, BackendUnavailable) else
+                                   BackendUnavailable(choice, _reason(e), spec))
+        built = next((b for b in order if b in _ENCODERS), None)
+        return Ready(_INFO[0].fingerprint, built, {b: e.reason for b, e in _FAILED.items()})
     finally:
         build.join()
 
 
-def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn) -> None:
-    """Load the tokenizer, build the most likely backend, fork `n` workers, then supervise them."""
+def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, ready_conn) -> None:
+    """Load the tokenizer, build the first candidate backend that builds, report it (`Ready` on `ready_conn`),
+    fork `n` workers, then supervise them and answer `encode` requests on `conn`."""
     _set_parent_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     build, early = _start_early_build(spec, backend)
     from . import parts, sources  # noqa: F401 — what the workers run, imported beside the build
-    _prepare(spec, backend, build, early)
+    report = _prepare(spec, backend, build, early)
+    ready_conn.send(report)
+    ready_conn.close()
+    if report.backend is None:  # nothing the workers could run: the main process reports why and ends the run
+        n = 0
     fork = mp.get_context("fork")
-    procs = [fork.Process(target=_worker, args=(i, tasks, results), name=f"pretok-worker-{i}") for i in range(n)]
+    procs = [fork.Process(target=_worker, args=(i, tasks, results, os.getpid()), name=f"pretok-worker-{i}")
+             for i in range(n)]
     for p in procs:
         p.start()
     alive, requests = {p.sentinel: p for p in procs}, [conn]
@@ -133,18 +183,25 @@ def _answer(conn) -> bool:
         return False
     try:
         conn.send(_encoder(backend).encode_batch(texts))
-    except Exception as e:
-        conn.send(e)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # sent as an error the main process can unpickle (not e.g. a Rust PanicException)
+        from .errors import PretokError
+        from .tokenizer import _reason
+
+        conn.send(e if isinstance(e, PretokError) else RuntimeError(_reason(e)))
     return True
 
 
-def _worker(slot: int, tasks, results) -> None:
+def _worker(slot: int, tasks, results, zygote_pid: int) -> None:
     """Take units until None; each becomes one committed part, its record sent back."""
     from .errors import PretokError
     from .parts import process_unit
     from .tokenizer import limit_threads_to_one_cpu
 
     _set_parent_death_signal()
+    if os.getppid() != zygote_pid:  # the zygote was killed before the death signal was set: nobody to serve
+        os._exit(0)
     limit_threads_to_one_cpu(slot)
     report = lambda b, d, t: results.put(("progress", b, d, t))  # noqa: E731
     while (task := tasks.get()) is not None:

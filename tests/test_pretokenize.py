@@ -335,4 +335,5 @@ def test_optimistic_backend_restarts_when_the_check_disagrees(corpus, tmp_path, 
     m = tok(corpus, tmp_path / "o", workers=2)
     assert calls == [None, "hf-tokenizers"]
     assert m["tokenizer"]["backend"]["backend"] == "hf-tokenizers"
+    assert m["tokenizer"]["backend"]["rejected"] == {"fastokens": "rejected for the test"}  # kept over the restart
     assert data_files(tmp_path / "o") == data_files(tmp_path / "ref") and ref["counts"] == m["counts"]

@@ -12,7 +12,7 @@ import pytest
 
 from pretok_lib import tokenizer, zygote
 from pretok_lib.tokenizer import identify, make_encoder
-from tests.conftest import GPT2_JSON, MISTRAL_SP, TEKKEN
+from tests.conftest import GPT2_JSON, MISTRAL_SP, R50K_TIKTOKEN, TEKKEN
 
 TEXTS = ["def f(x):\n    return x ** 2  # squares", "Héllo wörld <|endoftext|> ok"]
 
@@ -22,6 +22,7 @@ def fresh(monkeypatch):
     """The zygote's module state as in a new zygote process."""
     monkeypatch.setattr(zygote, "_ENCODERS", {})
     monkeypatch.setattr(zygote, "_INFO", [])
+    monkeypatch.setattr(zygote, "_FAILED", {})
 
 
 def prepare(spec: str, backend: str | None, early: list | None = None) -> list:
@@ -51,7 +52,8 @@ def test_early_build_only_for_hf_tokenizer_json(shared_data: Path, tmp_path: Pat
     for spec in (TEKKEN, tmp_path / "vocab.json", MISTRAL_SP, tmp_path / "missing.json"):
         assert zygote._early_fastokens(str(spec), None) is None, spec
     (tmp_path / "bad.json").write_text('{"model": ')
-    assert zygote._early_fastokens(str(tmp_path / "bad.json"), None) is None
+    fingerprint, failure = zygote._early_fastokens(str(tmp_path / "bad.json"), None)  # the failure, for _prepare
+    assert fingerprint.startswith("sha256:") and isinstance(failure, ValueError)
     assert zygote._early_fastokens(str(GPT2_JSON), "hf-tokenizers") is None  # another backend forced
 
 
@@ -83,3 +85,43 @@ def test_prepare_builds_anew_when_the_early_build_is_not_that_file(fresh, shared
     zygote._INFO.clear()
     assert prepare(str(GPT2_JSON), "hf-tokenizers") == [None]  # no early build
     assert set(zygote._ENCODERS) == {"hf-tokenizers"} and built == ["fastokens", "hf-tokenizers"]
+
+
+def test_prepare_falls_back_when_fastokens_cannot_be_built(fresh, tmp_path: Path, monkeypatch) -> None:
+    """A tokenizer.json fastokens refuses (a Whitespace pre-tokenizer): the early build's failure is adopted (no
+    second try), the next candidate built, the reason reported in `Ready`; asking for fastokens again (a worker, the
+    main process's check) raises that same failure without a rebuild."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE({"a": 0, "b": 1, "ab": 2}, [("a", "b")]))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    built = []
+    monkeypatch.setattr(tokenizer, "make_encoder", lambda info, b: built.append(b) or make_encoder(info, b))
+    build, early = zygote._start_early_build(str(tmp_path), None)
+    ready = zygote._prepare(str(tmp_path), None, build, early)
+    assert isinstance(early[0][1], ValueError) and built == ["hf-tokenizers"]
+    assert ready.backend == "hf-tokenizers" and ready.error is None
+    assert set(ready.failures) == {"fastokens"} and "Whitespace" in ready.failures["fastokens"]
+    with pytest.raises(tokenizer.BackendUnavailable, match="Whitespace"):
+        zygote._encoder("fastokens")
+    assert built == ["hf-tokenizers"]
+
+
+def test_prepare_reports_a_forced_backend_that_cannot_be_built(fresh, tmp_path: Path, shared_data: Path) -> None:
+    gapped = tmp_path / "r50k_base.tiktoken"
+    lines = R50K_TIKTOKEN.read_bytes().splitlines(keepends=True)
+    gapped.write_bytes(b"".join(lines[:30000] + lines[30001:]))
+    ready = prepare_ready(str(gapped), "fastokens")
+    assert (ready.backend, list(ready.failures)) == (None, ["fastokens"]) and zygote._ENCODERS == {}
+    zygote._FAILED.clear()
+    zygote._INFO.clear()
+    ready = prepare_ready(str(gapped), None)
+    assert ready.backend == "tiktoken" and "non-contiguous" in ready.failures["fastokens"]
+    assert ready.fingerprint == identify(str(gapped)).fingerprint
+    assert prepare_ready(str(tmp_path / "missing.tiktoken"), None).error  # the main process reports it
+
+
+def prepare_ready(spec: str, backend: str | None) -> "zygote.Ready":
+    build, early = zygote._start_early_build(spec, backend)
+    return zygote._prepare(spec, backend, build, early)

@@ -19,9 +19,11 @@ KINDS = ("padded", "padding-free", "pretok-padded", "pretok-token-list", "pretok
 
 
 def make_source(kind: str, path: str | os.PathLike | Sequence[str], seq_len: int, *, tokenizer: str | None = None,
-                seed: int = 0, shuffle: bool = True, text_column: str = "text", backend: str | None = None):
+                seed: int = 0, shuffle: bool = True, text_column: str = "text", backend: str | None = None,
+                verify_on_open: bool = False):
     """The sample source of one data path. Baselines read text (`path`: inputs) and need `tokenizer`;
-    pretokenized paths read a `pretok tokenize` output dir and check it against `tokenizer` if given."""
+    pretokenized paths read a `pretok tokenize` output dir and check it against `tokenizer` if given, and with
+    `verify_on_open` check its data files against the manifest's checksums before serving anything."""
     if kind not in KINDS:
         raise PretokError(f"unknown data path '{kind}' (choose from {', '.join(KINDS)})")
     if seq_len < 1:
@@ -38,7 +40,8 @@ def make_source(kind: str, path: str | os.PathLike | Sequence[str], seq_len: int
 
         fingerprint = load_tokenizer(tokenizer).fingerprint
     cls = {"pretok-padded": PaddedRows, "pretok-token-list": TokenListPacked, "pretok-memmap": MemmapPacked}[kind]
-    return cls(path, seq_len, seed=seed, shuffle=shuffle, tokenizer_fingerprint=fingerprint)
+    return cls(path, seq_len, seed=seed, shuffle=shuffle, tokenizer_fingerprint=fingerprint,
+               verify_on_open=verify_on_open)
 
 
 def make_dataset(kind: str, path, seq_len: int, *, micro_batch: int = 8, rank: int | None = None,

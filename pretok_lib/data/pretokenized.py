@@ -2,7 +2,9 @@
 
 Each opens a `pretok tokenize` output through its manifest (validated: format, tokenizer, sequence length)
 and serves samples by global order position: `sample(epoch, k)`. The parquet formats are loaded into memory
-on first use (parquet has no cheap random row access); the memmap format is memory-mapped and never loaded.
+on first use (parquet has no cheap random row access) and every part is checked against its manifest checksum as
+it is read; the memmap format is memory-mapped and never loaded, so its data files are checked only with
+`verify_on_open=True` (see `verify_open.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..formats.manifest import read_manifest
 from ..formats.memmap import MemmapDataset
 from .order import epoch_permutation
 from .packing import PackedIndex, Sample, boundaries
+from .verify_open import verify_files
 
 
 def open_checked(path: str | os.PathLike, fmt: str, tokenizer_fingerprint: str | None) -> dict:
@@ -46,7 +49,9 @@ def _read_table(path: Path, expected: str | None = None):
 class PaddedRows:
     """`pretok-padded`: one document per row, `seq_len + 1` slots; the order permutes rows."""
 
-    def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None):
+    def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None,
+                 verify_on_open: bool = False):
+        """`verify_on_open`: load (and so check) every part now instead of at the first sample."""
         self.path, self.m = Path(path), open_checked(path, "padded", tokenizer_fingerprint)
         row = self.m["policy"]["row_length"]
         if seq_len + 1 > row:
@@ -55,6 +60,8 @@ class PaddedRows:
         self.window, self.seed, self.shuffle = seq_len + 1, seed, shuffle
         self.num_samples = self.m["counts"]["documents"]
         self.rows = self.masks = None
+        if verify_on_open:
+            self._load()
 
     def _load(self) -> None:
         rows, masks = [], []
@@ -105,7 +112,9 @@ class _Packed:
 class TokenListPacked(_Packed):
     """`pretok-token-list`: token lists packed exactly like the on-the-fly padding-free baseline."""
 
-    def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None):
+    def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None,
+                 verify_on_open: bool = False):
+        """Every part is read, and checked, here: `verify_on_open` changes nothing."""
         self.path, self.m = Path(path), open_checked(path, "token-list", tokenizer_fingerprint)
         values, offsets, base = [], [np.zeros(1, np.int64)], 0
         for f in self.m["files"]:
@@ -126,8 +135,12 @@ class TokenListPacked(_Packed):
 class MemmapPacked(_Packed):
     """`pretok-memmap`: windows read straight from the memory-mapped Megatron `.bin`."""
 
-    def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None):
+    def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None,
+                 verify_on_open: bool = False):
+        """`verify_on_open`: check data.bin and data.idx against the manifest's checksums first (once per change
+        of the files: `verify_open.verify_files`); otherwise only the headers and index structure are checked."""
         self.path, self.m = Path(path), open_checked(path, "memmap", tokenizer_fingerprint)
+        self.verified_now = verify_files(self.path, self.m) if verify_on_open else None
         self.ds = MemmapDataset(self.path / "data", expect_dtype=self.m["dtype"])
         if len(self.ds) != self.m["counts"]["documents"]:
             raise PretokError(f"data.idx holds {len(self.ds)} documents, manifest.json says "

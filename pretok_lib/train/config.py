@@ -48,6 +48,7 @@ class DataConfig:
     num_workers: int = 0            # DataLoader workers (0 is fastest for pretokenized paths, see README)
     shuffle: bool = True
     text_column: str = "text"
+    verify_on_open: bool = False    # pretokenized data: check files against manifest checksums at open
 
 
 @dataclass
