@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Sequence
 
 from .errors import PretokError
-from .streams import jsonl_lines, parse_jsonl_line
+from .streams import jsonl_lines, parse_jsonl_line, without_bom
 
 SAMPLE_LINES = 100  # non-blank lines of each JSONL file read at planning time
 SAMPLE_BYTES = 1 << 20  # ... from at most about this many bytes of a plain file
@@ -33,6 +33,7 @@ def _check_jsonl(path: str, kind: str, stop: int, key: str) -> None:
     reader = jsonl_lines(path, kind, 0, stop)
     try:
         for line, pos in reader:
+            line = without_bom(line, pos)
             if not line.strip():
                 continue
             lines += 1

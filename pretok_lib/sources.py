@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from .arrow_text import INVALID, MISSING, as_string_array, decode_each, is_text_type, parquet_leaves, utf8_valid
+from .arrow_text import byte_lengths as _byte_lengths
 from .errors import PretokError
 from .input_checks import check_shape
-from .streams import jsonl_lines, parse_jsonl_line
+from .streams import jsonl_lines, parse_jsonl_line, without_bom
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -129,7 +131,7 @@ def _parquet_file(path: str):
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(path, page_checksum_verification=True)  # checked where pages carry a CRC
     except Exception as e:  # pyarrow raises several types for corrupt files
         raise PretokError(f"not a readable parquet file ({type(e).__name__}: {str(e).splitlines()[0]})", path) from None
 
@@ -159,49 +161,12 @@ def _text_column_index(pf, path: str, column: str) -> int:
     if column not in names:
         raise PretokError(f"no column '{column}' (columns: {', '.join(names)}); use --text-column", path)
     typ = pf.schema_arrow.field(column).type
-    if not _is_text_type(typ):
+    if not is_text_type(typ):
         raise PretokError(f"column '{column}' has type {typ}, expected string", path)
     # The Parquet leaf index, counted from the Arrow schema: pyarrow's ParquetSchema (pf.schema, path_in_schema)
     # forms a reference cycle with the file's FileMetaData, which kept every opened footer (MBs for files of many
     # row groups) alive until a rare full garbage collection: worker RSS grew ~40 MB per GB of input.
-    return sum(_parquet_leaves(pf.schema_arrow.field(i).type) for i in range(names.index(column)))
-
-
-def _is_text_type(typ) -> bool:
-    """A string column of any Arrow layout: (large_)string, string_view, or dictionary-encoded strings."""
-    import pyarrow as pa
-
-    if pa.types.is_dictionary(typ):
-        typ = typ.value_type
-    return pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_string_view(typ)
-
-
-def _as_string_array(arr):
-    """A text column as a plain (large_)string array: dictionary and view layouts are cast (large: no 2 GB
-    offset limit)."""
-    import pyarrow as pa
-
-    if hasattr(arr, "combine_chunks"):
-        arr = arr.combine_chunks()
-    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
-        return arr
-    return arr.cast(pa.large_string())
-
-
-def _parquet_leaves(typ) -> int:
-    """How many Parquet leaf columns an Arrow field of this type is stored as."""
-    import pyarrow as pa
-
-    if isinstance(typ, pa.ExtensionType):
-        return _parquet_leaves(typ.storage_type)
-    if pa.types.is_struct(typ):
-        return sum(_parquet_leaves(typ.field(i).type) for i in range(typ.num_fields))
-    if pa.types.is_map(typ):
-        return _parquet_leaves(typ.key_type) + _parquet_leaves(typ.item_type)
-    if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ) or \
-            pa.types.is_list_view(typ) or pa.types.is_large_list_view(typ):
-        return _parquet_leaves(typ.value_type)
-    return 1
+    return sum(parquet_leaves(pf.schema_arrow.field(i).type) for i in range(names.index(column)))
 
 
 def _plan_parquet(f: InputFile, opts: SourceOptions) -> list[tuple]:
@@ -332,11 +297,11 @@ class _Collector:
         Yields full batches, cut at document boundaries near `batch_bytes`."""
         import numpy as np
 
-        arr = _as_string_array(arr)
+        arr = as_string_array(arr)
         lens = _byte_lengths(arr)
-        valid = _utf8_valid(arr)
+        valid = utf8_valid(arr)
         if arr.null_count or (len(lens) and lens.min() == 0) or not valid:
-            for text, nb in zip(arr.to_pylist() if valid else _decode_each(arr), lens.tolist()):
+            for text, nb in zip(arr.to_pylist() if valid else decode_each(arr), lens.tolist()):
                 self.add(text, where, nb)
                 if self.full():
                     yield self.take()
@@ -359,62 +324,6 @@ class _Collector:
         out = DocBatch(self.texts, self.bytes, {k: v for k, v in self.skipped.items() if v})
         self.texts, self.bytes, self.skipped = [], 0, dict.fromkeys(BAD_DOC_KINDS, 0)
         return out
-
-
-class _Marker:
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-MISSING, INVALID = _Marker("MISSING"), _Marker("INVALID")  # a record without the text key; undecodable bytes
-
-
-def _utf8_valid(arr) -> bool:
-    """Whether every string of an Arrow string array is valid UTF-8 (Parquet files need not hold valid UTF-8)."""
-    import pyarrow as pa
-
-    try:
-        arr.validate(full=True)
-    except pa.ArrowInvalid:
-        return False
-    return True
-
-
-def _decode_each(arr) -> list:
-    """The strings of an Arrow string array holding invalid UTF-8: str, None, or INVALID per document."""
-    import pyarrow as pa
-
-    raw = arr.view(pa.large_binary() if pa.types.is_large_string(arr.type) else pa.binary()).to_pylist()
-    out: list = []
-    for b in raw:
-        try:
-            out.append(None if b is None else b.decode("utf-8"))
-        except UnicodeDecodeError:
-            out.append(INVALID)
-    return out
-
-
-def _byte_lengths(arr) -> "np.ndarray":
-    """UTF-8 byte length of every string of an Arrow (large_)string array, from its offsets buffer (null: 0).
-    Not `pc.binary_length(...).to_numpy()`: pyarrow's to_numpy/fill_null import pandas, ~0.4 s in each worker."""
-    import numpy as np
-    import pyarrow as pa
-
-    if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type):
-        dtype = np.int64
-    elif pa.types.is_string(arr.type) or pa.types.is_binary(arr.type):
-        dtype = np.int32
-    else:  # string views and others: the generic (slower to import) way
-        import pyarrow.compute as pc
-
-        return pc.binary_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
-    if len(arr) == 0:
-        return np.zeros(0, dtype=np.int64)
-    offsets = np.frombuffer(arr.buffers()[1], dtype=dtype)[arr.offset:arr.offset + len(arr) + 1]
-    return np.diff(offsets).astype(np.int64, copy=False)
 
 
 def _read_parquet(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
@@ -459,6 +368,7 @@ def _read_row_group(pf, rg: int, rgm, col: int, lo: int, hi: int, c: _Collector,
 def _read_jsonl(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
     path, key = unit.paths[0], c.opts.text_column
     for line, pos in jsonl_lines(path, unit.kind, unit.start, unit.stop):
+        line = without_bom(line, pos)
         if not line.strip():
             continue
         where = f"{path} (byte {pos})"

@@ -113,15 +113,18 @@ def jsonl_lines(path: str, kind: str, start: int = 0, stop: int = 0) -> Iterator
         raw.close()
 
 
+def without_bom(line: bytes, pos: int) -> bytes:
+    """The line without the UTF-8 BOM a file may start with."""
+    return line[3:] if pos == 0 and line.startswith(b"\xef\xbb\xbf") else line
+
+
 def parse_jsonl_line(line: bytes, pos: int) -> tuple[object, str | None]:
-    """A JSONL line → (record, None), or (None, why) when the line is not UTF-8 JSON. Strict UTF-8 (json.loads
-    of bytes would let encoded surrogates through); a UTF-8 BOM at the start of the file is dropped."""
+    """A JSONL line (BOM removed) → (record, None), or (None, why) when the line is not UTF-8 JSON. Strict UTF-8:
+    json.loads of bytes would let encoded surrogates through."""
     try:
         s = line.decode("utf-8")
     except UnicodeDecodeError as e:
         return None, f"invalid UTF-8 at byte {pos + e.start}"
-    if pos == 0 and s.startswith("\ufeff"):
-        s = s[1:]
     try:
         return json.loads(s), None
     except ValueError as e:
