@@ -11,7 +11,6 @@ from __future__ import annotations
 import codecs
 import functools
 import glob
-import json
 import os
 import re
 import stat
@@ -30,7 +29,7 @@ JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 # Kinds of skipped (damaged or unusable) documents: text null / key missing / not a string / empty / invalid
 # (bad UTF-8, a lone surrogate, a line that is not JSON).
 BAD_DOC_KINDS = ("null", "missing", "nonstring", "empty", "invalid")
-_SURROGATE = re.compile("[\ud800-\udfff]")  # lone surrogates: from JSON escapes or undecodable bytes
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSONL line that may decode to a lone surrogate
 # Row groups are split across units only above this size: every unit reading a slice of a row group must
 # decode the group up to its slice, so splitting small groups costs more decoding than it gains in parallelism.
 SPLIT_ROW_GROUP_BYTES = 64_000_000
@@ -262,6 +261,16 @@ def shard_units(units: Sequence[Unit], num_shards: int, shard_index: int) -> lis
 # ---------------------------------------------------------------- reading
 
 
+def _has_surrogate(text: str) -> bool:
+    """Whether the text holds a lone surrogate (from a JSON escape or undecodable bytes): no tokenizer encodes
+    one. Strict UTF-8 encoding fails on exactly those, and is ~10x faster than a regex search."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 class _Collector:
     """Applies the bad-document policy and cuts documents into batches of about `batch_bytes`."""
 
@@ -287,7 +296,7 @@ class _Collector:
             return self.bad("nonstring", where, f"'{self.opts.text_column}' is {type(text).__name__}, not a string")
         if not text:
             return self.bad("empty", where, "empty document")
-        if check_surrogates and not text.isascii() and _SURROGATE.search(text):
+        if check_surrogates and _has_surrogate(text):
             return self.bad("invalid", where, "a lone surrogate (invalid UTF-8 bytes or a JSON \\ud8xx escape)")
         self.texts.append(text)
         self.bytes += len(text) if nbytes is None else nbytes
@@ -377,7 +386,7 @@ def _read_jsonl(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
             c.bad("invalid", where, why)
             continue
         text = rec.get(key, MISSING) if isinstance(rec, dict) else MISSING
-        c.add(text, where, len(line), check_surrogates=b"\\u" in line)
+        c.add(text, where, len(line), check_surrogates=_SURROGATE_ESCAPE.search(line) is not None)
         if c.full():
             yield c.take()
 
@@ -422,7 +431,7 @@ def _read_txt(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
             if block:
                 last = max((m.start() for m in sep.finditer(buf) if m.start() > 0), default=0)
                 buf, carry = buf[:last], buf[last:]
-            damaged = _SURROGATE.search(buf) is not None
+            damaged = _has_surrogate(buf)
             for doc in sep.split(buf):
                 if doc:  # separators at the edges produce empty strings: not documents
                     c.add(doc, path, check_surrogates=damaged)

@@ -259,7 +259,7 @@ def text_array(values: list, typ: str) -> pa.Array:
     return arr if typ == "string" else arr.cast(TEXT_TYPES[typ], safe=False)
 
 
-@settings(FUZZ, max_examples=120)
+@settings(FUZZ, max_examples=200)
 @given(values=st.lists(TEXT | st.none() | st.just("") | st.sampled_from(BAD_BYTES), min_size=1, max_size=30),
        typ=st.sampled_from(list(TEXT_TYPES) + list(ODD)), nested=st.booleans(), rows=st.integers(1, 8),
        damage=st.sampled_from(["none", "truncate", "flip"]), where=WHERE, bit=st.integers(0, 7),
