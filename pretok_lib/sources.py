@@ -454,8 +454,11 @@ def _read_hf(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
     ds = _load_hf(unit.paths[0]).with_format("arrow")
     step = 1024
     for s in range(unit.start, unit.stop, step):
-        table = ds[s : min(unit.stop, s + step)]
-        for text in table.column(c.opts.text_column).to_pylist():
+        col = ds[s : min(unit.stop, s + step)].column(c.opts.text_column)
+        if is_text_type(col.type):  # invalid UTF-8 (a damaged file) skips the documents holding it
+            yield from c.add_arrow(col, unit.paths[0])
+            continue
+        for text in col.to_pylist():
             c.add(text, unit.paths[0])
             if c.full():
                 yield c.take()
@@ -475,6 +478,10 @@ def read_unit(unit: Unit, opts: SourceOptions) -> Iterator[DocBatch]:
         raise PretokError(f"cannot read: {e.strerror or e}", e.filename or unit.paths[0]) from None
     except UnicodeError as e:
         raise PretokError(f"cannot decode: {e}", unit.paths[0]) from None
+    except Exception as e:  # Arrow's errors on damaged files (HF datasets); anything else is a bug: traceback
+        if not type(e).__module__.startswith("pyarrow"):
+            raise
+        raise PretokError(f"corrupt data ({type(e).__name__}: {str(e).splitlines()[0]})", unit.paths[0]) from None
     yield c.take()
 
 

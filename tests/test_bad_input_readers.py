@@ -150,3 +150,21 @@ def test_bom_is_not_text(tmp_path):
     tok([with_bom], tmp_path / "a")
     tok([without], tmp_path / "b")
     assert [d.tolist() for d in stored_docs(tmp_path / "a")] == [d.tolist() for d in stored_docs(tmp_path / "b")]
+
+
+def test_damaged_hf_dataset_skips_the_document_or_is_one_line(tmp_path):
+    """Invalid UTF-8 inside an HF dataset's Arrow file skips the document holding it (it was a UnicodeDecodeError
+    traceback from a worker); a truncated Arrow file is one line."""
+    import datasets
+
+    datasets.Dataset.from_dict({"text": [f"doc {i} " * 50 for i in range(500)]}).save_to_disk(tmp_path / "hf")
+    arrow = next((tmp_path / "hf").glob("*.arrow"))
+    raw = arrow.read_bytes()
+    mid = len(raw) // 3
+    arrow.write_bytes(raw[:mid] + b"\xff" + raw[mid + 1 :])
+    opts = SourceOptions()
+    batches = [b for u in plan_units(expand_inputs([str(tmp_path / "hf")]), opts) for b in read_unit(u, opts)]
+    assert sum(len(b.texts) for b in batches) == 499 and sum(b.skipped.get("invalid", 0) for b in batches) == 1
+    arrow.write_bytes(raw[:mid])
+    with pytest.raises(PretokError, match="hf: cannot load HF dataset"):
+        plan_units(expand_inputs([str(tmp_path / "hf")]), opts)
