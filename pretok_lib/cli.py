@@ -20,6 +20,13 @@ def _slurm_default(name: str, fallback: int) -> int:
     return int(os.environ["SLURM_ARRAY_TASK_ID"]) - int(os.environ.get("SLURM_ARRAY_TASK_MIN", 0))
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
 def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="parquet/jsonl(.gz,.zst)/txt files, globs, HF dataset dirs")
     p.add_argument("--out", required=True, help="output directory (data files + manifest.json)")
@@ -35,6 +42,9 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eos", default="no", choices=["yes", "no"], help="append EOS to every document")
     p.add_argument("--bad-docs", default="skip", choices=["skip", "fail"],
                    help="null / non-string / empty / invalid UTF-8 documents: skip and count, or fail")
+    p.add_argument("--max-bad-fraction", type=_fraction, default=0.1,
+                   help="fail the run (no manifest) if more than this fraction of documents was skipped; "
+                        "1 allows any (default 0.1)")
     p.add_argument("--backend", default=None, help="force a tokenizer backend (still checked against the reference)")
     p.add_argument("--num-shards", type=int, default=None, help="default: SLURM_ARRAY_TASK_COUNT or 1")
     p.add_argument("--shard-index", type=int, default=None, help="default: SLURM_ARRAY_TASK_ID or 0")
@@ -52,7 +62,7 @@ def tokenize_config(a: argparse.Namespace):
     return TokenizeConfig(
         inputs=a.inputs, out=a.out, tokenizer=a.tokenizer, format=a.format, seq_len=a.seq_len, workers=a.workers,
         text_column=a.text_column, separator=a.separator, compression=a.compression, dtype=a.dtype, bos=a.bos,
-        eos=a.eos, bad_docs=a.bad_docs, backend=a.backend,
+        eos=a.eos, bad_docs=a.bad_docs, max_bad_fraction=a.max_bad_fraction, backend=a.backend,
         num_shards=a.num_shards if a.num_shards is not None else _slurm_default("count", 1),
         shard_index=a.shard_index if a.shard_index is not None else _slurm_default("index", 0),
         part_mb=a.part_mb, batch_mb=a.batch_mb, overwrite=a.overwrite, progress=not a.no_progress)

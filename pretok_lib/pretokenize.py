@@ -29,6 +29,7 @@ from .errors import PretokError
 from .formats import checksum
 from .formats import parquet as pqf
 from .formats.manifest import FORMAT_VERSIONS, atomic_write_json, environment, write_manifest
+from .input_checks import check_skipped
 from .memmap_append import MemmapAppender
 from .parts import PART_HASH_KEY, STATE, Job, part_files_intact, part_name
 from .progress import Progress
@@ -57,6 +58,7 @@ class TokenizeConfig:
     bos: str = "auto"  # auto (if the tokenizer has one) | yes | no
     eos: str = "no"
     bad_docs: str = "skip"
+    max_bad_fraction: float = 0.1  # not in the output key: a rerun with another threshold resumes
     backend: str | None = None
     num_shards: int = 1
     shard_index: int = 0
@@ -372,6 +374,13 @@ def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: Tokeni
               mine: list[Unit], records: dict[int, dict], inputs: list, hashes: dict, total_units: int, t0: float,
               files: list[dict] | None, timeline: dict) -> dict:
     ordered = [records[u.index] for u in mine]
+    if mine:  # no manifest over an input read badly: too many documents skipped, or none read
+        skipped: dict[str, int] = {}
+        for r in ordered:
+            for k, v in r["skipped"].items():
+                skipped[k] = skipped.get(k, 0) + v
+        check_skipped(sum(r["documents"] for r in ordered), skipped, cfg.max_bad_fraction,
+                      cfg.inputs[0] if len(cfg.inputs) == 1 else None)
     if files is None:
         files = [f for r in ordered for f in r["files"]]
     manifest = build_manifest(cfg.format, info.to_dict() | {"backend": choice.to_dict()}, policy,
@@ -382,7 +391,8 @@ def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: Tokeni
                               {"wall_seconds": round(time.time() - t0, 3), **timeline, "workers": cfg.workers,
                                "worker_peak_rss_mb": max((r.get("peak_rss_mb", 0) for r in ordered), default=0)},
                               {"text_column": cfg.text_column, "separator": cfg.separator,
-                               "bad_docs": cfg.bad_docs, "part_bytes": sopts.part_bytes,
+                               "bad_docs": cfg.bad_docs, "max_bad_fraction": cfg.max_bad_fraction,
+                               "part_bytes": sopts.part_bytes,
                                "batch_bytes": sopts.batch_bytes})
     write_manifest(out, manifest)
     return manifest

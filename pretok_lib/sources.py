@@ -11,19 +11,25 @@ from __future__ import annotations
 import codecs
 import functools
 import glob
-import gzip
-import io
-import json
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from .arrow_text import INVALID, MISSING, as_string_array, decode_each, is_text_type, parquet_leaves, utf8_valid
+from .arrow_text import byte_lengths as _byte_lengths
 from .errors import PretokError
+from .input_checks import check_shape
+from .streams import jsonl_lines, parse_jsonl_line, without_bom
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
-BAD_DOC_KINDS = ("null", "nonstring", "empty", "invalid")
+# Kinds of skipped (damaged or unusable) documents: text null / key missing / not a string / empty / invalid
+# (bad UTF-8, a lone surrogate, a line that is not JSON).
+BAD_DOC_KINDS = ("null", "missing", "nonstring", "empty", "invalid")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSONL line that may decode to a lone surrogate
 # Row groups are split across units only above this size: every unit reading a slice of a row group must
 # decode the group up to its slice, so splitting small groups costs more decoding than it gains in parallelism.
 SPLIT_ROW_GROUP_BYTES = 64_000_000
@@ -100,11 +106,17 @@ def expand_inputs(inputs: Sequence[str]) -> list[InputFile]:
             raise PretokError("no input matches this pattern", spec)
         for m in matches:
             p = Path(m)
-            if not p.exists():
-                raise PretokError("no such file or directory", p)
-            st = p.stat()
+            try:
+                st = p.stat()
+            except OSError as e:
+                why = "no such file or directory" if not p.is_symlink() else "a symlink to a missing file"
+                raise PretokError(why if isinstance(e, FileNotFoundError) else e.strerror or str(e), p) from None
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                raise PretokError("not a regular file (a FIFO, socket or device); give a file or a directory", p)
             kind = _kind_of(p)
             size = st.st_size if kind != "hf-disk" else sum(f.stat().st_size for f in p.glob("*.arrow"))
+            if kind != "hf-disk" and not os.access(p, os.R_OK):
+                raise PretokError("permission denied", p)
             files.append(InputFile(str(p), kind, size, st.st_mtime_ns))
     if not files:
         raise PretokError("no inputs given")
@@ -118,7 +130,7 @@ def _parquet_file(path: str):
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(path, page_checksum_verification=True)  # checked where pages carry a CRC
     except Exception as e:  # pyarrow raises several types for corrupt files
         raise PretokError(f"not a readable parquet file ({type(e).__name__}: {str(e).splitlines()[0]})", path) from None
 
@@ -148,28 +160,12 @@ def _text_column_index(pf, path: str, column: str) -> int:
     if column not in names:
         raise PretokError(f"no column '{column}' (columns: {', '.join(names)}); use --text-column", path)
     typ = pf.schema_arrow.field(column).type
-    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+    if not is_text_type(typ):
         raise PretokError(f"column '{column}' has type {typ}, expected string", path)
     # The Parquet leaf index, counted from the Arrow schema: pyarrow's ParquetSchema (pf.schema, path_in_schema)
     # forms a reference cycle with the file's FileMetaData, which kept every opened footer (MBs for files of many
     # row groups) alive until a rare full garbage collection: worker RSS grew ~40 MB per GB of input.
-    return sum(_parquet_leaves(pf.schema_arrow.field(i).type) for i in range(names.index(column)))
-
-
-def _parquet_leaves(typ) -> int:
-    """How many Parquet leaf columns an Arrow field of this type is stored as."""
-    import pyarrow as pa
-
-    if isinstance(typ, pa.ExtensionType):
-        return _parquet_leaves(typ.storage_type)
-    if pa.types.is_struct(typ):
-        return sum(_parquet_leaves(typ.field(i).type) for i in range(typ.num_fields))
-    if pa.types.is_map(typ):
-        return _parquet_leaves(typ.key_type) + _parquet_leaves(typ.item_type)
-    if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ) or \
-            pa.types.is_list_view(typ) or pa.types.is_large_list_view(typ):
-        return _parquet_leaves(typ.value_type)
-    return 1
+    return sum(parquet_leaves(pf.schema_arrow.field(i).type) for i in range(names.index(column)))
 
 
 def _plan_parquet(f: InputFile, opts: SourceOptions) -> list[tuple]:
@@ -226,6 +222,9 @@ def plan_units(files: Sequence[InputFile], opts: SourceOptions) -> list[Unit]:
     """Cut the inputs into units of about `opts.part_bytes` of text, in input order."""
     raw: list[tuple] = []
     txt_group: list[InputFile] = []
+    if opts.separator is not None:
+        compile_separator(opts.separator)
+    check_shape(files, opts.text_column)
 
     def flush_txt() -> None:
         if txt_group:
@@ -262,6 +261,16 @@ def shard_units(units: Sequence[Unit], num_shards: int, shard_index: int) -> lis
 # ---------------------------------------------------------------- reading
 
 
+def _has_surrogate(text: str) -> bool:
+    """Whether the text holds a lone surrogate (from a JSON escape or undecodable bytes): no tokenizer encodes
+    one. Strict UTF-8 encoding fails on exactly those, and is ~10x faster than a regex search."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 class _Collector:
     """Applies the bad-document policy and cuts documents into batches of about `batch_bytes`."""
 
@@ -274,13 +283,21 @@ class _Collector:
             raise PretokError(f"{detail} (use --bad-docs skip to skip and count such documents)", where)
         self.skipped[kind] += 1
 
-    def add(self, text, where: str, nbytes: int | None = None) -> None:
+    def add(self, text, where: str, nbytes: int | None = None, check_surrogates: bool = False) -> None:
+        """Add one document or count it as skipped; `check_surrogates`: the text may hold lone surrogates (from
+        JSON escapes or undecodable bytes), which no tokenizer can encode."""
         if text is None:
-            return self.bad("null", where, f"null or missing '{self.opts.text_column}'")
+            return self.bad("null", where, f"null '{self.opts.text_column}'")
+        if text is MISSING:
+            return self.bad("missing", where, f"no key '{self.opts.text_column}'")
+        if text is INVALID:
+            return self.bad("invalid", where, "invalid UTF-8")
         if not isinstance(text, str):
             return self.bad("nonstring", where, f"'{self.opts.text_column}' is {type(text).__name__}, not a string")
         if not text:
             return self.bad("empty", where, "empty document")
+        if check_surrogates and _has_surrogate(text):
+            return self.bad("invalid", where, "a lone surrogate (invalid UTF-8 bytes or a JSON \\ud8xx escape)")
         self.texts.append(text)
         self.bytes += len(text) if nbytes is None else nbytes
 
@@ -289,9 +306,11 @@ class _Collector:
         Yields full batches, cut at document boundaries near `batch_bytes`."""
         import numpy as np
 
+        arr = as_string_array(arr)
         lens = _byte_lengths(arr)
-        if arr.null_count or (len(lens) and lens.min() == 0):
-            for text, nb in zip(arr.to_pylist(), lens.tolist()):
+        valid = utf8_valid(arr)
+        if arr.null_count or (len(lens) and lens.min() == 0) or not valid:
+            for text, nb in zip(arr.to_pylist() if valid else decode_each(arr), lens.tolist()):
                 self.add(text, where, nb)
                 if self.full():
                     yield self.take()
@@ -314,26 +333,6 @@ class _Collector:
         out = DocBatch(self.texts, self.bytes, {k: v for k, v in self.skipped.items() if v})
         self.texts, self.bytes, self.skipped = [], 0, dict.fromkeys(BAD_DOC_KINDS, 0)
         return out
-
-
-def _byte_lengths(arr) -> "np.ndarray":
-    """UTF-8 byte length of every string of an Arrow (large_)string array, from its offsets buffer (null: 0).
-    Not `pc.binary_length(...).to_numpy()`: pyarrow's to_numpy/fill_null import pandas, ~0.4 s in each worker."""
-    import numpy as np
-    import pyarrow as pa
-
-    if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type):
-        dtype = np.int64
-    elif pa.types.is_string(arr.type) or pa.types.is_binary(arr.type):
-        dtype = np.int32
-    else:  # string views and others: the generic (slower to import) way
-        import pyarrow.compute as pc
-
-        return pc.binary_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
-    if len(arr) == 0:
-        return np.zeros(0, dtype=np.int64)
-    offsets = np.frombuffer(arr.buffers()[1], dtype=dtype)[arr.offset:arr.offset + len(arr) + 1]
-    return np.diff(offsets).astype(np.int64, copy=False)
 
 
 def _read_parquet(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
@@ -375,93 +374,67 @@ def _read_row_group(pf, rg: int, rgm, col: int, lo: int, hi: int, c: _Collector,
             break
 
 
-def _jsonl_lines(unit: Unit) -> Iterator[tuple[bytes, int]]:
-    path = unit.paths[0]
-    if unit.kind == "jsonl":
-        with open(path, "rb") as fh:
-            fh.seek(unit.start)
-            pos = unit.start
-            while pos < unit.stop:
-                line = fh.readline()
-                if not line:
-                    break
-                yield line, pos
-                pos += len(line)
-        return
-    if unit.kind == "jsonl.gz":
-        raw = gzip.open(path, "rb")
-    else:
-        import zstandard
-
-        raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True)
-    try:
-        pos = 0
-        for line in io.BufferedReader(raw, 1 << 20):
-            yield line, pos
-            pos += len(line)
-    except Exception as e:
-        raise PretokError(f"corrupt compressed stream ({type(e).__name__}: {e})", path) from None
-    finally:
-        raw.close()
-
-
 def _read_jsonl(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
     path, key = unit.paths[0], c.opts.text_column
-    for line, pos in _jsonl_lines(unit):
+    for line, pos in jsonl_lines(path, unit.kind, unit.start, unit.stop):
+        line = without_bom(line, pos)
         if not line.strip():
             continue
         where = f"{path} (byte {pos})"
-        try:
-            rec = json.loads(line)
-        except UnicodeDecodeError:
-            c.bad("invalid", where, "invalid UTF-8")
+        rec, why = parse_jsonl_line(line, pos)
+        if why is not None:
+            c.bad("invalid", where, why)
             continue
-        except ValueError as e:
-            c.bad("invalid", where, f"invalid JSON ({e})")
-            continue
-        c.add(rec.get(key) if isinstance(rec, dict) else None, where, len(line))
+        text = rec.get(key, MISSING) if isinstance(rec, dict) else MISSING
+        c.add(text, where, len(line), check_surrogates=_SURROGATE_ESCAPE.search(line) is not None)
         if c.full():
             yield c.take()
 
 
-def _decode_text(data: bytes, where: str, c: _Collector) -> str | None:
+def compile_separator(pattern: str) -> "re.Pattern":
+    """The `--separator` regex, refused in one line when invalid or when it matches the empty string (which would
+    split between every character)."""
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        c.bad("invalid", where, f"invalid UTF-8 at byte {e.start}")
-        return None
+        sep = re.compile(pattern)
+    except re.error as e:
+        raise PretokError(f"invalid --separator regex {pattern!r}: {e}") from None
+    if sep.fullmatch(""):
+        raise PretokError(f"--separator {pattern!r} matches the empty string; use e.g. '\\n\\n+'")
+    return sep
 
 
 def _read_txt(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
+    """Text files: one document per file, or split by the separator. Invalid UTF-8 damages only the document
+    holding it (bytes are decoded with surrogateescape, documents holding an escape are skipped as invalid); a
+    UTF-8 BOM at the start of a file is dropped."""
     if c.opts.separator is None:  # one document per file
         for path in unit.paths:
             data = Path(path).read_bytes()
-            text = _decode_text(data, path, c)
-            if text is not None:
+            try:
+                text = data.decode("utf-8-sig")
+            except UnicodeDecodeError as e:
+                c.bad("invalid", path, f"invalid UTF-8 at byte {e.start}")
+            else:
                 c.add(text, path, len(data))
             if c.full():
                 yield c.take()
         return
     # Stream the file in blocks; text from the start of the last separator match on is carried into the next
     # block, so a separator that straddles a block edge splits exactly as `re.split` on the whole file would.
-    path, sep = unit.paths[0], re.compile(c.opts.separator)
-    utf8 = codecs.getincrementaldecoder("utf-8")()
-    carry, offset = "", 0
+    path, sep = unit.paths[0], compile_separator(c.opts.separator)
+    utf8 = codecs.getincrementaldecoder("utf-8-sig")(errors="surrogateescape")
+    carry = ""
     with open(path, "rb") as fh:
         while True:
             block = fh.read(c.opts.batch_bytes)
-            try:
-                buf = carry + utf8.decode(block, final=not block)
-            except UnicodeDecodeError as e:
-                c.bad("invalid", path, f"invalid UTF-8 near byte {offset + e.start}")
-                return
-            offset += len(block)
+            buf = carry + utf8.decode(block, final=not block)
             if block:
                 last = max((m.start() for m in sep.finditer(buf) if m.start() > 0), default=0)
                 buf, carry = buf[:last], buf[last:]
+            damaged = _has_surrogate(buf)
             for doc in sep.split(buf):
                 if doc:  # separators at the edges produce empty strings: not documents
-                    c.add(doc, path)
+                    c.add(doc, path, check_surrogates=damaged)
                 if c.full():
                     yield c.take()
             if not block:
@@ -481,8 +454,11 @@ def _read_hf(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
     ds = _load_hf(unit.paths[0]).with_format("arrow")
     step = 1024
     for s in range(unit.start, unit.stop, step):
-        table = ds[s : min(unit.stop, s + step)]
-        for text in table.column(c.opts.text_column).to_pylist():
+        col = ds[s : min(unit.stop, s + step)].column(c.opts.text_column)
+        if is_text_type(col.type):  # invalid UTF-8 (a damaged file) skips the documents holding it
+            yield from c.add_arrow(col, unit.paths[0])
+            continue
+        for text in col.to_pylist():
             c.add(text, unit.paths[0])
             if c.full():
                 yield c.take()
@@ -496,7 +472,16 @@ def read_unit(unit: Unit, opts: SourceOptions) -> Iterator[DocBatch]:
     """Yield the unit's documents in order, in batches of about `opts.batch_bytes`; the last batch may be empty
     of texts but still carries skip counts."""
     c = _Collector(opts)
-    yield from _READERS[unit.kind](unit, c)
+    try:
+        yield from _READERS[unit.kind](unit, c)
+    except OSError as e:  # a read failing at the boundary: one line naming the file and the errno text
+        raise PretokError(f"cannot read: {e.strerror or e}", e.filename or unit.paths[0]) from None
+    except UnicodeError as e:
+        raise PretokError(f"cannot decode: {e}", unit.paths[0]) from None
+    except Exception as e:  # Arrow's errors on damaged files (HF datasets); anything else is a bug: traceback
+        if not type(e).__module__.startswith("pyarrow"):
+            raise
+        raise PretokError(f"corrupt data ({type(e).__name__}: {str(e).splitlines()[0]})", unit.paths[0]) from None
     yield c.take()
 
 

@@ -90,7 +90,7 @@ def test_missing_text_column(tmp_path, docs):
 
 def test_null_and_empty_documents_skip_or_fail(tmp_path, docs):
     p = write_parquet(tmp_path / "nulls.parquet", [docs[0], None, "", docs[1], None])
-    m = tok([p], tmp_path / "skip")
+    m = tok([p], tmp_path / "skip", max_bad_fraction=0.6)
     assert m["counts"]["documents"] == 2 and m["counts"]["skipped"] == {"null": 2, "empty": 1}
     fails(["tokenize", str(p), "--out", str(tmp_path / "fail"), "--tokenizer", str(GPT2_JSON),
            "--bad-docs", "fail"], str(p), "null")
@@ -105,7 +105,7 @@ def test_jsonl_nonstring_invalid_utf8_and_invalid_json(tmp_path, docs):
         fh.write(b'{"text": "caf\xe9 latin-1"}\n')  # invalid UTF-8
         fh.write(b'{"text": "unterminated\n')
         fh.write(json.dumps({"text": docs[1]}).encode() + b"\n")
-    m = tok([p], tmp_path / "skip")
+    m = tok([p], tmp_path / "skip", max_bad_fraction=0.6)
     assert m["counts"]["documents"] == 2
     assert m["counts"]["skipped"] == {"nonstring": 1, "invalid": 2}
     line = fails(["tokenize", str(p), "--out", str(tmp_path / "f"), "--tokenizer", str(GPT2_JSON), "--bad-docs",
@@ -120,7 +120,7 @@ def test_invalid_utf8_in_text_file(tmp_path):
           str(p), "invalid UTF-8")
     ok = tmp_path / "ok.txt"
     ok.write_text("fine text\n")
-    m = tok([p, ok], tmp_path / "skip")
+    m = tok([p, ok], tmp_path / "skip", max_bad_fraction=0.5)
     assert m["counts"]["documents"] == 1 and m["counts"]["skipped"] == {"invalid": 1}
 
 
