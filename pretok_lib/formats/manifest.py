@@ -30,12 +30,16 @@ def atomic_write_text(path: str | os.PathLike, text: str, fsync: bool = True) ->
     """Write to a temp name, fsync (unless told not to), rename: readers never see a half-written file."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        if fsync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # e.g. disk full: leave no torn temp file behind (it would hold the space)
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def atomic_write_json(path: str | os.PathLike, data: dict, fsync: bool = True) -> None:

@@ -138,7 +138,10 @@ class PartWriter:
         """Drop the unfinished part (temp files removed, nothing final-named is created)."""
         if self._stats is None:
             for f in (self._bin, self._lens):
-                f.close()
+                try:
+                    f.close()
+                except OSError:  # flushing the buffer failed (e.g. disk full): the file goes anyway
+                    pass
                 if os.path.exists(f.name):
                     os.remove(f.name)
             self._stats = {"documents": 0, "tokens": 0, "bin_bytes": 0}
@@ -394,7 +397,12 @@ def write_index(lens_path: str | os.PathLike, idx_path: str | os.PathLike, dtype
     lens_path, idx_path = os.fspath(lens_path), os.fspath(idx_path)
     lengths = _map(lens_path, "<i4")
     source = _Source("", lengths, None, _sum_lengths(lengths, lens_path), len(lengths))
-    with _HashingWriter(idx_path + ".tmp") as out:
-        _write_idx(out, [source], dtype, max(1, chunk_bytes // 8))
+    try:
+        with _HashingWriter(idx_path + ".tmp") as out:
+            _write_idx(out, [source], dtype, max(1, chunk_bytes // 8))
+    except BaseException:
+        if os.path.exists(idx_path + ".tmp"):
+            os.remove(idx_path + ".tmp")
+        raise
     os.replace(idx_path + ".tmp", idx_path)
     return {"path": os.path.basename(idx_path), "size": out.size, "checksum": checksum.value(out.hash)}
