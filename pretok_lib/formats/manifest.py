@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import PretokError
+from ..errors import PretokError, os_error
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -37,8 +37,10 @@ def atomic_write_text(path: str | os.PathLike, text: str, fsync: bool = True) ->
                 fh.flush()
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:  # e.g. disk full: leave no torn temp file behind (it would hold the space)
+    except BaseException as e:  # e.g. disk full: leave no torn temp file behind (it would hold the space)
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):  # a failed write or close names no file: name it
+            raise os_error(e, path) from None
         raise
 
 
