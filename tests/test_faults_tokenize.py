@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -185,6 +186,21 @@ def test_disk_full_at_many_sizes_then_rerun_after_freeing_space(corpus, refs, tm
     want = {"part", "append"} if fmt == "memmap" else {"part", "manifest"}
     assert want <= hit, hit
     assert not [h for h in hit if h.startswith("other")], hit
+
+
+def test_memmap_finish_cut_short_resumes_without_retokenizing(refs, corpus, tmp_path, capsys):
+    """What a fault in the memmap finish leaves (after the `.bin` rename, before the index or the manifest is
+    written: a memmap part's files are gone once appended, so a static tmpfs size cannot reach it): the rerun takes
+    the `.bin` back (same inode: its parts are checked against their hashes, not tokenized again)."""
+    out = tmp_path / "out"
+    shutil.copytree(refs["memmap"], out)
+    (out / "manifest.json").unlink()
+    (out / "data.idx").unlink()
+    inode = (out / "data.bin").stat().st_ino
+    rc, err = cli(capsys, *tok_args(corpus, out, "memmap"))
+    assert rc == 0, err
+    assert (out / "data.bin").stat().st_ino == inode
+    same_as_ref(out, refs["memmap"])
 
 
 def test_disk_full_in_worker_processes(corpus, refs, tmp_path):
