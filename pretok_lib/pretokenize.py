@@ -20,15 +20,15 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 from . import __version__
 from .errors import PretokError, os_error
 from .formats import checksum
 from .formats import parquet as pqf
-from .formats.manifest import FORMAT_VERSIONS, atomic_write_json, environment, write_manifest
+from .formats.manifest import FORMAT_VERSIONS, environment, write_manifest
 from .memmap_append import MemmapAppender
-from .outdir import committed_parts, output_lock, prepare_output, remove_output, resolve_output
+from .outdir import committed_parts, output_lock, prepare_output, remove_output, resolve_output  # noqa: F401
 from .parts import PART_HASH_KEY, STATE, Job, part_files_intact
 from .progress import Progress
 from .sources import SourceOptions, Unit, estimate_text_bytes, expand_inputs, plan_units, sample_texts, shard_units
