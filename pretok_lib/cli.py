@@ -5,19 +5,33 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
-from .errors import PretokError
+from .errors import PretokError, os_error
+
+
+def _env_int(name: str, fallback: int) -> int:
+    """An integer environment variable (or `fallback` if unset); anything else is a one-line error naming it."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return fallback
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise PretokError(f"{name}={raw!r} is not an integer (set by SLURM for job arrays; "
+                          "unset it or pass --num-shards/--shard-index)") from None
 
 
 def _slurm_default(name: str, fallback: int) -> int:
     """Shard count/index default from a SLURM job array (index relative to the array's first task id)."""
     if name == "count":
-        return int(os.environ.get("SLURM_ARRAY_TASK_COUNT", fallback))
+        return _env_int("SLURM_ARRAY_TASK_COUNT", fallback)
     if "SLURM_ARRAY_TASK_ID" not in os.environ:
         return fallback
-    return int(os.environ["SLURM_ARRAY_TASK_ID"]) - int(os.environ.get("SLURM_ARRAY_TASK_MIN", 0))
+    return _env_int("SLURM_ARRAY_TASK_ID", fallback) - _env_int("SLURM_ARRAY_TASK_MIN", 0)
 
 
 def _fraction(text: str) -> float:
@@ -284,17 +298,37 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return ap
 
 
+class Terminated(BaseException):
+    """SIGTERM (e.g. `scancel`, a job's time limit) turned into an exception, so the run unwinds its cleanup."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand. The error boundary: a PretokError, and any OSError that reaches it (disk full,
+    read-only file system, permissions, ...), is printed as one line `pretok: error: <file>: <problem>`, exit 1;
+    Ctrl-C exits 130 and SIGTERM 143, each with one line. None of them leaves a manifest of a partial output."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv[0] if argv else None).parse_args(argv)
+    if args.cmd in ("tokenize", "merge") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)  # (train and sweep handle SIGTERM themselves)
     try:
         rc = args.fn(args)
     except PretokError as e:
         print(f"pretok: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:
+        print(f"pretok: error: {os_error(e)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("pretok: interrupted (rerun the same command to resume)", file=sys.stderr)
         return 130
+    except Terminated:
+        print("pretok: terminated by SIGTERM (rerun the same command to resume)", file=sys.stderr)
+        return 143
     return rc or 0
 
 

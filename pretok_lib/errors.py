@@ -11,3 +11,19 @@ class PretokError(Exception):
     def __init__(self, message: str, path: str | os.PathLike | None = None):
         self.path = None if path is None else os.fspath(path)
         super().__init__(f"{self.path}: {message}" if self.path else message)
+
+
+def os_error(e: OSError, path: str | os.PathLike | None = None, doing: str | None = None) -> PretokError:
+    """An OSError as one line: the file (the error's own, else `path`), what was being done, and the errno text
+    ("No space left on device", "Read-only file system", ...); pyarrow's wordy messages are reduced to that."""
+    if e.errno:
+        text = os.strerror(e.errno)
+    else:
+        lines = str(e).strip().splitlines()
+        text = lines[0] if lines else type(e).__name__
+    if doing:
+        text = f"{doing}: {text}"
+    where = e.filename if e.filename is not None else path
+    if e.filename2 is not None:
+        text = f"{text} (-> {os.fspath(e.filename2)})"
+    return PretokError(text, where)

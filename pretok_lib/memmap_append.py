@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from .errors import os_error
 from .formats import checksum
 from .formats import memmap as mm
 from .formats.manifest import atomic_write_json
@@ -38,17 +39,27 @@ class _BackgroundSync:
 
     def __init__(self, fd: int, every: int = SYNC_EVERY_BYTES):
         self.fd, self.every, self.pending, self.thread = fd, every, 0, None
+        self.error: OSError | None = None  # of the last sync (e.g. ENOSPC on delayed allocation), raised by `join`
+
+    def _sync(self) -> None:
+        try:
+            os.fdatasync(self.fd)
+        except OSError as e:
+            self.error = e
 
     def appended(self, nbytes: int) -> None:
         self.pending += nbytes
         if self.pending >= self.every and (self.thread is None or not self.thread.is_alive()):
             self.pending = 0
-            self.thread = threading.Thread(target=os.fdatasync, args=(self.fd,), daemon=True)
+            self.thread = threading.Thread(target=self._sync, daemon=True)
             self.thread.start()
 
     def join(self) -> None:
         if self.thread is not None:
             self.thread.join()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
 
 
 def _hash_of(fh, size: int, running=None) -> int | None:
@@ -79,6 +90,9 @@ class MemmapAppender:
             st = {"parts": 0, "part_xxh3_64": [], "part_sizes": [], "part_docs": []}
         self.part_hash, self.part_sizes, self.part_docs = st["part_xxh3_64"], st["part_sizes"], st["part_docs"]
         self.hash = checksum.hasher()  # of the .bin so far (the manifest's checksum, without re-reading at the end)
+        final = out / f"{prefix}.bin"
+        if not self.bin_path.exists() and final.exists():  # a `finish` cut short (disk full writing the index...)
+            os.replace(final, self.bin_path)  # after the rename: take the .bin back, its parts are checked below
         self.bin = open(self.bin_path, "r+b" if self.bin_path.exists() else "w+b")
         self.syncer = _BackgroundSync(self.bin.fileno())
         self.lens = open(self.lens_path, "r+b" if self.lens_path.exists() else "w+b")
@@ -104,7 +118,15 @@ class MemmapAppender:
         return self.order[: self.committed]
 
     def add(self, unit_index: int, part_prefix: Path, hashes: list[int]) -> None:
-        """Take a finished part (files `<part_prefix>.bin/.lens`); append every part that is now in order."""
+        """Take a finished part (files `<part_prefix>.bin/.lens`); append every part that is now in order. An
+        OSError (disk full...) becomes one line naming the `.bin`; what was appended but not committed is cut
+        off on the rerun."""
+        try:
+            self._add(unit_index, part_prefix, hashes)
+        except OSError as e:
+            raise os_error(e, self.bin_path, "appending parts") from None
+
+    def _add(self, unit_index: int, part_prefix: Path, hashes: list[int]) -> None:
         self.pending[unit_index] = (Path(part_prefix), hashes)
         while self.committed < len(self.order) and self.order[self.committed] in self.pending:
             prefix, hashes = self.pending.pop(self.order[self.committed])
@@ -154,6 +176,13 @@ class MemmapAppender:
     def finish(self) -> list[dict]:
         """Write the index, rename .bin then .idx into place; returns both files' records."""
         assert self.committed == len(self.order), "finish() before every part was appended"
+        try:
+            return self._finish()
+        except OSError as e:
+            raise os_error(e, self.out / f"{self.prefix}.idx" if self.bin.closed else self.bin_path,
+                           "finishing the memmap files") from None
+
+    def _finish(self) -> list[dict]:
         self._commit()
         self.syncer.join()
         for fh in (self.bin, self.lens):
@@ -168,7 +197,14 @@ class MemmapAppender:
         return [{"path": final_bin.name, "size": self.bin_bytes, "checksum": checksum.value(self.hash)}, idx]
 
     def close(self) -> None:
-        self.syncer.join()
+        """Release the files after a failed run (errors ignored: the run is failing for its own reason)."""
+        try:
+            self.syncer.join()
+        except OSError:
+            pass
         for fh in (self.bin, self.lens):
             if not fh.closed:
-                fh.close()
+                try:
+                    fh.close()
+                except OSError:
+                    pass

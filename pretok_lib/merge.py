@@ -1,7 +1,11 @@
 """`pretok merge`: join shard outputs (one per `--shard-index`) into one dataset with one manifest.
 
 Shards must agree on everything that defines the data (format, tokenizer, dtype, policy, compression, inputs)
-and together cover every unit exactly once. The merged files are byte-identical to an unsharded run.
+and together cover every unit exactly once. The merged files are byte-identical to an unsharded run. Every shard
+file is checked against the checksum its manifest records while it is copied (hashed as its bytes stream
+through, not re-read), so a damaged shard is refused, not merged under a fresh checksum. The output holds its
+lock (beside it) for the whole merge; it may not be, lie inside or contain one of the shards; an interrupted
+merge (no manifest.json) is started over by rerunning the same command.
 """
 
 from __future__ import annotations
@@ -13,23 +17,52 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .errors import PretokError
+from .errors import PretokError, os_error
 from .formats import checksum
 from .formats import memmap as mm
 from .formats.manifest import read_manifest, write_manifest
+from .outdir import output_lock, remove_output, resolve_output
 from .pretokenize import MEMMAP_PREFIX, build_manifest
 
 AGREE = ("format", "format_version", "dtype", "policy", "compression")
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
+MERGING = ".pretok/merging"  # marks an output as a merge in progress (a rerun may start it over)
+
+
+def _link_or_copy(src: Path, dst: Path, expect: str | None) -> None:
+    """`src` as `dst` (through a temp name), checked against its recorded checksum `expect` on the way: a hard
+    link (data files are immutable: a free copy on the same file system) is hashed once; a copy is hashed as
+    its bytes stream through."""
     tmp = dst.with_name(dst.name + ".tmp")
     tmp.unlink(missing_ok=True)
+    algorithm = checksum.algorithm_of(expect) if expect else checksum.ALGORITHM
     try:
-        os.link(src, tmp)  # data files are immutable: a hard link is a free copy on the same filesystem
+        os.link(src, tmp)
+        ok = not expect or checksum.of_file(tmp, algorithm) == expect
     except OSError:
-        shutil.copyfile(src, tmp)
+        h = checksum.hasher(algorithm)
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            while block := fin.read(8 << 20):
+                fout.write(block)
+                h.update(block)
+            fout.flush()
+            os.fsync(fout.fileno())
+        ok = not expect or checksum.value(h, algorithm) == expect
+    if not ok:
+        tmp.unlink()
+        raise PretokError(mm.CORRUPT, src)
     os.replace(tmp, dst)
+
+
+def _check_output(out: Path, shard_dirs: list[Path]) -> None:
+    """Refuse an output that is one of the shards, lies inside one or contains one (symlinks resolved): merging
+    there would delete or overwrite an input."""
+    for d in shard_dirs:
+        real = Path(os.path.realpath(d))
+        if out == real or real in out.parents or out in real.parents:
+            how = "is" if out == real else "is inside" if real in out.parents else "contains"
+            raise PretokError(f"{how} shard {d}: merging there would destroy an input; choose another --out", out)
 
 
 def _check_agreement(shards: list[tuple[Path, dict]]) -> None:
@@ -75,23 +108,39 @@ def merge_shards(shard_dirs: Sequence[str | os.PathLike], out: str | os.PathLike
     shards.sort(key=lambda s: s[1]["shard"]["shard_index"])
     _check_agreement(shards)
     _check_coverage(shards)
-    out = Path(out)
+    out = resolve_output(out)
+    _check_output(out, [d for d, _ in shards])
+    try:
+        with output_lock(out):
+            return _merge(shards, out, overwrite, t0)
+    except OSError as e:  # disk full, read-only file system, ...: one line naming the file (else the output)
+        raise os_error(e, out) from None
+
+
+def _merge(shards: list[tuple[Path, dict]], out: Path, overwrite: bool, t0: float) -> dict:
+    if out.with_name(f".{out.name}.removing").exists():
+        shutil.rmtree(out.with_name(f".{out.name}.removing"))
     if out.exists() and any(out.iterdir()):
-        if not overwrite:
+        interrupted = not (out / "manifest.json").exists() and (
+            (out / MERGING).exists() or [p.name for p in out.iterdir()] == [".pretok"])
+        if not (overwrite or interrupted):
             raise PretokError("exists and is not empty; use --overwrite or another --out", out)
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+        remove_output(out)
+    (out / MERGING).parent.mkdir(parents=True, exist_ok=True)
+    (out / MERGING).touch()
     ref = shards[0][1]
     records = [dict(p, files=[{"path": f} for f in p["files"]], skipped={}, padding=0, truncated=0, input_bytes=0)
                for _, m in shards for p in m["parts"]]
     if ref["format"] == "memmap":
-        res = mm.concat_datasets([d / MEMMAP_PREFIX for d, _ in shards], out / MEMMAP_PREFIX, ref["dtype"])
+        expect = [{Path(f["path"]).suffix[1:]: checksum.recorded(f) for f in m["files"]} for _, m in shards]
+        res = mm.concat_datasets([d / MEMMAP_PREFIX for d, _ in shards], out / MEMMAP_PREFIX, ref["dtype"],
+                                 expect=expect)
         files = res["files"]
     else:
         files = []
         for d, m in shards:
             for f in m["files"]:
-                _link_or_copy(d / f["path"], out / f["path"])
+                _link_or_copy(d / f["path"], out / f["path"], checksum.recorded(f))
                 files.append(f)
     manifest = build_manifest(ref["format"], ref["tokenizer"], ref["policy"], ref["compression"], records, files,
                               ref["inputs"], {}, list(sys.argv),
@@ -108,6 +157,7 @@ def merge_shards(shard_dirs: Sequence[str | os.PathLike], out: str | os.PathLike
     manifest["counts"]["skipped"] = skipped
     manifest["inputs"] = _merged_inputs([m for _, m in shards])
     write_manifest(out, manifest)
+    shutil.rmtree(out / ".pretok", ignore_errors=True)
     return manifest
 
 

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 import xxhash
 
-from .errors import PretokError
+from .errors import PretokError, os_error
 from .formats import memmap as mm
 from .formats import parquet as pqf
 from .formats.manifest import atomic_write_json
@@ -128,8 +128,25 @@ def _open_part(job: Job, unit: Unit):
 
 def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int], None]) -> dict:
     """Read, tokenize and write one unit as a part, committed by its record (`.pretok/parts/part-N.json`).
-    Memmap parts are then appended in order to the one `.bin` by the main process (`MemmapAppender`)."""
-    writer = _open_part(job, unit)
+    Memmap parts are then appended in order to the one `.bin` by the main process (`MemmapAppender`). A failure
+    removes the part's temp files; an OSError of the output side (disk full, ...) becomes one line naming it."""
+    where = Path(job.out_dir) / (f"{STATE}/parts/{part_name(unit.index)}.bin" if job.fmt == "memmap"
+                                 else f"{part_name(unit.index)}.parquet")
+    try:
+        writer = _open_part(job, unit)
+    except OSError as e:
+        raise os_error(e, where) from None
+    try:
+        return _write_part(unit, encoder, job, report, writer)
+    except OSError as e:
+        writer.abort()
+        raise os_error(e, where) from None
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int], None], writer) -> dict:
     counts = {"documents": 0, "tokens": 0, "padding": 0, "truncated": 0, "input_bytes": 0}
     skipped: dict[str, int] = {}
     for batch in read_unit(unit, job.sources):

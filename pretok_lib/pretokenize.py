@@ -12,26 +12,25 @@ for any number of workers, any interruption, and any sharding followed by `preto
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 from . import __version__
-from .errors import PretokError
+from .errors import PretokError, os_error
 from .formats import checksum
 from .formats import parquet as pqf
-from .formats.manifest import FORMAT_VERSIONS, atomic_write_json, environment, write_manifest
+from .formats.manifest import FORMAT_VERSIONS, environment, write_manifest
 from .input_checks import check_skipped
 from .memmap_append import MemmapAppender
-from .parts import PART_HASH_KEY, STATE, Job, part_files_intact, part_name
+from .outdir import committed_parts, output_lock, prepare_output, remove_output, resolve_output  # noqa: F401
+from .parts import PART_HASH_KEY, STATE, Job, part_files_intact
 from .progress import Progress
 from .sources import SourceOptions, Unit, estimate_text_bytes, expand_inputs, plan_units, sample_texts, shard_units
 from .tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
@@ -118,77 +117,6 @@ def _output_key(cfg: TokenizeConfig, sopts: SourceOptions, info: TokenizerInfo, 
             "shard_index": cfg.shard_index, "units": [u.index for u in units]}
 
 
-def _only_scaffolding(out: Path) -> bool:
-    """True if `out` holds nothing but what a run killed before writing its config leaves: the state dir with
-    an empty parts dir, the lock file and perhaps a torn config temp file."""
-    state = out / STATE
-    if [p.name for p in out.iterdir()] != [STATE] or not state.is_dir():
-        return False
-    allowed = {"parts", "lock", "config.json.tmp"}
-    return all(p.name in allowed for p in state.iterdir()) and not any((state / "parts").glob("*"))
-
-
-def _aside(out: Path) -> Path:
-    return out.with_name(f".{out.name}.removing")
-
-
-def remove_output(out: Path) -> None:
-    """Delete an output dir as one step for a reader: renamed aside first, so a kill mid-delete leaves no torn
-    output under `out` (a later run finishes deleting the leftover)."""
-    aside = _aside(out)
-    if aside.exists():
-        shutil.rmtree(aside)
-    os.replace(out, aside)
-    shutil.rmtree(aside)
-
-
-def prepare_output(out: Path, key: dict, overwrite: bool) -> tuple[bool, int]:
-    """Create/validate the output dir. Returns (already_complete, lock_fd). Refuses a different config."""
-    state = out / STATE
-    if _aside(out).exists():  # a delete killed midway
-        shutil.rmtree(_aside(out))
-    if out.exists() and any(out.iterdir()) and not _only_scaffolding(out):
-        old = state / "config.json"
-        if overwrite:
-            remove_output(out)
-        elif not old.exists():
-            raise PretokError("exists, is not empty and is not a pretok output; use --overwrite or another --out", out)
-        else:
-            prev = json.loads(old.read_text())
-            diff = sorted(k for k in set(prev) | set(key) if prev.get(k) != key.get(k))
-            if diff:
-                raise PretokError(f"holds output of a different config (differs in: {', '.join(diff)}); "
-                                  "use --overwrite or another --out", out)
-    (state / "parts").mkdir(parents=True, exist_ok=True)
-    fd = os.open(state / "lock", os.O_CREAT | os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise PretokError("another pretok process is writing into this directory", out) from None
-    if not (state / "config.json").exists():
-        atomic_write_json(state / "config.json", key)
-    return (out / "manifest.json").exists(), fd
-
-
-def committed_parts(out: Path, units: Sequence[Unit]) -> dict[int, dict]:
-    """Records of parts already committed; removes the leftovers of uncommitted ones (temp files, half parts)."""
-    parts = out / STATE / "parts"
-    done = {}
-    for u in units:
-        rec = parts / f"{part_name(u.index)}.json"
-        if rec.exists():
-            try:
-                done[u.index] = json.loads(rec.read_text())
-            except ValueError:  # torn by a power cut (memmap records are not fsynced): the part is redone
-                rec.unlink()
-    for p in list(parts.iterdir()) + list(out.glob("part-*")):
-        stem = p.name.split(".")[0]
-        idx = int(stem.split("-")[1]) if stem.startswith("part-") and stem[5:].isdigit() else None
-        if p.name.endswith(".tmp") or (idx is not None and idx not in done):
-            p.unlink()
-    return done
-
-
 # ---------------------------------------------------------------- the run
 
 
@@ -228,17 +156,23 @@ def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None) -
     if cfg.seq_len < 1:
         raise PretokError(f"--seq-len must be >= 1 (got {cfg.seq_len})")
     t0 = time.time()
-    out = Path(cfg.out)
-    # The worker processes start first: their start-up (interpreter, imports, building the encoder) overlaps
-    # the planning and tokenizer loading below. Not when the output is complete already (a no-op rerun).
-    start = cfg.workers > 0 and (cfg.overwrite or not (out / "manifest.json").exists())
-    with Workers(cfg.tokenizer, cfg.backend, cfg.workers if start else 0) as workers:
-        restart = _run(cfg, t0, out, workers, _rejected or {})
-    if restart is None:
-        return json.loads((out / "manifest.json").read_text())
-    remove_output(out)  # the fast guess failed the check: drop what it made, rerun with the checked backend
-    return run_tokenize(TokenizeConfig(**{**cfg.__dict__, "backend": restart.backend}),
-                        {**(_rejected or {}), **restart.rejected})
+    out = resolve_output(cfg.out)
+    rejected = dict(_rejected or {})
+    try:
+        with output_lock(out):  # before anything under `out` is read or changed; held across an --overwrite
+            while True:
+                # The worker processes start first: their start-up (interpreter, imports, building the encoder)
+                # overlaps the planning and tokenizer loading below. Not when the output is complete already.
+                start = cfg.workers > 0 and (cfg.overwrite or not (out / "manifest.json").exists())
+                with Workers(cfg.tokenizer, cfg.backend, cfg.workers if start else 0) as workers:
+                    restart = _run(cfg, t0, out, workers, rejected)
+                if restart is None:
+                    return json.loads((out / "manifest.json").read_text())
+                remove_output(out)  # the fast guess failed the check: drop what it made, rerun with the checked one
+                rejected = {**rejected, **restart.rejected}
+                cfg = TokenizeConfig(**{**cfg.__dict__, "backend": restart.backend})
+    except OSError as e:  # disk full, read-only file system, ...: one line naming the file (else the output)
+        raise os_error(e, out) from None
 
 
 def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: dict[str, str]):
@@ -252,65 +186,61 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
     policy = resolve_policy(info, cfg)
     inputs = [{"path": f.path, "kind": f.kind, "size": f.size, "mtime_ns": f.mtime_ns} for f in files]
     key = _output_key(cfg, sopts, info, policy, inputs, mine)
-    complete, lock = prepare_output(out, key, cfg.overwrite)
-    try:
-        if complete:
-            return None
-        done = committed_parts(out, mine)
-        appender = None
-        if cfg.format == "memmap":
-            appender = MemmapAppender(out, out / STATE, MEMMAP_PREFIX, policy["dtype"], [u.index for u in mine])
-            _resume_appends(appender, out, done)
-        pending = [u for u in mine if u.index not in done]
-        job = Job(cfg.format, policy["dtype"], cfg.seq_len, policy["bos_id"], policy["eos_id"], policy["pad_id"],
-                  cfg.compression, sopts, str(out), info.vocab_size, info.spec, info.fingerprint)
-        records, last_record = dict(done), [t0]
-
-        def on_record(rec: dict) -> None:
-            last_record[0] = time.time()
-            if appender is not None:
-                appender.add(rec["unit"]["index"], out / STATE / "parts" / rec["part"], rec[PART_HASH_KEY])
-            records[rec["unit"]["index"]] = rec
-
-        # Optimistic start: workers tokenize with the fastest candidate that could be built (by the zygote, before
-        # it forked; a failed build is recorded, never retried elsewhere) while the check of that choice on a sample
-        # of this input runs beside them; if the check picks another backend, everything made with the first one
-        # is discarded and the run starts over with the checked backend.
-        if workers.zygote is None:  # inline: build here first, so that the check sees what could not be built
-            workers.backend(info, cfg.backend)
-        hasher = _InputHasher(sorted({p for u in mine for p in u.paths}))
-        stop_check = threading.Event()
-        remote = {b: e for b in backends_for(info) if (e := workers.encoder(b, stop_check)) is not None}
-        check = _BackendCheck(info, lambda: sample_texts(mine, sopts), cfg.backend, remote)
-        bar = Progress(sum(u.est_bytes for u in pending), f"{cfg.format} {len(pending)}/{len(mine)} parts",
-                       enabled=cfg.progress)
-        try:
-            guess = check.guess = workers.backend(info, cfg.backend)  # one-line error if none can be built
-            workers.run(pending, guess, job, info, bar, on_record, check.raise_if_other)
-            choice = check.result()
-            choice.rejected = {**rejected, **choice.rejected}
-        except BaseException as e:
-            hasher.stop()
-            stop_check.set()
-            check.thread.join()  # select_backend runs in C: let it end before any interpreter exit
-            bar.close(ok=False)
-            if appender is not None:
-                appender.close()
-            if not isinstance(e, _OtherBackend):
-                raise
-            return e.choice
-        bar.close()
-        hasher.join()
-        files = appender.finish() if appender is not None else None
-        # where the wall time went: start-up until the first batch was tokenized, tokenizing, then finishing
-        first = bar.first_update or last_record[0]
-        timeline = {"startup_seconds": round(first - t0, 3), "tokenize_seconds": round(last_record[0] - first, 3),
-                    "finish_seconds": round(time.time() - last_record[0], 3)}
-        _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hasher.hashes, len(units), t0, files,
-                  timeline)
+    if prepare_output(out, key, cfg.overwrite):
         return None
-    finally:
-        os.close(lock)
+    done = committed_parts(out, mine)
+    appender = None
+    if cfg.format == "memmap":
+        appender = MemmapAppender(out, out / STATE, MEMMAP_PREFIX, policy["dtype"], [u.index for u in mine])
+        _resume_appends(appender, out, done)
+    pending = [u for u in mine if u.index not in done]
+    job = Job(cfg.format, policy["dtype"], cfg.seq_len, policy["bos_id"], policy["eos_id"], policy["pad_id"],
+              cfg.compression, sopts, str(out), info.vocab_size, info.spec, info.fingerprint)
+    records, last_record = dict(done), [t0]
+
+    def on_record(rec: dict) -> None:
+        last_record[0] = time.time()
+        if appender is not None:
+            appender.add(rec["unit"]["index"], out / STATE / "parts" / rec["part"], rec[PART_HASH_KEY])
+        records[rec["unit"]["index"]] = rec
+
+    # Optimistic start: workers tokenize with the fastest candidate that could be built (by the zygote, before
+    # it forked; a failed build is recorded, never retried elsewhere) while the check of that choice on a sample
+    # of this input runs beside them; if the check picks another backend, everything made with the first one
+    # is discarded and the run starts over with the checked backend.
+    if workers.zygote is None:  # inline: build here first, so that the check sees what could not be built
+        workers.backend(info, cfg.backend)
+    hasher = _InputHasher(sorted({p for u in mine for p in u.paths}))
+    stop_check = threading.Event()
+    remote = {b: e for b in backends_for(info) if (e := workers.encoder(b, stop_check)) is not None}
+    check = _BackendCheck(info, lambda: sample_texts(mine, sopts), cfg.backend, remote)
+    bar = Progress(sum(u.est_bytes for u in pending), f"{cfg.format} {len(pending)}/{len(mine)} parts",
+                   enabled=cfg.progress)
+    try:
+        guess = check.guess = workers.backend(info, cfg.backend)  # one-line error if none can be built
+        workers.run(pending, guess, job, info, bar, on_record, check.raise_if_other)
+        choice = check.result()
+        choice.rejected = {**rejected, **choice.rejected}
+    except BaseException as e:
+        hasher.stop()
+        stop_check.set()
+        check.thread.join()  # select_backend runs in C: let it end before any interpreter exit
+        bar.close(ok=False)
+        if appender is not None:
+            appender.close()
+        if not isinstance(e, _OtherBackend):
+            raise
+        return e.choice
+    bar.close()
+    hasher.join()
+    files = appender.finish() if appender is not None else None
+    # where the wall time went: start-up until the first batch was tokenized, tokenizing, then finishing
+    first = bar.first_update or last_record[0]
+    timeline = {"startup_seconds": round(first - t0, 3), "tokenize_seconds": round(last_record[0] - first, 3),
+                "finish_seconds": round(time.time() - last_record[0], 3)}
+    _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hasher.hashes, len(units), t0, files,
+              timeline)
+    return None
 
 
 class _OtherBackend(Exception):

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import random
+import struct
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from .errors import PretokError
+from .errors import PretokError, os_error
 from .formats import memmap as mm
 from .formats import parquet as pqf
 from .formats.manifest import read_manifest
@@ -19,25 +21,45 @@ from .pretokenize import MEMMAP_PREFIX
 from .sources import SourceOptions, Unit, read_unit
 
 
+MIN_TIMED_SECONDS = 0.1  # a rate is printed only from a phase at least this long (timings are rounded to 1 ms)
+
+
+@contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """A data file that cannot be decoded (damaged page header, truncated, edited) or read: one line naming it."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except OSError as e:
+        raise os_error(e, path, "cannot read it") from None
+    except (pa.ArrowException, ValueError, struct.error) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise PretokError(f"cannot decode its data ({first}); damaged or modified: pretok verify checks its "
+                          "checksum", path) from None
+
+
 def document_lengths(out_dir: str | os.PathLike, manifest: dict) -> np.ndarray:
     """Stored length of every document (real tokens, without padding), in order."""
     out = Path(out_dir)
     if manifest["format"] == "memmap":
-        return np.asarray(mm.MemmapDataset(out / MEMMAP_PREFIX, manifest["dtype"]).lengths, dtype=np.int64)
+        with _reading(out / f"{MEMMAP_PREFIX}.idx"):
+            return np.asarray(mm.MemmapDataset(out / MEMMAP_PREFIX, manifest["dtype"]).lengths, dtype=np.int64)
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     lens = []
     for f in manifest["files"]:
         pqf.read_contract(out / f["path"], manifest["format"])
-        if manifest["format"] == "padded":
-            t = pq.read_table(out / f["path"], columns=["attention_mask"])
-            col = t.column(0).combine_chunks()
-            L = col.type.list_size
-            lens.append(col.values.to_numpy(zero_copy_only=False).reshape(-1, L).sum(axis=1, dtype=np.int64))
-        else:
-            t = pq.read_table(out / f["path"], columns=["input_ids"])
-            lens.append(pc.list_value_length(t.column(0)).to_numpy().astype(np.int64))
+        with _reading(out / f["path"]):
+            if manifest["format"] == "padded":
+                t = pq.read_table(out / f["path"], columns=["attention_mask"])
+                col = t.column(0).combine_chunks()
+                L = col.type.list_size
+                lens.append(col.values.to_numpy(zero_copy_only=False).reshape(-1, L).sum(axis=1, dtype=np.int64))
+            else:
+                t = pq.read_table(out / f["path"], columns=["input_ids"])
+                lens.append(pc.list_value_length(t.column(0)).to_numpy().astype(np.int64))
     return np.concatenate(lens) if lens else np.zeros(0, np.int64)
 
 
@@ -80,9 +102,11 @@ def format_inspect(report: dict) -> str:
     lines.append(f"created     {m['created']} by pretok {m['tool']['version']}")
     run = m.get("run") or {}
     if run.get("tokenize_seconds") is not None:  # outputs of earlier versions have the wall time only
-        mb_s = c["input_bytes"] / 1e6 / run["tokenize_seconds"] if run["tokenize_seconds"] else 0.0
+        secs = run["tokenize_seconds"]
+        rate = (f"{c['input_bytes'] / 1e6 / secs:.1f} MB/s" if secs >= MIN_TIMED_SECONDS
+                else "too short to time a rate")
         lines.append(f"run         {run['wall_seconds']:.2f} s with {run['workers']} workers: start-up "
-                     f"{run['startup_seconds']:.2f} s, tokenizing {run['tokenize_seconds']:.2f} s ({mb_s:.1f} MB/s), "
+                     f"{run['startup_seconds']:.2f} s, tokenizing {secs:.2f} s ({rate}), "
                      f"finish {run['finish_seconds']:.2f} s; worker peak RSS {run['worker_peak_rss_mb']:.0f} MB")
     return "\n".join(lines)
 
@@ -107,7 +131,8 @@ def _stored_docs(out: Path, m: dict, part: dict) -> Iterator[np.ndarray]:
             yield ds[i]
     else:
         for f in part["files"]:
-            yield from pqf.iter_documents(out / f)
+            with _reading(out / f):
+                yield from pqf.iter_documents(out / f)
 
 
 def _source_docs(part: dict, m: dict, remap: dict[str, str]) -> Iterator[str]:
@@ -132,8 +157,11 @@ def verify(out_dir: str | os.PathLike, sources: Sequence[str] | None = None, sam
     m = read_manifest(out)
     for f in m["files"]:
         rep.files_checked += 1
-        if not checksum.matches(out / f["path"], checksum.recorded(f)):
-            rep.problems.append(f"{out / f['path']}: checksum differs from manifest.json (corrupted or modified)")
+        with _reading(out / f["path"]):
+            if not checksum.matches(out / f["path"], checksum.recorded(f)):
+                rep.problems.append(f"{out / f['path']}: checksum differs from manifest.json (corrupted or modified)")
+    if rep.problems:  # damaged data is not decoded further: the checksum says all there is to say
+        return rep
     lens = document_lengths(out, m)
     if len(lens) != m["counts"]["documents"] or int(lens.sum()) != m["counts"]["tokens"]:
         rep.problems.append(f"{out}: data holds {len(lens)} docs / {int(lens.sum())} tokens, manifest says "

@@ -168,8 +168,7 @@ def test_output_left_by_a_kill_before_its_config_is_taken_over(tmp_path):
     (out / ".pretok" / "parts").mkdir(parents=True)
     (out / ".pretok" / "lock").touch()
     (out / ".pretok" / "config.json.tmp").write_text('{"form')
-    complete, fd = prepare_output(out, key, overwrite=False)
-    os.close(fd)
+    complete = prepare_output(out, key, overwrite=False)
     assert not complete and json.loads((out / ".pretok" / "config.json").read_text()) == key
     foreign = tmp_path / "f"
     (foreign / ".pretok" / "parts").mkdir(parents=True)
@@ -179,8 +178,7 @@ def test_output_left_by_a_kill_before_its_config_is_taken_over(tmp_path):
     aside = tmp_path / ".o.removing"
     aside.mkdir()
     (aside / "part-00000.parquet").write_bytes(b"x")  # what a kill during remove_output leaves
-    complete, fd = prepare_output(out, key, overwrite=False)
-    os.close(fd)
+    assert not prepare_output(out, key, overwrite=False)
     assert not aside.exists() and (out / ".pretok" / "config.json").exists()
     remove_output(out)
     assert not out.exists() and not aside.exists()

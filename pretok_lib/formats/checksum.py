@@ -17,14 +17,22 @@ ALGORITHM = "xxh3_128"
 _NEW = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 
 
-def hasher():
-    """A running hash of the default algorithm (`update(buffer)`, then `value(h)`)."""
-    return _NEW[ALGORITHM]()
+def hasher(algorithm: str = ALGORITHM):
+    """A running hash (`update(buffer)`, then `value(h)`), by default of the default algorithm."""
+    return _NEW[algorithm]()
 
 
-def value(h) -> str:
-    """The `"algorithm:hexdigest"` string recorded in manifests, for a `hasher()`."""
-    return f"{ALGORITHM}:{h.hexdigest()}"
+def value(h, algorithm: str = ALGORITHM) -> str:
+    """The `"algorithm:hexdigest"` string recorded in manifests, for a `hasher(algorithm)`."""
+    return f"{algorithm}:{h.hexdigest()}"
+
+
+def algorithm_of(expected: str) -> str:
+    """The algorithm a recorded `"algorithm:hex"` value names (ValueError if unknown)."""
+    algorithm = expected.split(":", 1)[0]
+    if algorithm not in _NEW:
+        raise ValueError(f"unknown checksum algorithm {algorithm!r} in {expected!r}")
+    return algorithm
 
 
 def of_file(path: str | os.PathLike, algorithm: str = ALGORITHM, chunk: int = 8 << 20) -> str:
@@ -43,7 +51,4 @@ def recorded(entry: dict) -> str | None:
 
 def matches(path: str | os.PathLike, expected: str) -> bool:
     """Whether the file's checksum (by the algorithm `expected` names) equals `expected`."""
-    algorithm = expected.split(":", 1)[0]
-    if algorithm not in _NEW:
-        raise ValueError(f"unknown checksum algorithm {algorithm!r} in {expected!r}")
-    return of_file(path, algorithm) == expected
+    return of_file(path, algorithm_of(expected)) == expected

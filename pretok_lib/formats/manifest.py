@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import PretokError
+from ..errors import PretokError, os_error
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -30,12 +30,18 @@ def atomic_write_text(path: str | os.PathLike, text: str, fsync: bool = True) ->
     """Write to a temp name, fsync (unless told not to), rename: readers never see a half-written file."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        if fsync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:  # e.g. disk full: leave no torn temp file behind (it would hold the space)
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):  # a failed write or close names no file: name it
+            raise os_error(e, path) from None
+        raise
 
 
 def atomic_write_json(path: str | os.PathLike, data: dict, fsync: bool = True) -> None:

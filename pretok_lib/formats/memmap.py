@@ -138,7 +138,10 @@ class PartWriter:
         """Drop the unfinished part (temp files removed, nothing final-named is created)."""
         if self._stats is None:
             for f in (self._bin, self._lens):
-                f.close()
+                try:
+                    f.close()
+                except OSError:  # flushing the buffer failed (e.g. disk full): the file goes anyway
+                    pass
                 if os.path.exists(f.name):
                     os.remove(f.name)
             self._stats = {"documents": 0, "tokens": 0, "bin_bytes": 0}
@@ -253,6 +256,10 @@ class _Source:
     document_indices: np.ndarray | None  # None: one sequence per document
     tokens: int
     documents: int
+    expect: str | None = None  # the .bin's recorded checksum, checked as its bytes stream through the copy
+
+
+CORRUPT = "checksum differs from its manifest.json (corrupted or modified since it was written)"
 
 
 class _HashingWriter:
@@ -296,13 +303,18 @@ def _write_bin(out: _HashingWriter, sources: list[_Source], itemsize: int, chunk
     biggest = max((s.tokens for s in sources), default=0) * itemsize
     buf = memoryview(bytearray(max(1, min(chunk_bytes, biggest))))  # the only data buffer
     for s in sources:
-        copied = 0
+        copied, algorithm = 0, s.expect and checksum.algorithm_of(s.expect)
+        h = checksum.hasher(algorithm) if algorithm else None
         with open(s.bin_path, "rb", buffering=0) as f:
             while n := f.readinto(buf):
                 out.write(buf[:n])
+                if h is not None:
+                    h.update(buf[:n])
                 copied += n
         if copied != s.tokens * itemsize:
             raise PretokError(f"changed while copying ({copied} bytes, expected {s.tokens * itemsize})", s.bin_path)
+        if h is not None and checksum.value(h, algorithm) != s.expect:
+            raise PretokError(CORRUPT, s.bin_path)
 
 
 def _write_idx(out: _HashingWriter, sources: list[_Source], dtype: str, step: int) -> None:
@@ -374,14 +386,23 @@ def concat_parts(
 
 
 def concat_datasets(
-    prefixes: Sequence[str | os.PathLike], out_prefix: str | os.PathLike, dtype: str, chunk_bytes: int = 64 << 20
+    prefixes: Sequence[str | os.PathLike], out_prefix: str | os.PathLike, dtype: str, chunk_bytes: int = 64 << 20,
+    expect: Sequence[dict[str, str]] | None = None,
 ) -> dict:
     """Like `concat_parts`, but the inputs are finished (validated) Megatron datasets; their document indices
-    are carried over shifted, as Megatron's `IndexedDatasetBuilder.add_index` does."""
+    are carried over shifted, as Megatron's `IndexedDatasetBuilder.add_index` does.
+
+    `expect`: per dataset its recorded checksums `{"bin": ..., "idx": ...}` (from its manifest). Each `.idx` is
+    checked before it is used (it is small); each `.bin` as its bytes stream through the copy, not re-read. A
+    mismatch is a one-line PretokError naming the file, and no output file is left."""
     sources = []
-    for prefix in prefixes:
+    for k, prefix in enumerate(prefixes):
+        want = expect[k] if expect is not None else {}
+        if want.get("idx") and not checksum.matches(os.fspath(prefix) + ".idx", want["idx"]):
+            raise PretokError(CORRUPT, os.fspath(prefix) + ".idx")
         ds = MemmapDataset(prefix, expect_dtype=dtype)
-        sources.append(_Source(ds.bin_path, ds.lengths, ds.document_indices, ds.num_tokens, ds.num_documents))
+        sources.append(_Source(ds.bin_path, ds.lengths, ds.document_indices, ds.num_tokens, ds.num_documents,
+                               want.get("bin")))
     return _concat(sources, out_prefix, dtype, chunk_bytes)
 
 
@@ -394,7 +415,12 @@ def write_index(lens_path: str | os.PathLike, idx_path: str | os.PathLike, dtype
     lens_path, idx_path = os.fspath(lens_path), os.fspath(idx_path)
     lengths = _map(lens_path, "<i4")
     source = _Source("", lengths, None, _sum_lengths(lengths, lens_path), len(lengths))
-    with _HashingWriter(idx_path + ".tmp") as out:
-        _write_idx(out, [source], dtype, max(1, chunk_bytes // 8))
+    try:
+        with _HashingWriter(idx_path + ".tmp") as out:
+            _write_idx(out, [source], dtype, max(1, chunk_bytes // 8))
+    except BaseException:
+        if os.path.exists(idx_path + ".tmp"):
+            os.remove(idx_path + ".tmp")
+        raise
     os.replace(idx_path + ".tmp", idx_path)
     return {"path": os.path.basename(idx_path), "size": out.size, "checksum": checksum.value(out.hash)}

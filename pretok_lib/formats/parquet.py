@@ -114,6 +114,14 @@ class ParquetPartWriter:
         os.replace(self.tmp, self.path)
         return {"path": self.path.name, "size": size, "checksum": digest}
 
+    def abort(self) -> None:
+        """Drop the unfinished part: close the writer (errors ignored: the disk may be full) and remove the temp."""
+        try:
+            self.writer.close()
+        except Exception:
+            pass
+        self.tmp.unlink(missing_ok=True)
+
 
 # ---------------------------------------------------------------- reading
 

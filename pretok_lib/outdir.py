@@ -1,0 +1,145 @@
+"""The output directory of `pretok tokenize` / `pretok merge`: its lock, its checks, resume state, deletion.
+
+The lock is a file *beside* the output, `<parent>/.<name>.lock` (flock), taken before anything under the output
+is read or changed and held until the run ends. Being outside the directory, it outlives `--overwrite`'s
+replacement of the directory, so two writers never interleave (a lock inside the directory would be deleted with
+it). A second writer gets one line and exit 1; the lock file itself stays (removing a lock file races).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import stat
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from .errors import PretokError, os_error
+from .formats.manifest import atomic_write_json
+from .parts import STATE, part_name
+from .sources import Unit
+
+
+def resolve_output(out: str | os.PathLike) -> Path:
+    """The real path of an output dir; refuses what cannot be one: an existing non-directory (a regular file, a
+    FIFO, a device...) and a dangling symbolic link."""
+    path = Path(out)
+    if path.is_symlink() and not path.exists():
+        raise PretokError(f"is a dangling symbolic link (to {os.readlink(path)}); remove it or choose another --out",
+                          path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as e:  # e.g. a parent that is a regular file (ENOTDIR), a symlink loop, no permission
+        raise os_error(e, path) from None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        kind = "a regular file" if stat.S_ISREG(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
+            "not a regular file"
+        raise PretokError(f"exists and is {kind}, not a directory; choose another --out", path)
+    return Path(os.path.realpath(path))
+
+
+def lock_path(out: Path) -> Path:
+    return out.with_name(f".{out.name}.lock")
+
+
+@contextmanager
+def output_lock(out: Path) -> Iterator[None]:
+    """Hold the output's lock (beside it) for the block; a second holder gets one line. `out` as `resolve_output`
+    returns it. On a read-only file system a *finished* output is still readable without the lock."""
+    lock = lock_path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError as e:
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and (out / "manifest.json").is_file():
+            yield  # nothing will be written; a rerun of a finished output is a no-op
+            return
+        raise os_error(e, lock if e.filename is None else None, "cannot create the output's lock file") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PretokError(f"another pretok process is writing into this output (it holds {lock})", out) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _only_scaffolding(out: Path) -> bool:
+    """True if `out` holds nothing but what a run killed before writing its config leaves: the state dir with
+    an empty parts dir, a lock file (of earlier versions) and perhaps a torn config temp file."""
+    state = out / STATE
+    if [p.name for p in out.iterdir()] != [STATE] or not state.is_dir():
+        return False
+    allowed = {"parts", "lock", "config.json.tmp"}
+    return all(p.name in allowed for p in state.iterdir()) and not any((state / "parts").glob("*"))
+
+
+def _aside(out: Path) -> Path:
+    return out.with_name(f".{out.name}.removing")
+
+
+def remove_output(out: Path) -> None:
+    """Delete an output dir as one step for a reader: renamed aside first, so a kill mid-delete leaves no torn
+    output under `out` (a later run finishes deleting the leftover). Call it holding the lock."""
+    aside = _aside(out)
+    if aside.exists():
+        shutil.rmtree(aside)
+    os.replace(out, aside)
+    shutil.rmtree(aside)
+
+
+def prepare_output(out: Path, key: dict, overwrite: bool) -> bool:
+    """Create/validate the output dir, holding its lock; returns whether it is complete already. Refuses a
+    different config (or a directory that is not a pretok output) unless `overwrite`."""
+    state = out / STATE
+    try:
+        if _aside(out).exists():  # a delete killed midway
+            shutil.rmtree(_aside(out))
+        if out.exists() and any(out.iterdir()) and not _only_scaffolding(out):
+            old = state / "config.json"
+            if overwrite:
+                remove_output(out)
+            elif not old.exists():
+                raise PretokError("exists, is not empty and is not a pretok output; use --overwrite or another --out",
+                                  out)
+            else:
+                try:
+                    prev = json.loads(old.read_text())
+                except ValueError:
+                    raise PretokError("corrupt run state (not JSON); use --overwrite", old) from None
+                diff = sorted(k for k in set(prev) | set(key) if prev.get(k) != key.get(k))
+                if diff:
+                    raise PretokError(f"holds output of a different config (differs in: {', '.join(diff)}); "
+                                      "use --overwrite or another --out", out)
+        (state / "parts").mkdir(parents=True, exist_ok=True)
+        if not (state / "config.json").exists():
+            atomic_write_json(state / "config.json", key)
+    except OSError as e:
+        raise os_error(e, out) from None
+    return (out / "manifest.json").exists()
+
+
+def committed_parts(out: Path, units: Sequence[Unit]) -> dict[int, dict]:
+    """Records of parts already committed; removes the leftovers of uncommitted ones (temp files, half parts)."""
+    parts = out / STATE / "parts"
+    done = {}
+    for u in units:
+        rec = parts / f"{part_name(u.index)}.json"
+        if rec.exists():
+            try:
+                done[u.index] = json.loads(rec.read_text())
+            except ValueError:  # torn by a power cut (memmap records are not fsynced): the part is redone
+                rec.unlink()
+    for p in list(parts.iterdir()) + list(out.glob("part-*")):
+        stem = p.name.split(".")[0]
+        idx = int(stem.split("-")[1]) if stem.startswith("part-") and stem[5:].isdigit() else None
+        if p.name.endswith(".tmp") or (idx is not None and idx not in done):
+            p.unlink()
+    return done

@@ -1,0 +1,70 @@
+"""`pretok verify` / `pretok inspect` on damaged outputs: one line naming the file, exit 1; no rate printed from
+a time too short to measure."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pretok_lib.cli import main
+from pretok_lib.verify import format_inspect, inspect
+
+from .conftest import GPT2_JSON, WIKI_EN
+from .test_faults_tokenize import cli, one_line
+
+
+def _tokenize(tmp_path, docs, fmt: str):
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"text": docs}), corpus, row_group_size=100)
+    out = tmp_path / fmt
+    assert main(["tokenize", str(corpus), "--out", str(out), "--tokenizer", str(GPT2_JSON), "--format", fmt,
+                 "--part-mb", "0.05", "--workers", "0", "--no-progress"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["token-list", "padded"])
+def test_damaged_parquet_page_header(tmp_path, capsys, fmt):
+    """The first page header of the column inspect reads (input_ids / attention_mask) overwritten: inspect and
+    verify each print one line naming the part, exit 1."""
+    docs = [v["extract"] for v in json.loads(WIKI_EN.read_text()).values()][:200]
+    out = _tokenize(tmp_path, docs, fmt)
+    part = sorted(out.glob("part-*.parquet"))[0]
+    column = pq.ParquetFile(part).metadata.row_group(0).column(1 if fmt == "padded" else 0)
+    at = column.dictionary_page_offset or column.data_page_offset
+    data = bytearray(part.read_bytes())
+    data[at : at + 20] = b"\xff" * 20
+    part.write_bytes(bytes(data))
+    rc, err = cli(capsys, "inspect", out)
+    assert rc == 1
+    one_line(err, str(part))
+    rc, err = cli(capsys, "verify", out, "--sample", "64")
+    assert rc == 1
+    one_line(err, str(part), "checksum differs")
+
+
+def test_damaged_memmap_index_in_inspect(tmp_path, capsys):
+    docs = [v["extract"] for v in json.loads(WIKI_EN.read_text()).values()][:50]
+    out = _tokenize(tmp_path, docs, "memmap")
+    idx = out / "data.idx"
+    data = bytearray(idx.read_bytes())
+    data[40] ^= 0x80  # the first document's length
+    idx.write_bytes(bytes(data))
+    rc, err = cli(capsys, "verify", out)
+    assert rc == 1
+    one_line(err, str(idx))
+
+
+def test_no_rate_from_a_time_too_short_to_measure(tmp_path):
+    out = _tokenize(tmp_path, ["one short document"], "memmap")
+    report = inspect(out)
+    run = report["manifest"]["run"]
+    text = format_inspect(report)
+    if run["tokenize_seconds"] < 0.1:
+        assert "MB/s" not in text and "too short to time" in text
+    report["manifest"]["run"] = dict(run, tokenize_seconds=0.0)
+    assert "MB/s" not in format_inspect(report)
+    report["manifest"]["run"] = dict(run, tokenize_seconds=2.0)
+    assert "MB/s" in format_inspect(report)
