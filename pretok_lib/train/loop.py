@@ -175,17 +175,20 @@ class Trainer:
         return ds
 
     def _resume(self) -> None:
-        found = checkpoint.list_checkpoints(self.run_dir / "checkpoints") if self.cfg.checkpoint.resume else []
-        if not found:
+        if not self.cfg.checkpoint.resume:
             return
-        state = checkpoint.load(found[-1], self.model, self.optimizer, self.d.device)
+        found = checkpoint.load_newest(self.run_dir / "checkpoints", self.model, self.optimizer, self.d.device,
+                                       self.log if self.d.is_main else lambda msg: None)
+        if found is None:
+            return
+        path, state = found
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.loader.load_state_dict(state["loader"])
         self.progress = Progress(**state["progress"])
         self.resumed_from = self.progress.step
         checkpoint.set_rng_state(state["rng"])
-        self.log(f"resumed from {found[-1]} (step {self.progress.step})")
+        self.log(f"resumed from {path} (step {self.progress.step})")
 
     def save(self) -> None:
         p = self.progress
