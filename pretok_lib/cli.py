@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = args.fn(args)
     except PretokError as e:
         print(f"pretok: error: {e}", file=sys.stderr)
-        return 1
+        return getattr(e, "exit_code", 1)   # 3: a sweep/study stopped by a signal (pretok_lib.procs.Stopped)
     except KeyboardInterrupt:
         print("pretok: interrupted (rerun the same command to resume)", file=sys.stderr)
         return 130
