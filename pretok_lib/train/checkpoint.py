@@ -10,6 +10,7 @@ reads the same files on resume.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -52,15 +53,31 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def names_path(path: Path):
+    """An OSError raised inside (a failed write, which names no file) names `path`."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(path)
+        raise
+
+
 class _Hashing:
     """A binary file that hashes what is written to it (torch.save writes sequentially)."""
 
     def __init__(self, fh):
         self.fh, self.h = fh, checksum.hasher()
+        self.error: OSError | None = None     # torch.save hides a failed write under a RuntimeError
 
     def write(self, b) -> int:
         self.h.update(b)
-        return self.fh.write(b)
+        try:
+            return self.fh.write(b)
+        except OSError as e:
+            self.error = e
+            raise
 
     def flush(self) -> None:
         self.fh.flush()
@@ -78,13 +95,18 @@ def save(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer, state: di
         sums = {}
         for name, obj in zip(FILES, (model.state_dict(), optimizer.state_dict(),
                                      dict(state, step=step, rng=rng_state()))):
-            with open(tmp / name, "wb") as fh:
+            with names_path(tmp / name), open(tmp / name, "wb") as fh:
                 out = _Hashing(fh)
-                torch.save(obj, out)
+                try:
+                    torch.save(obj, out)
+                except RuntimeError:
+                    if out.error is None:
+                        raise
+                    raise out.error from None
                 fh.flush()
                 os.fsync(fh.fileno())
             sums[name] = checksum.value(out.h)
-        with open(tmp / CHECKSUMS, "w") as fh:
+        with names_path(tmp / CHECKSUMS), open(tmp / CHECKSUMS, "w") as fh:
             fh.write(json.dumps(sums, indent=1) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
