@@ -308,3 +308,50 @@ def test_kill_and_stop_real_processes_at_random_moments(tiny, reference, tmp_pat
         assert rc2 == 0 and not errors, err2
         assert curve(run) == reference, (sig, rc)
         assert_checkpoints_intact(run)
+
+
+def test_final_writes_failing_leave_a_failed_run_json(tiny, reference, tmp_path, capsys, monkeypatch):
+    """The disk fills just as the run ends: summary.json cannot be written, and neither can a new run.json
+    (atomic rewrite refused): run.json is overwritten in place with `failed`; a rerun completes bit-exactly."""
+    import errno
+
+    from pretok_lib.train import run as run_mod
+
+    real = run_mod.atomic_write_json
+
+    def full(path, data, *a, **k):
+        if Path(path).name == "summary.json" or (Path(path).name == "run.json" and data["status"] != "running"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, data, *a, **k)
+
+    monkeypatch.setattr(run_mod, "atomic_write_json", full)
+    rc, errors, err = train_cli(overrides(tiny, tmp_path), capsys)
+    assert rc == 1 and len(errors) == 1 and "Traceback" not in err
+    assert errors[0].endswith(f"{tmp_path / 'run' / 'summary.json'}: No space left on device"), errors
+    info = status(tmp_path / "run")
+    assert info["status"] == "failed" and "summary.json: No space left on device" in info["error"]
+    monkeypatch.setattr(run_mod, "atomic_write_json", real)
+    (tmp_path / "run" / "checkpoints" / "step_00000008").rename(tmp_path / "run" / "checkpoints" / "x")
+    rc, errors, err = train_cli(overrides(tiny, tmp_path), capsys)
+    assert rc == 0 and curve(tmp_path / "run") == reference
+
+
+def test_second_sigint_stops_at_once(tiny, reference, tmp_path, capsys, monkeypatch):
+    """A second Ctrl-C before the checkpoint (KeyboardInterrupt mid-step): exit 130, one line, run.json failed;
+    the rerun resumes from the last checkpoint bit-exactly."""
+    from pretok_lib.train import loop
+
+    real = loop.Trainer.step
+
+    def step(self, batches):
+        if self.progress.step == 4 and not self.resumed_from:
+            raise KeyboardInterrupt
+        return real(self, batches)
+
+    monkeypatch.setattr(loop.Trainer, "step", step)
+    rc, errors, err = train_cli(overrides(tiny, tmp_path), capsys)
+    assert rc == 130 and len(errors) == 1 and "second SIGINT" in errors[0] and "Traceback" not in err
+    assert status(tmp_path / "run")["status"] == "failed"
+    monkeypatch.setattr(loop.Trainer, "step", real)
+    rc, errors, err = train_cli(overrides(tiny, tmp_path), capsys)
+    assert rc == 0 and "step_00000004" in err and curve(tmp_path / "run") == reference
