@@ -178,7 +178,7 @@ def train(cfg: Config) -> int:
             msg, code = "stopped by a second SIGINT before its checkpoint (a rerun resumes from the last one)", \
                 EXIT_ABORTED
         elif not d.is_main and d.backend is not None:   # another rank died; rank 0 reports the cause
-            msg, code = f"rank {d.rank}: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}", EXIT_FAILED
+            msg, code = f"rank {d.rank}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}", EXIT_FAILED
         else:
             msg, code = f"{type(e).__name__}: {e}", None
         if d.is_main:
