@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = args.fn(args)
     except PretokError as e:
         print(f"pretok: error: {e}", file=sys.stderr)
-        return 1
+        return getattr(e, "exit_code", 1)  # 3: a sweep/study stopped by a signal (pretok_lib.procs.Stopped)
     except OSError as e:
         print(f"pretok: error: {os_error(e)}", file=sys.stderr)
         return 1

@@ -9,6 +9,10 @@
 A point whose `runs/<id>/run.json` says "completed" is skipped; any other point is (re)launched, so a failed or
 interrupted point is retried on the next call (the trainer resumes from its newest checkpoint). Each attempt is
 recorded in `runs/<id>/launcher.json`; the process output goes to `runs/<id>/launcher.log`.
+
+SIGTERM / SIGINT / SIGHUP to the sweep reach the run it started (every process of it, torchrun's ranks
+included, which checkpoint and exit 3), then the sweep raises `SweepStopped` (exit 3 from the CLI). A run
+also gets SIGTERM if the sweep dies without a word (PR_SET_PDEATHSIG), so no run outlives its sweep.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ import itertools
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -29,7 +32,9 @@ from typing import Any
 
 import yaml
 
+from . import procs
 from .errors import PretokError
+from .procs import SweepStopped, stop_signals
 
 # Short axis names -> the trainer's config keys (any dotted key works as an axis too). "world" is the number of
 # processes, a launcher setting rather than a config key.
@@ -248,34 +253,22 @@ def tail(path: str | os.PathLike, lines: int = 8) -> str:
         return ""
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """SIGTERM the point's process group (the trainer checkpoints on it), SIGKILL after `grace_s`."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def _launch_local(cmd: list[str], log: Path, env: dict, timeout_s: float | None) -> tuple[int | None, str | None]:
     """Run `cmd` in its own session with output appended to `log`; (exit code, problem)."""
     with open(log, "ab") as fh:
         fh.write(f"\n=== {_now()} pretok sweep: {' '.join(cmd)}\n".encode())
         fh.flush()
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=procs.die_with_parent_hook())
         try:
             return proc.wait(timeout_s), None
         except subprocess.TimeoutExpired:
-            _stop(proc)
+            with procs.stop_signals(procs.ignore):    # stopping already: a second signal must not cut it short
+                procs.stop_tree(proc)
             return proc.returncode, f"timed out after {timeout_s:g} s"
-        except BaseException:  # KeyboardInterrupt: stop the run (it checkpoints) and let the caller see it
-            _stop(proc)
+        except BaseException:  # SweepStopped, KeyboardInterrupt: stop the run (it checkpoints), then re-raise
+            with procs.stop_signals(procs.ignore):
+                procs.stop_tree(proc)
             raise
 
 
@@ -318,29 +311,45 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
     say(f"sweep: {len(points)} grid points, {len(points) - len(todo)} already completed, {len(todo)} to run "
         f"({launcher}) -> {runs}")
     if launcher == "local":
-        for i, p in enumerate(todo, 1):
-            rdir = runs / p.run_id
-            rdir.mkdir(parents=True, exist_ok=True)
-            cmd = command(p, config, "local", runs, module)
-            t0, started = time.monotonic(), _now()
-            attempt = {"launcher": "local", "command": cmd, "started": started}
-            try:
-                rc, problem = _launch_local(cmd, rdir / "launcher.log", child_env, timeout_s)
-            except KeyboardInterrupt:
-                _record(rdir, p, {**attempt, "finished": _now(), "seconds": round(time.monotonic() - t0, 2),
-                                  "returncode": None, "status": "failed", "reason": "interrupted (sweep stopped)"})
-                raise
-            st, why = _outcome(rdir, rc, problem)
-            secs = time.monotonic() - t0
-            _record(rdir, p, {**attempt, "finished": _now(), "seconds": round(secs, 2), "returncode": rc,
-                              "status": st, "reason": why})
-            status[p.run_id] = st
-            say(f"  [{i}/{len(todo)}] {p.run_id}: {st} in {secs:.1f} s" + (f" ({why})" if why else ""))
-            if st == "failed":
-                say("    " + tail(rdir / "launcher.log", 5).replace("\n", "\n    "))
+        try:
+            with stop_signals():
+                _run_local(config, todo, runs, module, timeout_s, child_env, status, say)
+        except SweepStopped as e:     # between two points: nothing of ours was running
+            raise procs.Stopped(f"sweep {e.args[0]} between two points; rerun the same command to resume",
+                                runs) from None
     elif todo:
         _run_slurm(config, todo, runs, slurm_script, dict(slurm_options or {}), child_env, status, say)
     return [(p, status[p.run_id]) for p in points]
+
+
+def _run_local(config: Path, todo: list[Point], runs: Path, module: str, timeout_s: float | None, child_env: dict,
+               status: dict[str, str], say: Callable[[str], None]) -> None:
+    """The points one after the other, each its own process (see `_launch_local`)."""
+    for i, p in enumerate(todo, 1):
+        rdir = runs / p.run_id
+        t0, started = time.monotonic(), _now()
+        cmd = command(p, config, "local", runs, module)
+        attempt = {"launcher": "local", "command": cmd, "started": started}
+        try:
+            rdir.mkdir(parents=True, exist_ok=True)
+            rc, problem = _launch_local(cmd, rdir / "launcher.log", child_env, timeout_s)
+        except KeyboardInterrupt as e:
+            st = run_status(rdir)
+            why = f"{e.args[0] if e.args else 'interrupted'} (sweep stopped); run.json status {st!r}"
+            _record(rdir, p, {**attempt, "finished": _now(), "seconds": round(time.monotonic() - t0, 2),
+                              "returncode": None, "status": "failed", "reason": why})
+            if isinstance(e, SweepStopped):
+                raise procs.Stopped(f"sweep {e.args[0]} during {p.run_id} (run.json: {st}); its processes "
+                                    f"are stopped; rerun the same command to resume", runs) from None
+            raise
+        st, why = _outcome(rdir, rc, problem)
+        secs = time.monotonic() - t0
+        _record(rdir, p, {**attempt, "finished": _now(), "seconds": round(secs, 2), "returncode": rc,
+                          "status": st, "reason": why})
+        status[p.run_id] = st
+        say(f"  [{i}/{len(todo)}] {p.run_id}: {st} in {secs:.1f} s" + (f" ({why})" if why else ""))
+        if st == "failed":
+            say("    " + tail(rdir / "launcher.log", 5).replace("\n", "\n    "))
 
 
 def slurm_layout(world: int, gpus_per_node: int) -> dict[str, int]:

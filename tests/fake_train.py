@@ -1,11 +1,13 @@
 """A stand-in for `python -m pretok_lib.train` in sweep tests: honours the CLI and run-directory contract
 (docs/RUNS.md: run.json status, metrics.jsonl, exit code) in milliseconds. Rank 0 writes; every rank appends
-its rank to `invocations.txt`. Run ids listed in $FAKE_FAIL_IDS fail; $FAKE_SLEEP_S delays the run."""
+its rank to `invocations.txt`. Run ids listed in $FAKE_FAIL_IDS fail; $FAKE_SLEEP_S delays the run; SIGTERM or
+SIGINT during the delay ends it like the trainer: run.json `interrupted`, exit 3."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -20,15 +22,22 @@ def main(argv: list[str]) -> int:
     with open(rdir / "invocations.txt", "a") as fh:
         fh.write(f"{rank}/{world}\n")
     fail = over["run.id"] in os.environ.get("FAKE_FAIL_IDS", "").split(",")
-    time.sleep(float(os.environ.get("FAKE_SLEEP_S", "0")))
+    stop = []
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, lambda signum, frame: stop.append(signum))
+    with open(rdir / f"pid.{rank}", "w") as fh:
+        fh.write(f"{os.getpid()}\n")
+    end = time.monotonic() + float(os.environ.get("FAKE_SLEEP_S", "0"))
+    while time.monotonic() < end and not stop:
+        time.sleep(0.02)
     if rank == 0:
-        status = "failed" if fail else "completed"
+        status = "interrupted" if stop else "failed" if fail else "completed"
         (rdir / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1, "wall_s": 0.0, "loss": 1.0}) + "\n")
         (rdir / "run.json").write_text(json.dumps({"run_id": over["run.id"], "version": 1, "status": status,
                                                    "error": "fake failure" if fail else None, "world_size": world,
                                                    "overrides": over}))
-    print(f"fake train rank {rank}/{world}: {'failing' if fail else 'ok'}", flush=True)
-    return 1 if fail else 0
+    print(f"fake train rank {rank}/{world}: {'stopped' if stop else 'failing' if fail else 'ok'}", flush=True)
+    return 3 if stop else 1 if fail else 0
 
 
 if __name__ == "__main__":

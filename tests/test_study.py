@@ -70,3 +70,71 @@ def test_unknown_parameter_is_refused_before_anything_runs(tmp_path: Path, capsy
     assert not (tmp_path / "s" / "notebooks").exists()
     assert cli_main(["study", "--profile", "smoke", "--out", str(tmp_path / "t"), "--set", "nope=1"]) == 1
     assert "no study notebook has parameter(s) nope" in capsys.readouterr().err
+
+
+STUDY_SCRIPT = """
+import sys
+from pathlib import Path
+import pretok_lib.study.run as r
+r.NOTEBOOK_DIR = Path(sys.argv[1])
+r.NOTEBOOKS = ("01_sweep", "02_never")
+from pretok_lib.cli import main
+sys.exit(main(["study", "--profile", "smoke", "--out", sys.argv[2]]))
+"""
+
+
+def _notebooks(tmp_path: Path, config: Path, runs: Path) -> Path:
+    """A study of two notebooks: the first runs a sweep of one 2-rank point of the stand-in trainer (sleeping
+    300 s); the second must never run."""
+    import nbformat
+
+    d = tmp_path / "nb"
+    d.mkdir()
+    cell = (f"import os\nos.environ['FAKE_SLEEP_S'] = '300'\nfrom pretok_lib.sweep import expand_grid, run_sweep\n"
+            f"run_sweep({str(config)!r}, expand_grid({{}}, {{'world': [2]}}), {str(runs)!r}, "
+            f"module='tests.fake_train', echo=None)\n")
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)]), str(d / "01_sweep.ipynb"))
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        f"open({str(tmp_path / 'ran-02')!r}, 'w').close()")]), str(d / "02_never.ipynb"))
+    return d
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM"])   # SIGINT takes the same path (tested on the sweep)
+def test_a_stopped_study_stops_the_runs_of_its_notebook(tmp_path: Path, sig: str) -> None:
+    """`pretok study` stopped by SIGTERM (as `timeout` or a scheduler sends it) or SIGINT while a notebook runs
+    a sweep: the signal goes study -> kernel -> sweep -> torchrun -> ranks, the run ends `interrupted`, no
+    process is left (the kernel included), the next notebook never runs, the study exits 3 with one line."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    config, runs = tmp_path / "cfg.yaml", tmp_path / "runs"
+    config.write_text("train:\n  steps: 1\n")
+    nb = _notebooks(tmp_path, config, runs)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", STUDY_SCRIPT, str(nb), str(tmp_path / "study")], env=env,
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rdir = runs / "sweep-w2"
+    end = time.monotonic() + 180
+    while not all((rdir / f"pid.{r}").is_file() for r in range(2)):
+        assert proc.poll() is None and time.monotonic() < end, proc.communicate()
+        time.sleep(0.1)
+    time.sleep(0.3)
+    family = psutil.Process(proc.pid).children(recursive=True)
+    assert len(family) >= 4                      # kernel, torchrun, 2 ranks
+    proc.send_signal(getattr(signal, sig))
+    out, err = proc.communicate(timeout=180)
+    errors = [ln for ln in err.splitlines() if "error:" in ln]
+    assert proc.returncode == 3, err
+    assert len(errors) == 1 and f"study stopped by {sig} during 01_sweep" in errors[0] and "Traceback" not in err
+    _, alive = psutil.wait_procs(family, timeout=10)
+    assert not alive, f"left running: {[p.cmdline() for p in alive]}"
+    assert json.loads((rdir / "run.json").read_text())["status"] == "interrupted"
+    assert not (tmp_path / "ran-02").exists()
+    record = json.loads((tmp_path / "study" / "study.json").read_text())
+    assert record["notebooks"]["01_sweep"]["status"] == "stopped" and "02_never" not in record["notebooks"]

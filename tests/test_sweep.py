@@ -215,3 +215,82 @@ def test_slurm_layout() -> None:
     assert slurm_layout(8, 4) == {"nodes": 2, "ntasks_per_node": 4, "gpus_per_node": 4}
     with pytest.raises(PretokError, match="multiple"):
         slurm_layout(6, 4)
+
+
+def _procs_naming(text: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose command line contains `text` (a scan of /proc)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmd and state != "Z":
+            out.append(int(d.name))
+    return out
+
+
+def _start_sweep(tmp_path: Path, config: Path, world: int):
+    """`pretok sweep` of one point (world ranks of the stand-in trainer sleeping 300 s), waited until every rank
+    is up; returns the process and the run dir."""
+    import os
+    import subprocess
+    import time
+
+    runs = tmp_path / "runs"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FAKE_SLEEP_S": "300"}
+    proc = subprocess.Popen([sys.executable, "-m", "pretok_lib.cli", "sweep", "--config", str(config), "--axis",
+                             f"world={world}", "--runs-dir", str(runs), "--module", FAKE], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rdir = runs / f"sweep-w{world}"
+    end = time.monotonic() + 120
+    while not all((rdir / f"pid.{r}").is_file() for r in range(world)):
+        assert proc.poll() is None and time.monotonic() < end, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(0.3)
+    return proc, runs, rdir
+
+
+def _gone(runs: Path, timeout: float = 90) -> bool:
+    import time
+
+    end = time.monotonic() + timeout
+    while _procs_naming(f"run.dir={runs}"):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.parametrize("sig, world", [("SIGTERM", 2), ("SIGINT", 1), ("SIGHUP", 1)])
+def test_a_stopped_sweep_stops_its_runs(tmp_path: Path, config: Path, sig: str, world: int) -> None:
+    """SIGTERM/SIGINT/SIGHUP to `pretok sweep` reach the run (torchrun and its ranks, each in its own session):
+    the run ends `interrupted`, nothing is left running, the sweep exits 3 with one line."""
+    import signal
+
+    proc, runs, rdir = _start_sweep(tmp_path, config, world)
+    assert len(_procs_naming(f"run.dir={runs}")) == world + (world > 1)
+    proc.send_signal(getattr(signal, sig))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    assert len(err.strip().splitlines()) == 1 and f"stopped by {sig}" in err and "Traceback" not in err, err
+    assert _gone(runs, timeout=5), "processes of the run outlived the sweep"
+    assert json.loads((rdir / "run.json").read_text())["status"] == "interrupted"
+    rec = json.loads((rdir / "launcher.json").read_text())
+    assert f"stopped by {sig}" in rec["attempts"][-1]["reason"]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_killed_sweep_takes_its_runs_down(tmp_path: Path, config: Path, world: int) -> None:
+    """SIGKILL to the sweep (no handler runs): the run's launcher gets SIGTERM from the kernel
+    (PR_SET_PDEATHSIG), stops like on a stop signal, and no process of it is left."""
+    import signal
+
+    proc, runs, rdir = _start_sweep(tmp_path, config, world)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert _gone(runs), "the run outlived its killed sweep"
+    assert json.loads((rdir / "run.json").read_text())["status"] == "interrupted"

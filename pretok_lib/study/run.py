@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .. import procs
 from ..errors import PretokError
 from .profiles import profile_parameters
 from .steps import ROOT, resolve
@@ -87,17 +90,32 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
                               "started": _now(), "notebooks": {}}
     t0 = time.monotonic()
     failure = None
-    for name in names:
-        say(f"== pretok study ({profile}): {name}")
-        try:
-            secs = execute(name, out_dir, params, kernel, stream)
-            record["notebooks"][name] = {"status": "completed", "seconds": round(secs, 1)}
-            say(f"== {name}: done in {secs:.0f} s")
-        except PretokError as e:
-            record["notebooks"][name] = {"status": "failed", "error": str(e)}
-            failure = e
-            break
+    stop = _Stop()
+    with procs.stop_signals(stop):
+        for name in names:
+            if stop.signum:
+                break
+            say(f"== pretok study ({profile}): {name}")
+            try:
+                secs = execute(name, out_dir, params, kernel, stream)
+                record["notebooks"][name] = {"status": "completed", "seconds": round(secs, 1)}
+                say(f"== {name}: done in {secs:.0f} s")
+            except PretokError as e:
+                record["notebooks"][name] = {"status": "failed", "error": str(e)}
+                failure = e
+                break
+            finally:
+                if stop.signum:
+                    stop.done.set()
+                    failure = procs.Stopped(f"study stopped by {stop.name} during {name}: the runs it had started "
+                                            f"checkpointed and stopped; rerun the same command to continue",
+                                            out_dir)
+                    record["notebooks"][name] = {"status": "stopped", "error": str(failure)}
+    stop.done.set()
     record.update(finished=_now(), seconds=round(time.monotonic() - t0, 1))
+    if stop.signum:      # no report of a study stopped half-way; study.json says where it stopped
+        (out_dir / "study.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+        raise failure
     if report:
         record["report"] = {k: str(v) for k, v in write_report(out_dir, [n for n in names
                                                                        if n in record["notebooks"]], record).items()}
@@ -111,6 +129,32 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     if failure is not None:
         raise failure
     return record
+
+
+class _Stop:
+    """The study's handler of SIGTERM/SIGINT/SIGHUP: remember the signal and interrupt the notebook kernel (our
+    child, in its own session) every 2 s until the running notebook ends: a sweep running in it then stops its
+    runs, which checkpoint (pretok_lib.sweep); an idle kernel ignores SIGINT, so it is repeated. A second
+    signal stops at once (papermill then kills the kernel; its runs still get SIGTERM, PR_SET_PDEATHSIG)."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.done = threading.Event()
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+    def __call__(self, signum: int, frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        threading.Thread(target=self._interrupt_kernel, daemon=True).start()
+
+    def _interrupt_kernel(self) -> None:
+        while not self.done.is_set():
+            procs.forward(signal.SIGINT, procs.children())
+            self.done.wait(2.0)
 
 
 def _now() -> str:

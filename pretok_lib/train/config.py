@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -207,6 +208,7 @@ def validate(cfg: Config, source: str = "config") -> None:
     def bad(msg: str):
         raise PretokError(msg, source)
 
+    check_limits(cfg, source)
     if cfg.data.kind not in KINDS:
         bad(f"data.kind '{cfg.data.kind}' is not one of {', '.join(KINDS)}")
     if not cfg.data.path:
@@ -223,13 +225,68 @@ def validate(cfg: Config, source: str = "config") -> None:
     if m.hidden_size % m.num_heads or m.num_heads % m.num_kv_heads:
         bad(f"model: hidden_size {m.hidden_size} must divide by num_heads {m.num_heads}, "
             f"and num_heads by num_kv_heads {m.num_kv_heads}")
-    for name, v in [("train.steps", cfg.train.steps), ("train.grad_accum", cfg.train.grad_accum),
-                    ("data.seq_len", cfg.data.seq_len), ("data.micro_batch", cfg.data.micro_batch),
-                    ("log.every", cfg.log.every), ("checkpoint.keep", cfg.checkpoint.keep)]:
-        if v < 1:
-            bad(f"{name} must be >= 1 (got {v})")
     if cfg.run.id is not None and ("/" in cfg.run.id or cfg.run.id in ("", ".", "..")):
         bad(f"run.id '{cfg.run.id}' must be a plain directory name")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The allowed range of a number in the config (every number must also be finite)."""
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False           # `lo` itself not allowed
+    hi_open: bool = False
+
+    def allows(self, v: float) -> bool:
+        return ((self.lo is None or (v > self.lo if self.lo_open else v >= self.lo))
+                and (self.hi is None or (v < self.hi if self.hi_open else v <= self.hi)))
+
+    def __str__(self) -> str:
+        if self.lo is None:
+            return ""
+        if self.hi is None:
+            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi}{')' if self.hi_open else ']'}"
+
+
+_POS, _ONE, _NONNEG = Limit(0, lo_open=True), Limit(1), Limit(0)
+# Every number of the config (tests/train/test_config.py checks that none is missing).
+LIMITS: dict[str, Limit] = {
+    "run.seed": Limit(0, 2**63 - 1),
+    "model.hidden_size": _ONE, "model.num_layers": _ONE, "model.num_heads": _ONE, "model.num_kv_heads": _ONE,
+    "model.intermediate_size": _ONE, "model.rope_theta": _POS, "model.vocab_size": _ONE,
+    "model.vocab_multiple": _ONE, "model.init_std": _NONNEG,
+    "data.seq_len": _ONE, "data.micro_batch": _ONE, "data.num_workers": _NONNEG,
+    "train.steps": _ONE, "train.grad_accum": _ONE, "train.lr": _POS, "train.min_lr_ratio": Limit(0, 1),
+    "train.warmup_steps": _NONNEG, "train.weight_decay": _NONNEG, "train.beta1": Limit(0, 1, hi_open=True),
+    "train.beta2": Limit(0, 1, hi_open=True), "train.eps": _POS, "train.grad_clip": _NONNEG,
+    "train.target_loss": _NONNEG,
+    "eval.every": _ONE, "eval.batches": _ONE,
+    "log.every": _ONE, "log.skip_steps": _NONNEG,
+    "checkpoint.every": _NONNEG, "checkpoint.keep": _ONE,
+    "hardware.peak_tflops": _POS,
+}
+
+
+def numbers(obj, prefix: str = "") -> dict[str, int | float]:
+    """Every int/float value of the config (bools and unset optionals left out), by dotted key."""
+    out: dict[str, int | float] = {}
+    for f in dataclasses.fields(obj):
+        v, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(v):
+            out.update(numbers(v, key + "."))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[key] = v
+    return out
+
+
+def check_limits(cfg: Config, source: str = "config") -> None:
+    """Every number finite and within its `LIMITS` range, else a one-line error naming the key."""
+    for key, v in numbers(cfg).items():
+        limit = LIMITS.get(key, Limit())
+        if not math.isfinite(v) or not limit.allows(v):
+            what = " ".join(filter(None, ["a finite number" if isinstance(v, float) else "", str(limit)]))
+            raise PretokError(f"{key} must be {what} (got {v!r})", source)
 
 
 def save_config(cfg: Config, path: Path) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import gc
 import os
+import signal
 from dataclasses import dataclass
 
 import torch
@@ -40,12 +42,23 @@ def setup(device: str | None = None) -> Dist:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     backend = None
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        die_with_parent()
     if world > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
         backend = "nccl" if dev.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30),
                                 device_id=dev if dev.type == "cuda" else None)
         rank, world = dist.get_rank(), dist.get_world_size()
     return Dist(rank, world, local_rank, dev, backend)
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Get `sig` when the launcher (torchrun, which starts each rank in its own session) dies, even by SIGKILL:
+    a rank then checkpoints and exits instead of running on as an orphan (Linux; a no-op elsewhere)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def all_reduce(t: torch.Tensor, op=None) -> torch.Tensor:

@@ -42,16 +42,19 @@ class Progress:
 
 
 class StopFlag:
-    """Set by SIGTERM / SIGUSR1 (preemption, time limit): the loop checkpoints at the end of the step and stops.
-    `restore()` puts the previous handlers back (an in-process caller keeps its own)."""
+    """Set by SIGTERM / SIGUSR1 (preemption, time limit) / SIGINT (Ctrl-C; torchrun forwards it): the loop
+    checkpoints at the end of the step and stops. A second SIGINT stops at once (KeyboardInterrupt). `restore()`
+    puts the previous handlers back (an in-process caller keeps its own)."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self):
         self.signum: int | None = None
         self.previous = {s: signal.signal(s, self._set) for s in self.SIGNALS}
 
     def _set(self, signum, frame):
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
         self.signum = signum
 
     def restore(self) -> None:
@@ -177,17 +180,20 @@ class Trainer:
         return ds
 
     def _resume(self) -> None:
-        found = checkpoint.list_checkpoints(self.run_dir / "checkpoints") if self.cfg.checkpoint.resume else []
-        if not found:
+        if not self.cfg.checkpoint.resume:
             return
-        state = checkpoint.load(found[-1], self.model, self.optimizer, self.d.device)
+        found = checkpoint.load_newest(self.run_dir / "checkpoints", self.model, self.optimizer, self.d.device,
+                                       self.log if self.d.is_main else lambda msg: None)
+        if found is None:
+            return
+        path, state = found
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.loader.load_state_dict(state["loader"])
         self.progress = Progress(**state["progress"])
         self.resumed_from = self.progress.step
         checkpoint.set_rng_state(state["rng"])
-        self.log(f"resumed from {found[-1]} (step {self.progress.step})")
+        self.log(f"resumed from {path} (step {self.progress.step})")
 
     def save(self) -> None:
         p = self.progress
@@ -289,14 +295,16 @@ class Trainer:
             p.cum_effective_tokens += rec["effective_tokens"]
             rec.update(cum_tokens=p.cum_tokens, cum_effective_tokens=p.cum_effective_tokens)
             if logging and metrics is not None:
-                metrics.write(rec)
+                with checkpoint.names_path(metrics.path):
+                    metrics.write(rec)
             if logging and d.is_main and (p.step % max(1, c.log.every * 10) == 0 or last or p.step == 1):
                 self.log(f"step {p.step}/{c.train.steps} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
                          f"{rec['tokens_per_s']:,.0f} tok/s stall {rec['data_stall']:.1%}")
             if self.val is not None and (p.step % c.eval.every == 0 or last):
                 v = self.evaluate()
                 if metrics is not None:
-                    metrics.write({"kind": "val", "step": p.step, "wall_s": round(p.wall_s, 4), **v})
+                    with checkpoint.names_path(metrics.path):
+                        metrics.write({"kind": "val", "step": p.step, "wall_s": round(p.wall_s, 4), **v})
                 if d.is_main:
                     self.log(f"step {p.step} val loss {v['val_loss']:.4f} ppl {v['val_ppl']:.2f}")
             if flag[0] or last or (c.checkpoint.every and p.step % c.checkpoint.every == 0):

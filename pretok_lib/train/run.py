@@ -2,12 +2,14 @@
 
     pretok train --config configs/tiny.yaml train.steps=100
     torchrun --nproc_per_node 2 -m pretok_lib.train --config configs/tiny.yaml
-Exit code 0: completed (or already completed); 3: interrupted by SIGTERM/SIGUSR1 after a checkpoint (resume
-by running the same command); 1: failed (run.json says why).
+Exit code 0: completed (or already completed); 2: bad config or data; 3: interrupted by SIGTERM/SIGINT/SIGUSR1
+after a checkpoint (resume by running the same command); 1: failed on an I/O error of the run directory (disk
+full, read-only) or a crash; 130: stopped by a second SIGINT. run.json says why; errors are one stderr line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -21,11 +23,12 @@ import torch
 from ..errors import PretokError
 from ..formats.manifest import atomic_write_json, environment
 from . import distributed
+from .checkpoint import names_path
 from .config import Config, load_config, save_config
 from .metrics import MetricsLog, read_records, summarize
 
 RUN_VERSION = 1
-EXIT_INTERRUPTED = 3
+EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_ABORTED = 1, 2, 3, 130
 
 
 def _now() -> str:
@@ -55,17 +58,58 @@ def _run_info(run_id: str, d: distributed.Dist, status: str, started: str, error
             "cpus": env["cpus"], "torch_threads": torch.get_num_threads(),
             "slurm": {k: v for k, v in os.environ.items() if k.startswith("SLURM_") and k in (
                 "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_RESTART_COUNT")},
-            "command": sys.argv, **(trainer.facts() if trainer is not None else {})}
+            "pid": os.getpid(), "command": sys.argv, **(trainer.facts() if trainer is not None else {})}
 
 
-def _prepare_dir(cfg: Config, run_dir: Path) -> bool:
-    """Rank 0: False when the run already completed (nothing to do); clears it when run.overwrite."""
+def write_status(run_dir: Path, info: dict) -> str | None:
+    """Rewrite run.json atomically; when that fails (disk full), overwrite the old file in place with the
+    compact JSON if it fits in the bytes the file already holds (no new block needed). None when written, else
+    why not (the file then still says what it said: a reader checks `host`/`pid`, see docs/RUNS.md)."""
+    path = run_dir / "run.json"
+    try:
+        atomic_write_json(path, info)
+        return None
+    except OSError as e:
+        problem = describe_os_error(e, path)
+    with contextlib.suppress(OSError):
+        path.with_name(path.name + ".tmp").unlink()      # frees what the failed write took
+    try:
+        with open(path, "r+b") as fh:
+            room = os.fstat(fh.fileno()).st_size
+            data = json.dumps(info, sort_keys=True, separators=(",", ":")).encode()
+            if len(data) > room and info.get("error"):
+                cut = max(20, len(info["error"]) - (len(data) - room) - 3)
+                data = json.dumps({**info, "error": info["error"][:cut] + "..."}, sort_keys=True,
+                                  separators=(",", ":")).encode()
+            if len(data) > room:
+                return problem
+            fh.write(data + b" " * (room - len(data)))
+            fh.flush()
+            os.fsync(fh.fileno())
+        return None
+    except OSError:
+        return problem
+
+
+def describe_os_error(e: OSError, path: Path | None = None) -> str:
+    """`<path>: <errno text>` of an OSError (the path it names, else `path`)."""
+    where = e.filename if e.filename is not None else path
+    what = e.strerror or str(e) or type(e).__name__
+    return f"{where}: {what}" if where is not None else what
+
+
+def _prepare_dir(cfg: Config, run_dir: Path) -> bool | str:
+    """Rank 0: False when the run already completed (nothing to do); clears it when run.overwrite; the error
+    line when the directory cannot be made (read-only, disk full)."""
     status = read_status(run_dir)
-    if cfg.run.overwrite and run_dir.exists():
-        shutil.rmtree(run_dir)
-    elif status and status.get("status") == "completed":
-        return False
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        if cfg.run.overwrite and run_dir.exists():
+            shutil.rmtree(run_dir)
+        elif status and status.get("status") == "completed":
+            return False
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return describe_os_error(e, run_dir)
     return True
 
 
@@ -81,6 +125,11 @@ def train(cfg: Config) -> int:
     cfg.run.id = run_id
     run_dir = Path(cfg.run.dir) / run_id
     todo = distributed.broadcast_object(_prepare_dir(cfg, run_dir) if d.is_main else None)
+    if isinstance(todo, str):
+        if d.is_main:
+            print(f"pretok train: error: {todo}", file=sys.stderr)
+        distributed.teardown()
+        return EXIT_FAILED
     if not todo:
         if d.is_main:
             _log(f"{run_dir} already completed; nothing to do (run.overwrite=true to start over)")
@@ -94,15 +143,19 @@ def train(cfg: Config) -> int:
     try:
         trainer = Trainer(cfg, d, run_dir, _log)
         if d.is_main:
-            save_config(cfg, run_dir / "config.yaml")
-            atomic_write_json(run_dir / "run.json", _run_info(run_id, d, "running", started, trainer=trainer))
-            metrics = MetricsLog(run_dir, trainer.progress.step, cfg.log.tensorboard)
+            with names_path(run_dir / "config.yaml"):
+                save_config(cfg, run_dir / "config.yaml")
+            with names_path(run_dir / "run.json"):
+                atomic_write_json(run_dir / "run.json", _run_info(run_id, d, "running", started, trainer=trainer))
+            with names_path(run_dir / "metrics.jsonl"):
+                metrics = MetricsLog(run_dir, trainer.progress.step, cfg.log.tensorboard)
             _log(f"run {run_dir}: {cfg.data.kind} on {d.world} x {d.device.type}, "
                  f"{sum(p.numel() for p in trainer.model.parameters()) / 1e6:.1f}M params, "
                  f"global batch {cfg.data.micro_batch * d.world * cfg.train.grad_accum} x {cfg.data.seq_len}")
         status = trainer.run(metrics, stop)
         if d.is_main:
-            metrics.close()
+            with names_path(run_dir / "metrics.jsonl"):
+                metrics.close()
             metrics = None
             if status == "completed":
                 settings = {"data_kind": cfg.data.kind, "world_size": d.world, "seq_len": cfg.data.seq_len,
@@ -110,20 +163,34 @@ def train(cfg: Config) -> int:
                             "precision": cfg.train.precision, "lr": cfg.train.lr}
                 summary = summarize(read_records(run_dir / "metrics.jsonl"), cfg.log.skip_steps,
                                     cfg.train.target_loss, settings)
-                atomic_write_json(run_dir / "summary.json", {"status": "completed", **summary})
-            atomic_write_json(run_dir / "run.json", _run_info(run_id, d, status, started, trainer=trainer))
+                with names_path(run_dir / "summary.json"):
+                    atomic_write_json(run_dir / "summary.json", {"status": "completed", **summary})
+            with names_path(run_dir / "run.json"):
+                atomic_write_json(run_dir / "run.json", _run_info(run_id, d, status, started, trainer=trainer))
             _log(f"{status}: {run_dir}")
         code = 0 if status == "completed" else EXIT_INTERRUPTED
     except BaseException as e:
+        if isinstance(e, PretokError):
+            msg, code = str(e), EXIT_BAD_INPUT
+        elif isinstance(e, OSError):
+            msg, code = describe_os_error(e, run_dir), EXIT_FAILED
+        elif isinstance(e, KeyboardInterrupt):
+            msg, code = "stopped by a second SIGINT before its checkpoint (a rerun resumes from the last one)", \
+                EXIT_ABORTED
+        elif not d.is_main and d.backend is not None:   # another rank died; rank 0 reports the cause
+            msg, code = f"rank {d.rank}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}", EXIT_FAILED
+        else:
+            msg, code = f"{type(e).__name__}: {e}", None
         if d.is_main:
             if metrics is not None:
-                metrics.close()
-            msg = str(e) if isinstance(e, PretokError) else f"{type(e).__name__}: {e}"
-            atomic_write_json(run_dir / "run.json", _run_info(run_id, d, "failed", started, msg, trainer))
-        if not isinstance(e, PretokError):
+                with contextlib.suppress(OSError):
+                    metrics.close()
+            unwritten = write_status(run_dir, _run_info(run_id, d, "failed", started, msg, trainer))
+            if unwritten and code is not None:
+                msg += f" (and run.json could not be updated: {unwritten})"
+        if code is None:
             raise
-        print(f"pretok train: error: {e}", file=sys.stderr)
-        code = 2
+        print(f"pretok train: error: {msg}", file=sys.stderr)
     finally:
         del trainer
         distributed.teardown()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pretok_lib.errors import PretokError
 from pretok_lib.train.config import load_config, save_config
@@ -59,3 +62,88 @@ def test_bad_yaml_names_the_file(tmp_path):
 def test_shipped_configs_load(name):
     cfg = load_config(ROOT / "configs" / name, ["data.path=x"])
     assert cfg.name == Path(name).stem
+
+
+def _numeric_fields() -> dict[str, type]:
+    """Every number-typed config key (optional ones included) -> int or float."""
+    import dataclasses
+    import typing
+
+    from pretok_lib.train.config import Config
+
+    out = {}
+
+    def walk(cls, prefix):
+        for f in dataclasses.fields(cls):
+            tp = typing.get_type_hints(cls)[f.name]
+            if dataclasses.is_dataclass(tp):
+                walk(tp, f"{prefix}{f.name}.")
+                continue
+            args = set(typing.get_args(tp)) - {type(None)} or {tp}
+            if args <= {int, float} and bool not in args:
+                out[prefix + f.name] = float if float in args else int
+    walk(Config, "")
+    return out
+
+
+def test_every_number_has_limits():
+    from pretok_lib.train.config import LIMITS
+
+    assert set(_numeric_fields()) == set(LIMITS)
+
+
+def _yaml_number(v) -> str:
+    if isinstance(v, float) and v != v:
+        return ".nan"
+    if isinstance(v, float) and abs(v) == float("inf"):
+        return "-.inf" if v < 0 else ".inf"
+    return repr(v)
+
+
+@st.composite
+def _invalid(draw):
+    """(key, a value of the key's type outside its limits, or not finite)."""
+    from pretok_lib.train.config import LIMITS
+
+    fields = _numeric_fields()
+    key = draw(st.sampled_from(sorted(fields)))
+    lim = LIMITS[key]
+    options = []
+    if lim.lo is not None:
+        options.append("below")
+    if lim.hi is not None:
+        options.append("above")
+    if fields[key] is float:
+        options.append("not finite")
+    how = draw(st.sampled_from(options))
+    if how == "not finite":
+        return key, draw(st.sampled_from([math.nan, math.inf, -math.inf]))
+    if fields[key] is int:
+        if how == "below":
+            return key, draw(st.integers(max_value=int(lim.lo) - 1 if not lim.lo_open else int(lim.lo)))
+        return key, draw(st.integers(min_value=int(lim.hi) + 1 if not lim.hi_open else int(lim.hi)))
+    if how == "below":
+        v = draw(st.floats(max_value=lim.lo, exclude_max=not lim.lo_open, allow_nan=False, allow_infinity=False))
+    else:
+        v = draw(st.floats(min_value=lim.hi, exclude_min=not lim.hi_open, allow_nan=False, allow_infinity=False))
+    return key, v
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_invalid())
+def test_any_invalid_number_is_one_line_naming_the_key(case):
+    key, v = case
+    with pytest.raises(PretokError) as e:
+        load_config(None, ["data.path=somewhere", f"{key}={_yaml_number(v)}"])
+    msg = str(e.value)
+    assert f"{key} must be" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("override", ["train.lr=-0.001", "train.lr=.nan", "train.eps=0", "model.num_heads=0"])
+def test_cli_invalid_number_exits_2_with_one_line(override, tmp_path, capsys):
+    from pretok_lib.cli import main as cli_main
+
+    rc = cli_main(["train", f"run.dir={tmp_path}", "data.path=somewhere", override])
+    err = capsys.readouterr().err
+    assert rc == 2 and override.split("=")[0] + " must be" in err and len(err.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())

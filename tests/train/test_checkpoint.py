@@ -1,0 +1,118 @@
+"""Checkpoints carry checksums: a damaged file (flipped byte, truncation) in any checkpoint file is never loaded
+silently; the loader falls back to the previous intact checkpoint with one warning, or fails with one clean line."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from pretok_lib.errors import PretokError
+from pretok_lib.train import checkpoint
+
+FILES = (*checkpoint.FILES, checkpoint.CHECKSUMS)
+
+
+def _model_opt(seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return model, opt
+
+
+def _train_step(model, opt) -> None:
+    model(torch.randn(3, 8)).pow(2).sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def _state(step: int) -> dict:
+    return {"scheduler": {}, "scaler": {}, "loader": {"pos": step}, "progress": {"step": step}}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> tuple[Path, dict[int, dict]]:
+    """Checkpoints of steps 1 and 2 and the model weights each holds."""
+    d = tmp_path_factory.mktemp("ckpt") / "checkpoints"
+    model, opt = _model_opt()
+    weights = {}
+    for step in (1, 2):
+        _train_step(model, opt)
+        checkpoint.save(d, step, model, opt, _state(step), keep=2)
+        weights[step] = {k: v.clone() for k, v in model.state_dict().items()}
+    return d, weights
+
+
+def _damage(path: Path, rng: random.Random) -> str:
+    data = bytearray(path.read_bytes())
+    if rng.random() < 0.5 and data:
+        i = rng.randrange(len(data))
+        data[i] ^= rng.randrange(1, 256)
+        how = f"flip at {i}"
+    else:
+        n = rng.randrange(len(data))
+        data = data[:n]
+        how = f"truncate to {n}"
+    path.write_bytes(bytes(data))
+    return how
+
+
+def test_save_writes_checksums_and_load_round_trips(saved, tmp_path):
+    d, weights = saved
+    assert sorted(p.name for p in (d / "step_00000002").iterdir()) == sorted(FILES)
+    assert checkpoint.damage(d / "step_00000002") is None
+    model, opt = _model_opt(seed=1)
+    path, state = checkpoint.load_newest(d, model, opt, "cpu")
+    assert path.name == "step_00000002" and state["step"] == 2 and state["loader"] == {"pos": 2}
+    assert all(torch.equal(v, weights[2][k]) for k, v in model.state_dict().items())
+    assert checkpoint.load_newest(tmp_path / "none", model, opt, "cpu") is None
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fuzz_damaged_checkpoint_falls_back_or_fails_cleanly(saved, tmp_path, seed):
+    """Damage one random file of the newest checkpoint (or of both): the loaded weights are exactly those saved
+    at the step it reports, after one warning per skipped checkpoint; or one clean error when none is intact."""
+    rng = random.Random(seed)
+    d = tmp_path / "checkpoints"
+    shutil.copytree(saved[0], d)
+    damaged = [2] if seed % 4 else [1, 2]
+    for step in damaged:
+        _damage(d / f"step_{step:08d}" / rng.choice(FILES), rng)
+    model, opt = _model_opt(seed=1)
+    warnings: list[str] = []
+    try:
+        path, state = checkpoint.load_newest(d, model, opt, "cpu", warnings.append)
+    except PretokError as e:
+        assert damaged == [1, 2] and "no intact checkpoint" in str(e) and "\n" not in str(e)
+        assert len(warnings) == 2
+        return
+    step = state["step"]
+    assert path.name == f"step_{step:08d}"
+    # the weights in the model are exactly the ones saved at that step: nothing damaged was used
+    assert all(torch.equal(v, saved[1][step][k]) for k, v in model.state_dict().items())
+    if step not in damaged:
+        assert step == 1 and len(warnings) == 1 and "step_00000002" in warnings[0]
+    else:       # a byte flipped into equivalent JSON whitespace of checksums.json: the data is intact
+        assert not warnings and checkpoint.damage(path) is None
+    assert all("\n" not in w for w in warnings)
+
+
+def test_failed_save_leaves_the_previous_checkpoint(saved, tmp_path, monkeypatch):
+    d = tmp_path / "checkpoints"
+    shutil.copytree(saved[0], d)
+    model, opt = _model_opt()
+    real = torch.save
+
+    def failing(obj, f, *a, **k):
+        if isinstance(obj, dict) and "rng" in obj:
+            raise OSError(28, "No space left on device")
+        return real(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", failing)
+    with pytest.raises(OSError):
+        checkpoint.save(d, 3, model, opt, _state(3), keep=2)
+    assert sorted(p.name for p in d.iterdir()) == ["step_00000001", "step_00000002"]   # no temp dir left
+    assert checkpoint.damage(d / "step_00000002") is None
