@@ -16,7 +16,8 @@ import pytest
 from ..conftest import ROOT
 from .conftest import records, run_cli, tiny_overrides
 
-STEPS = 30  # bf16 on a CPU without AVX-512 BF16 is emulated: ~2.5 s per step of the tiny model here
+STEPS = 30  # the kill test, fp32: the resume's bit-exactness does not depend on the precision
+BF16_STEPS = 8  # the signal test also checks bf16 autocast; bf16 is emulated on CPUs without AVX-512 BF16 (~2.5 s/step)
 
 
 def _popen(overrides: list[str]) -> subprocess.Popen:
@@ -37,9 +38,9 @@ def _wait_for_step(run_dir, step: int, proc: subprocess.Popen, timeout: float = 
     raise AssertionError(f"step {step} not reached")
 
 
-def _start_copy(uninterrupted, tmp_path, run_id: str, step: int) -> tuple[subprocess.Popen, list[str], object]:
-    """The uninterrupted run's command under another run id, started and let run to `step`."""
-    base, _ = uninterrupted
+def _start_copy(reference, tmp_path, run_id: str, step: int) -> tuple[subprocess.Popen, list[str], object]:
+    """The reference run's command under another run id, started and let run to `step`."""
+    base, _ = reference
     o = [x for x in base if not x.startswith("run.dir")] + [f"run.dir={tmp_path}", f"run.id={run_id}"]
     proc = _popen(o)
     _wait_for_step(tmp_path / run_id, step, proc)
@@ -50,13 +51,22 @@ def _losses(run_dir) -> list[tuple[int, float, float]]:
     return [(r["step"], r["loss"], r["grad_norm"]) for r in records(run_dir)]
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(train_data, tmp_path_factory):
+def _reference(train_data, tmp_path_factory, steps: int, every: int, precision: str):
     runs = tmp_path_factory.mktemp("ref")
-    o = tiny_overrides(train_data, runs, "pretok-memmap", **{"train.steps": STEPS, "checkpoint.every": 5,
-                                                               "train.precision": "bf16", "run.id": "ref"})
+    o = tiny_overrides(train_data, runs, "pretok-memmap", **{"train.steps": steps, "checkpoint.every": every,
+                                                               "train.precision": precision, "run.id": "ref"})
     run_cli(o)
     return o, runs / "ref"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(train_data, tmp_path_factory):
+    return _reference(train_data, tmp_path_factory, STEPS, 5, "fp32")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_bf16(train_data, tmp_path_factory):
+    return _reference(train_data, tmp_path_factory, BF16_STEPS, 2, "bf16")
 
 
 def test_killed_run_resumes_bit_exact(uninterrupted, tmp_path):
@@ -76,9 +86,10 @@ def test_killed_run_resumes_bit_exact(uninterrupted, tmp_path):
     assert len(list((run / "checkpoints").iterdir())) == 2                         # keep: 2
 
 
-def test_sigusr1_checkpoints_and_exits_then_resumes_bit_exact(uninterrupted, tmp_path):
-    ref = uninterrupted[1]
-    proc, o, run = _start_copy(uninterrupted, tmp_path, "sig", 6)
+def test_sigusr1_checkpoints_and_exits_then_resumes_bit_exact(uninterrupted_bf16, tmp_path):
+    """Also the bf16 autocast path: resumed bit-exactly like fp32."""
+    ref = uninterrupted_bf16[1]
+    proc, o, run = _start_copy(uninterrupted_bf16, tmp_path, "sig", 3)
     proc.send_signal(signal.SIGUSR1)
     assert proc.wait(timeout=120) == 3
     info = json.loads((run / "run.json").read_text())
