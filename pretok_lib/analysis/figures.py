@@ -139,9 +139,16 @@ def throughput_figure(runs: Iterable[Run], skip: int | None = None, baseline: st
 
 
 def mfu_figure(runs: Iterable[Run], skip: int | None = None) -> go.Figure:
-    """Model FLOPs utilisation per data path."""
-    return _path_bars(runs, [("mfu", "MFU")], "MFU per data path", "MFU",
-                      "MFU (null when the device's peak FLOP/s is unknown)", skip)
+    """Model FLOPs utilisation per data path, with the source of the peak FLOP/s it divides by."""
+    runs = list(runs)
+    fig = _path_bars(runs, [("mfu", "MFU")], "MFU per data path", "MFU",
+                     "MFU (null when the device's peak FLOP/s is unknown)", skip)
+    sources = list(dict.fromkeys(s for r in runs if isinstance(s := r.info.get("peak_source"), str)))
+    if sources:
+        fig.add_annotation(text="peak: " + "<br>peak: ".join(sources[:3]) + (" ..." if len(sources) > 3 else ""),
+                           x=0, y=1.0, xref="paper", yref="paper", yanchor="bottom", showarrow=False,
+                           xanchor="left", align="left", font=dict(size=11))
+    return fig
 
 
 def data_stall_figure(runs: Iterable[Run], skip: int | None = None) -> go.Figure:

@@ -1,7 +1,9 @@
 """Notebook parameters per study profile. Each notebook receives the parameters its `parameters` cell declares.
 
-- quick: this laptop-class machine (2 CPU cores, no GPU), ~10 minutes: embedded 20 MB corpus, tiny model, gloo
-  world sizes 1 and 2, every data path.
+- quick: this laptop-class machine (2 CPU cores, no GPU), under 10 minutes: embedded 20 MB corpus, tiny model,
+  gloo world sizes 1 and 2, every data path, and fp32 vs bf16. Every sweep run stops after the step that passes
+  `train.time_budget_s` (so bf16 on a CPU that emulates it, ~10-60x slower, costs a bounded minute; its tokens/s
+  are still means over its measured steps).
 - full: real hardware: 500 MB corpus (or `--set corpus=... tokenizer=...`), the original study's model
   (configs/study.yaml), world sizes 1, 2, 4, ... up to the GPUs present.
 - smoke: the smallest run that exercises every notebook (the notebook tests), about a minute.
@@ -27,8 +29,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         "train_overrides": {"train.steps": 60, "train.warmup_steps": 5, "eval.every": 20, **QUIET_RUN},
         "sweep_grids": [{"data": PATHS, "world": [1, 2]},
                         {"data": ["pretok-memmap"], "precision": ["fp32", "bf16"]}],
-        "sweep_base": {"train.steps": 40, "train.warmup_steps": 5, "train.precision": "bf16", "eval.every": 20,
-                       **QUIET_RUN},
+        "sweep_base": {"train.steps": 40, "train.warmup_steps": 5, "train.precision": "auto", "eval.every": 20,
+                       "train.time_budget_s": 45, **QUIET_RUN},
         "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 900,
         "target_loss": None, "png": True,
     },
@@ -42,7 +44,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "sweep_grids": [{"data": PATHS, "world": "gpus"},  # "gpus": 1, 2, 4, ... up to the GPUs present
                         {"data": ["pretok-memmap"], "precision": ["fp32", "bf16"], "world": "max"},
                         {"data": ["pretok-memmap"], "micro_batch": [1, 2, 4], "world": "max"}],
-        "sweep_base": {"train.steps": 300, "train.precision": "bf16", "eval.every": 100, "checkpoint.every": 100},
+        "sweep_base": {"train.steps": 300, "train.precision": "auto", "eval.every": 100, "checkpoint.every": 100},
         "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": None,
         "target_loss": None, "png": True,
     },

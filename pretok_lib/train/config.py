@@ -12,7 +12,7 @@ import yaml
 
 from ..errors import PretokError
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 @dataclass
@@ -63,7 +63,9 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0          # 0 disables clipping
-    precision: str = "bf16"         # fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler)
+    precision: str = "auto"         # auto | fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler); auto: bf16
+    #                                 where the hardware computes it natively (most GPUs, AMX CPUs), else fp32
+    time_budget_s: float | None = None  # stop early, completed, after the step that passes this much training time
     compile: bool = False
     activation_checkpointing: bool = False
     target_loss: float | None = None   # time-to-target is reported when set
@@ -216,6 +218,8 @@ def validate(cfg: Config, source: str = "config") -> None:
         bad(f"eval.kind '{cfg.eval.kind}' is not one of {', '.join(KINDS)}")
     if cfg.train.precision not in PRECISIONS:
         bad(f"train.precision '{cfg.train.precision}' is not one of {', '.join(PRECISIONS)}")
+    if cfg.train.time_budget_s is not None and cfg.train.time_budget_s <= 0:
+        bad(f"train.time_budget_s must be > 0 (got {cfg.train.time_budget_s})")
     if cfg.train.schedule not in ("cosine", "constant"):
         bad(f"train.schedule '{cfg.train.schedule}' is not cosine or constant")
     m = cfg.model
