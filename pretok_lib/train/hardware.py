@@ -96,6 +96,7 @@ def best_matmul_flops(device: torch.device, dtype: torch.dtype, sizes: tuple[int
     budget. The global RNG is left alone."""
     cpu = device.type == "cpu"
     clock = time.thread_time if cpu else time.perf_counter
+    shortest = 50 * time.get_clock_info("thread_time" if cpu else "perf_counter").resolution  # a readable time
     gen = torch.Generator().manual_seed(0)
     best, start = 0.0, time.perf_counter()
     per_size = budget_s / len(sizes)
@@ -112,15 +113,16 @@ def best_matmul_flops(device: torch.device, dtype: torch.dtype, sizes: tuple[int
                 a @ b
                 if not cpu:
                     torch.cuda.synchronize(device)
-                dt = max(clock() - t, 1e-9)
-                if reps:                    # the first product of a size warms up (allocation, kernel choice)
+                dt = clock() - t
+                if reps and dt >= shortest:  # the first product of a size warms up (allocation, kernel choice)
                     fastest = min(fastest, dt)
                     best = max(best, 2.0 * n**3 / dt)
                 reps += 1
                 now = time.perf_counter()
                 if reps >= 3 and now - size_start >= per_size or reps >= 2 and now - start >= budget_s:
                     break
-            if i + 1 < len(sizes) and time.perf_counter() - start + 3 * fastest * (sizes[i + 1] / n) ** 3 > budget_s:
+            grow = (sizes[i + 1] / n) ** 3 if i + 1 < len(sizes) else 0.0   # the next size: ~grow x longer
+            if best and time.perf_counter() - start + 3 * fastest * grow > budget_s:
                 break
     finally:
         torch.set_num_threads(previous)
@@ -155,7 +157,7 @@ def cpu_matmul_rates(budget_s: float = 0.2) -> dict[str, float]:
         return {k: float(rates[k]) for k in DTYPES}
     rates = {k: best_matmul_flops(torch.device("cpu"), dt, CPU_SIZES, budget_s) for k, dt in DTYPES.items()}
     entry = {"cpu": cpu_model(), "torch": torch.__version__, "bf16_flags": sorted(cpu_flags() & set(BF16_FLAGS)),
-             "rates_per_thread": "FLOP/s", "rates": rates,
+             "unit": "FLOP/s of one thread", "rates": rates,
              "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     try:   # a cache that cannot be written only costs the measurement next time
         path.parent.mkdir(parents=True, exist_ok=True)
