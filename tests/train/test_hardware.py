@@ -205,3 +205,17 @@ def test_time_budget_stops_after_the_warmup_as_completed(train_data, tmp_path):
     assert json.loads((run / "summary.json").read_text())["steps"] == 4
     assert json.loads((run / "run.json").read_text())["status"] == "completed"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000004"]
+
+
+def test_two_ranks_share_the_auto_precision_and_stop_at_the_same_budget_step(train_data, tmp_path):
+    from .conftest import run_cli
+
+    o = tiny_overrides(train_data, tmp_path, **{"train.steps": 50, "train.time_budget_s": 1e-6,
+                                                "train.precision": "auto", "log.skip_steps": 1})
+    run_cli(o, nproc=2, timeout=600)                  # a rank stopping alone would hang its peer's all-reduce
+    run = tmp_path / "run"
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "completed" and info["world_size"] == 2
+    assert info["precision_requested"] == "auto" and info["precision"] == hardware.resolve_precision("auto", CPU).used
+    assert [r["step"] for r in records(run)] == [1, 2, 3]
+    assert all(0 < r["mfu"] <= 1 for r in records(run))
