@@ -339,6 +339,9 @@ def precision_figure(runs: Iterable[Run], skip: int | None = None) -> go.Figure:
         for j, (key, _) in enumerate(panels):
             _add_bars(fig, ms, cats, cat, key, label, path_color(ms[0].data_kind, i), row=1, col=j + 1,
                       showlegend=j == 0, points_legend=i == 0 and j == 0, group=f"g{i}")
+    steps = {f"{cat(m)} {m.steps}" for _, ms in groups for m in ms if m.steps is not None}
+    if len({s.split()[1] for s in steps}) > 1:   # e.g. a slow precision stopped by train.time_budget_s
+        title += f"<br><sup>steps run: {', '.join(sorted(steps))}: losses after different step counts</sup>"
     fig.update_layout(title=title, barmode="group", scattermode="group", **LAYOUT)
     return fig
 

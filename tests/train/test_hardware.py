@@ -219,3 +219,18 @@ def test_two_ranks_share_the_auto_precision_and_stop_at_the_same_budget_step(tra
     assert info["precision_requested"] == "auto" and info["precision"] == hardware.resolve_precision("auto", CPU).used
     assert [r["step"] for r in records(run)] == [1, 2, 3]
     assert all(0 < r["mfu"] <= 1 for r in records(run))
+
+
+def test_precision_figure_says_when_precisions_ran_different_step_counts(tmp_path):
+    from pretok_lib.analysis import load_runs
+    from pretok_lib.analysis.figures import precision_figure
+
+    from ..analysis.helpers import simple_run
+
+    simple_run(tmp_path, "fp32", tokens_per_s=1000.0, n=6, precision="fp32")
+    simple_run(tmp_path, "bf16", tokens_per_s=80.0, n=2, precision="bf16")     # stopped by its time budget
+    title = precision_figure(load_runs(tmp_path)).layout.title.text
+    assert "steps run: bf16 10, fp32 30: losses after different step counts" in title
+    simple_run(tmp_path / "same", "fp32", tokens_per_s=1000.0, n=2, precision="fp32")
+    simple_run(tmp_path / "same", "bf16", tokens_per_s=80.0, n=2, precision="bf16")
+    assert precision_figure(load_runs(tmp_path / "same")).layout.title.text == "Mixed vs full precision"
