@@ -222,7 +222,7 @@ def peak_flops(device: torch.device, precision: str, override_tflops: float | No
         for key, peaks in PEAK_TFLOPS.items():
             if key in name:
                 dtype = "fp32" if precision == "fp32" else "bf16"
-                return peaks[dtype] * 1e12, f"datasheet {key} {'TF32' if dtype == 'fp32' else 'bf16'}"
+                return peaks[dtype] * 1e12, f"datasheet {key} dense {'TF32' if dtype == 'fp32' else 'bf16/fp16'}"
         rates = {k: best_matmul_flops(device, dt, GPU_SIZES, 0.5) for k, dt in DTYPES.items()}
         best = max(rates, key=rates.get)
         return rates[best], (f"measured GPU matmul ({name}): best of "
@@ -230,4 +230,5 @@ def peak_flops(device: torch.device, precision: str, override_tflops: float | No
     rates, threads = cpu_matmul_rates(), cpu_threads()
     best = max(rates, key=rates.get)
     each = ", ".join(f"{k} {_gflops(v)}" for k, v in rates.items())
-    return rates[best] * threads, f"measured CPU matmul: best of {each} GFLOP/s per thread × {threads} threads"
+    return rates[best] * threads, (f"measured CPU matmul: best of {each} GFLOP/s per thread × {threads} "
+                                   f"thread{'s' if threads > 1 else ''}")
