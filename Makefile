@@ -21,8 +21,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps "megatron-core>=0.12"
 	touch $(STAMP)
 
-# The quick study (~10 min on 2 CPU cores): notebooks 01-05 executed, report in $(STUDY_DIR)/report_nocode.html.
+# The quick study (under 10 min on 2 CPU cores): notebooks 01-05 executed, report in $(STUDY_DIR)/report_nocode.html.
+# Chromium (PNG figures) is installed first where root and apt-get allow; without it the study writes HTML
+# figures only and its last line says how to get the PNGs.
 demo: setup
+	bash scripts/install_system_deps.sh chromium || echo "make demo: Chromium not installed; continuing (no PNG figures)"
 	$(VENV)/bin/pretok study --profile quick --out $(STUDY_DIR)
 
 # JupyterLab on notebooks/ with the project's kernel ("Python (pretok)", this venv) registered.

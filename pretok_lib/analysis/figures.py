@@ -139,9 +139,16 @@ def throughput_figure(runs: Iterable[Run], skip: int | None = None, baseline: st
 
 
 def mfu_figure(runs: Iterable[Run], skip: int | None = None) -> go.Figure:
-    """Model FLOPs utilisation per data path."""
-    return _path_bars(runs, [("mfu", "MFU")], "MFU per data path", "MFU",
-                      "MFU (null when the device's peak FLOP/s is unknown)", skip)
+    """Model FLOPs utilisation per data path, with the source of the peak FLOP/s it divides by."""
+    runs = list(runs)
+    fig = _path_bars(runs, [("mfu", "MFU")], "MFU per data path", "MFU",
+                     "MFU (null when the device's peak FLOP/s is unknown)", skip)
+    sources = list(dict.fromkeys(s for r in runs if isinstance(s := r.info.get("peak_source"), str)))
+    if sources:
+        fig.add_annotation(text="peak: " + "<br>peak: ".join(sources[:3]) + (" ..." if len(sources) > 3 else ""),
+                           x=0, y=1.0, xref="paper", yref="paper", yanchor="bottom", showarrow=False,
+                           xanchor="left", align="left", font=dict(size=11))
+    return fig
 
 
 def data_stall_figure(runs: Iterable[Run], skip: int | None = None) -> go.Figure:
@@ -332,6 +339,9 @@ def precision_figure(runs: Iterable[Run], skip: int | None = None) -> go.Figure:
         for j, (key, _) in enumerate(panels):
             _add_bars(fig, ms, cats, cat, key, label, path_color(ms[0].data_kind, i), row=1, col=j + 1,
                       showlegend=j == 0, points_legend=i == 0 and j == 0, group=f"g{i}")
+    steps = {f"{cat(m)} {m.steps}" for _, ms in groups for m in ms if m.steps is not None}
+    if len({s.split()[1] for s in steps}) > 1:   # e.g. a slow precision stopped by train.time_budget_s
+        title += f"<br><sup>steps run: {', '.join(sorted(steps))}: losses after different step counts</sup>"
     fig.update_layout(title=title, barmode="group", scattermode="group", **LAYOUT)
     return fig
 

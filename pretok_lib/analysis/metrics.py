@@ -39,6 +39,8 @@ class RunMetrics:
     global_batch: int | None
     seq_len: int | None
     precision: str | None
+    precision_reason: str | None = None   # run.json: why this precision (`requested`, or what `auto` measured)
+    peak_source: str | None = None        # run.json: where the MFU's peak FLOP/s came from
     steps: int | None = None
     logged: int = 0
     used: int = 0
@@ -107,7 +109,9 @@ def run_metrics(run: Run, skip: int | None = None, target_loss: float | None = N
     m = RunMetrics(run_id=run.run_id, status=run.status, data_kind=s["data_kind"], world_size=s["world_size"],
                    global_batch=s["global_batch"], seq_len=s["seq_len"],
                    precision=None if s["precision"] is None else str(s["precision"]), run=run,
-                   logged=len(t), used=len(t) - skip if len(t) > skip else len(t), target_loss=target)
+                   logged=len(t), used=len(t) - skip if len(t) > skip else len(t), target_loss=target,
+                   precision_reason=_str(run.info.get("precision_reason")),
+                   peak_source=_str(run.info.get("peak_source")))
     for key in ("tokens_per_s", "effective_tokens_per_s", "tokens_per_s_per_device", "mfu", "data_stall",
                 "padding_frac", "masked_frac"):
         setattr(m, key, mean_after(t[key], skip) if len(t) else None)
@@ -128,6 +132,10 @@ def run_metrics(run: Run, skip: int | None = None, target_loss: float | None = N
     return m
 
 
+def _str(x: Any) -> str | None:
+    return x if isinstance(x, str) else None
+
+
 def _float(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
@@ -145,7 +153,7 @@ def all_metrics(runs: Iterable[Run], skip: int | None = None, target_loss: float
 SUMMARY_COLUMNS = ("run_id", "status", "data_kind", "world_size", "global_batch", "seq_len", "precision", "steps",
                    "tokens_per_s", "effective_tokens_per_s", "mfu", "data_stall", "padding_frac", "peak_mem_mb",
                    "final_loss", "final_val_loss", "final_val_ppl", "target_loss", "time_to_target_s", "wall_s",
-                   "note")
+                   "precision_reason", "peak_source", "note")
 
 
 def summary_table(runs: Iterable[Run], skip: int | None = None, target_loss: float | None = None

@@ -142,6 +142,8 @@ def settings_of(config: dict[str, Any], info: dict[str, Any], train: Records | N
     s = {name: config_value(config, keys) for name, keys in SETTING_KEYS.items()}
     ws = info.get("world_size", config_value(config, ("world_size",)))
     s["world_size"] = int(ws) if isinstance(ws, (int, float)) and not isinstance(ws, bool) else None
+    if isinstance(info.get("precision"), str):   # what the run computed in (`auto` resolved), per run.json
+        s["precision"] = info["precision"]
     if s["global_batch"] is None and s["micro_batch"] is not None and s["world_size"]:
         s["global_batch"] = int(s["micro_batch"]) * int(s["grad_accum"] or 1) * s["world_size"]
     if s["global_batch"] is None and s["seq_len"] and train is not None and train.has("tokens"):

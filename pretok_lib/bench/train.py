@@ -39,7 +39,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers of every path")
-    p.add_argument("--precision", default="bf16")
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                   help="auto: bf16 where the hardware computes it natively, else fp32 (see run.json)")
     p.add_argument("--paths", default=",".join(KINDS), help="data paths to run, comma-separated")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more training overrides")
     p.add_argument("--json", default=None, metavar="OUT", help="write all results here")
@@ -55,7 +56,8 @@ def measure_run(run_dir: Path, skip: int) -> dict:
     if not len(run.train):
         raise PretokError("the run logged no steps", run_dir / "metrics.jsonl")
     m = run_metrics(run, skip)
-    return {"steps": m.steps, "measured_steps": m.used, "final_loss": m.final_loss,
+    return {"steps": m.steps, "measured_steps": m.used, "final_loss": m.final_loss, "precision": m.precision,
+            "precision_reason": m.precision_reason, "peak_source": m.peak_source,
             **{k: getattr(m, k) for k in ("tokens_per_s", "effective_tokens_per_s", "data_stall", "padding_frac",
                                           "masked_frac", "mfu")},
             **{k: mean_after(run.train[k], skip) for k in ("step_time_s", "data_wait_s")}}
@@ -130,7 +132,9 @@ def main(args: argparse.Namespace) -> dict:
     res = {kind: run_path(kind, data[kind], tok, args, work / "runs") for kind in kinds}
     print()
     print(table(res))
-    print("* MFU against the run's peak (datasheet on GPUs; a measured matmul peak on CPUs, see run.json).")
+    used = dict.fromkeys(f"{r['precision']} ({r['precision_reason']})" for r in res.values())
+    print(f"precision: {'; '.join(used)}")
+    print(f"* MFU = model FLOP/s / peak: {'; '.join(dict.fromkeys(str(r['peak_source']) for r in res.values()))}")
     tg = targets(res)
     for t in tg:
         print(f"{'PASS' if t['pass'] else 'FAIL'}  {t['target']}: {t['value']:.3g}")

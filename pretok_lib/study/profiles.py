@@ -1,7 +1,9 @@
 """Notebook parameters per study profile. Each notebook receives the parameters its `parameters` cell declares.
 
-- quick: this laptop-class machine (2 CPU cores, no GPU), ~10 minutes: embedded 20 MB corpus, tiny model, gloo
-  world sizes 1 and 2, every data path.
+- quick: this laptop-class machine (2 CPU cores, no GPU), under 10 minutes: embedded 20 MB corpus, tiny model,
+  gloo world sizes 1 and 2, every data path, and fp32 vs bf16. Every run stops after the step that passes
+  `train.time_budget_s` (90 s for notebook 03's run, 30 s per sweep point), so bf16 on a CPU that emulates it
+  (a step ~12x slower) or a busy machine costs bounded time; tokens/s stay means over the steps measured.
 - full: real hardware: 500 MB corpus (or `--set corpus=... tokenizer=...`), the original study's model
   (configs/study.yaml), world sizes 1, 2, 4, ... up to the GPUs present.
 - smoke: the smallest run that exercises every notebook (the notebook tests), about a minute.
@@ -27,11 +29,12 @@ PROFILES: dict[str, dict[str, Any]] = {
         "micro_batch": 8, "loader_workers": "0,2", "loader_batches": 500, "loader_slow_batches": 40,
         "loader_repeats": 1,
         "config": "configs/tiny.yaml", "train_data_kind": "pretok-memmap", "train_world": 1,
-        "train_overrides": {"train.steps": 60, "train.warmup_steps": 5, "eval.every": 20, **QUIET_RUN},
+        "train_overrides": {"train.steps": 60, "train.warmup_steps": 5, "eval.every": 20,
+                            "train.time_budget_s": 90, **QUIET_RUN},
         "sweep_grids": [{"data": PATHS, "world": [1, 2]},
                         {"data": ["pretok-memmap"], "precision": ["fp32", "bf16"]}],
-        "sweep_base": {"train.steps": 40, "train.warmup_steps": 5, "train.precision": "bf16", "eval.every": 20,
-                       **QUIET_RUN},
+        "sweep_base": {"train.steps": 40, "train.warmup_steps": 5, "train.precision": "auto", "eval.every": 20,
+                       "train.time_budget_s": 30, **QUIET_RUN},
         "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 900,
         "target_loss": None, "png": True, **STALL,
     },
@@ -45,7 +48,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "sweep_grids": [{"data": PATHS, "world": "gpus"},  # "gpus": 1, 2, 4, ... up to the GPUs present
                         {"data": ["pretok-memmap"], "precision": ["fp32", "bf16"], "world": "max"},
                         {"data": ["pretok-memmap"], "micro_batch": [1, 2, 4], "world": "max"}],
-        "sweep_base": {"train.steps": 300, "train.precision": "bf16", "eval.every": 100, "checkpoint.every": 100},
+        "sweep_base": {"train.steps": 300, "train.precision": "auto", "eval.every": 100, "checkpoint.every": 100},
         "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": None,
         "target_loss": None, "png": True, **STALL,
     },

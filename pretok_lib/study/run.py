@@ -88,7 +88,7 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     ensure_kernel(kernel)
     record: dict[str, Any] = {"profile": profile, "study_dir": str(out_dir), "parameters": params,
                               "started": _now(), "notebooks": {}}
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.time()
     failure = None
     stop = _Stop()
     with procs.stop_signals(stop):
@@ -116,6 +116,7 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     if stop.signum:      # no report of a study stopped half-way; study.json says where it stopped
         (out_dir / "study.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
         raise failure
+    record["figures"] = figure_counts(out_dir / "figures", started)
     if report:
         record["report"] = {k: str(v) for k, v in write_report(out_dir, [n for n in names
                                                                        if n in record["notebooks"]], record).items()}
@@ -223,12 +224,36 @@ def summary(out_dir: Path, record: dict) -> str:
     rep = record.get("report") or {}
     if rep:
         lines.append(f"report:  {rep.get('report_nocode')}  (with code: {rep.get('report')})")
-    figs = out_dir / "figures"
-    if figs.is_dir():
-        lines.append(f"figures: {figs}/ ({len(list(figs.glob('*.html')))} HTML, {len(list(figs.glob('*.png')))} PNG)")
+    figs, counts = out_dir / "figures", record.get("figures") or {}
+    if counts:
+        lines.append(f"figures: {figs}/ ({counts['html']} HTML, {counts['png']} PNG written by this study)")
     if record.get("published_figures"):
         lines.append(f"         also in {record['published_figures']}/")
     runs = out_dir / "runs"
     if runs.is_dir():
         lines.append(f"runs:    {runs}/ ({sum(1 for d in runs.iterdir() if (d / 'run.json').is_file())} runs)")
+    if counts.get("html") and not counts.get("png"):
+        lines.append(png_hint(record))
     return "\n".join(lines)
+
+
+def figure_counts(figs: Path, since: float) -> dict[str, int]:
+    """HTML and PNG figures in `figs` written at or after `since` (a time.time()), older ones left out."""
+    if not figs.is_dir():
+        return {}
+    return {ext: sum(1 for p in figs.glob(f"*.{ext}") if p.stat().st_mtime >= since - 1) for ext in ("html", "png")}
+
+
+def png_hint(record: dict) -> str:
+    """One line: why the study wrote no PNG, and how to get them."""
+    from ..analysis.report import find_chromium
+
+    rerun = f"pretok study --profile {record['profile']} --out {record['study_dir']} --notebooks 05"
+    if not record.get("parameters", {}).get("png", True):
+        return "no PNGs: the png parameter is off (--set png=true to write them)"
+    try:
+        find_chromium()
+    except RuntimeError:
+        return ("no PNGs: no Chromium found; install it (as root: bash scripts/install_system_deps.sh chromium, or "
+                f"apt-get install chromium) or set BROWSER_PATH, then rerun: {rerun}")
+    return "no PNGs: Chromium is present but the PNG export wrote none (see the output of notebook 05)"

@@ -13,7 +13,7 @@ import yaml
 
 from ..errors import PretokError
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 @dataclass
@@ -65,7 +65,9 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0          # 0 disables clipping
-    precision: str = "bf16"         # fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler)
+    precision: str = "auto"         # auto | fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler); auto: bf16
+    #                                 where the hardware computes it natively (most GPUs, AMX CPUs), else fp32
+    time_budget_s: float | None = None  # stop early, completed, after the step that passes this much training time
     compile: bool = False
     activation_checkpointing: bool = False
     target_loss: float | None = None   # time-to-target is reported when set
@@ -260,7 +262,7 @@ LIMITS: dict[str, Limit] = {
     "train.steps": _ONE, "train.grad_accum": _ONE, "train.lr": _POS, "train.min_lr_ratio": Limit(0, 1),
     "train.warmup_steps": _NONNEG, "train.weight_decay": _NONNEG, "train.beta1": Limit(0, 1, hi_open=True),
     "train.beta2": Limit(0, 1, hi_open=True), "train.eps": _POS, "train.grad_clip": _NONNEG,
-    "train.target_loss": _NONNEG,
+    "train.target_loss": _NONNEG, "train.time_budget_s": _POS,
     "eval.every": _ONE, "eval.batches": _ONE,
     "log.every": _ONE, "log.skip_steps": _NONNEG,
     "checkpoint.every": _NONNEG, "checkpoint.keep": _ONE,

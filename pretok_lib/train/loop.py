@@ -23,9 +23,10 @@ from ..data.order import Position
 from ..errors import PretokError
 from . import checkpoint
 from .config import Config
-from .distributed import Dist, all_reduce, barrier
+from .distributed import Dist, all_reduce, barrier, broadcast_object
+from .hardware import peak_flops, resolve_precision
 from .metrics import MetricsLog, peak_memory_mb, perplexity
-from .model import build_model, model_flops_per_token, peak_flops, vocab_size_for
+from .model import build_model, model_flops_per_token, vocab_size_for
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
@@ -129,6 +130,9 @@ class Trainer:
     def __init__(self, cfg: Config, d: Dist, run_dir: Path, log: "callable"):
         self.cfg, self.d, self.run_dir, self.log = cfg, d, run_dir, log
         c = cfg
+        # `auto` resolved once (rank 0's choice for every rank); config.yaml records the precision used.
+        self.precision = broadcast_object(resolve_precision(c.train.precision, d.device))
+        c.train.precision = self.precision.used
         torch.manual_seed(c.run.seed)
         src_kw = dict(seed=c.run.seed, shuffle=c.data.shuffle, text_column=c.data.text_column,
                       tokenizer=c.data.tokenizer,   # baselines need it; pretokenized data is checked against it
@@ -166,6 +170,8 @@ class Trainer:
         """Model and throughput facts recorded in run.json."""
         return {"params": sum(p.numel() for p in self.model.parameters()), "vocab_size": self.vocab,
                 "flops_per_token": self.flops_per_token, "peak_flops": self.peak, "peak_source": self.peak_source,
+                "precision": self.precision.used, "precision_requested": self.precision.requested,
+                "precision_reason": self.precision.reason,
                 "resumed_from_step": self.resumed_from}
 
     def _val_dataset(self, fingerprint: str):
@@ -287,8 +293,11 @@ class Trainer:
             p.step += 1
             p.wall_s = wall0 + time.perf_counter() - started
             p.samples += global_batch
-            last = p.step == c.train.steps
-            flag = all_reduce(torch.tensor([1.0 if stop.signum else 0.0]))
+            # train.time_budget_s: every rank stops after the step that passes it (never within the warm-up steps)
+            budget = c.train.time_budget_s
+            spent = budget is not None and p.wall_s >= budget and p.step > c.log.skip_steps + 1
+            flag = all_reduce(torch.tensor([1.0 if stop.signum else 0.0, 1.0 if spent else 0.0]))
+            last = p.step == c.train.steps or bool(flag[1])
             logging = p.step % c.log.every == 0 or last or bool(flag[0])
             rec = self.record(m)  # every step: the cumulative counters must be global and exact
             p.cum_tokens += rec["tokens"]
@@ -311,4 +320,6 @@ class Trainer:
                 self.save()
             if flag[0]:
                 return "interrupted"
+            if last:
+                break
         return "completed"

@@ -1,29 +1,11 @@
-"""The model: a Llama-style causal LM from `ModelConfig` (transformers), its FLOPs per token and MFU peak table."""
+"""The model: a Llama-style causal LM from `ModelConfig` (transformers) and its FLOPs per token (MFU peaks: hardware.py)."""
 
 from __future__ import annotations
-
-import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from .config import ModelConfig
-
-# Dense peak TFLOP/s per device for bf16/fp16 tensor-core math (fp32 runs use the TF32 figure where one
-# exists). Vendor datasheets, without sparsity. Matched by substring of torch.cuda.get_device_name().
-PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "GH200": {"bf16": 989.0, "fp32": 494.5},
-    "H200": {"bf16": 989.0, "fp32": 494.5},
-    "H100 PCIe": {"bf16": 756.0, "fp32": 378.0},
-    "H100": {"bf16": 989.0, "fp32": 494.5},
-    "A100": {"bf16": 312.0, "fp32": 156.0},
-    "L40S": {"bf16": 362.0, "fp32": 183.0},
-    "L4": {"bf16": 121.0, "fp32": 60.0},
-    "A10G": {"bf16": 70.0, "fp32": 35.0},
-    "V100": {"bf16": 125.0, "fp32": 15.7},
-    "MI300X": {"bf16": 1307.0, "fp32": 653.7},
-    "MI250X": {"bf16": 383.0, "fp32": 95.7},
-}
 
 
 def vocab_size_for(cfg: ModelConfig, tokenizer_vocab: int) -> int:
@@ -79,37 +61,6 @@ def flops_per_token(n_matmul_params: int, num_layers: int, hidden_size: int, seq
 
 def model_flops_per_token(model: torch.nn.Module, cfg: ModelConfig, seq_len: int) -> float:
     return flops_per_token(matmul_params(model), cfg.num_layers, cfg.hidden_size, seq_len)
-
-
-def measured_matmul_flops(device: torch.device, precision: str, seconds: float = 0.3) -> float:
-    """FLOP/s of a large square matmul in the run's precision on this device: the practical peak used for
-    MFU where no datasheet figure applies (CPUs)."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-    n = 1024
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    a @ b
-    reps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a @ b
-        reps += 1
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return 2.0 * n**3 * reps / (time.perf_counter() - start)
-
-
-def peak_flops(device: torch.device, precision: str, override_tflops: float | None) -> tuple[float, str]:
-    """(per-device peak FLOP/s for MFU, where it came from): the override, this GPU's datasheet entry, or a
-    measured matmul peak (CPUs and unknown GPUs)."""
-    if override_tflops:
-        return override_tflops * 1e12, "hardware.peak_tflops"
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, peaks in PEAK_TFLOPS.items():
-            if key in name:
-                return peaks["fp32" if precision == "fp32" else "bf16"] * 1e12, f"datasheet {key}"
-    with torch.random.fork_rng(devices=[]):
-        return measured_matmul_flops(device, precision), "measured 1024x1024 matmul"
 
 
 def count_params(model: torch.nn.Module) -> int:
