@@ -13,6 +13,14 @@ class PretokError(Exception):
         super().__init__(f"{self.path}: {message}" if self.path else message)
 
 
+class PretokOSError(PretokError, OSError):
+    """An OSError made one line: still an OSError (errno, strerror, filename kept) for callers that handle those
+    (training marks its run failed on any OSError of its run directory), printed as `<file>: <errno text>`."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def os_error(e: OSError, path: str | os.PathLike | None = None, doing: str | None = None) -> PretokError:
     """An OSError as one line: the file (the error's own, else `path`), what was being done, and the errno text
     ("No space left on device", "Read-only file system", ...); pyarrow's wordy messages are reduced to that."""
@@ -26,4 +34,6 @@ def os_error(e: OSError, path: str | os.PathLike | None = None, doing: str | Non
     where = e.filename if e.filename is not None else path
     if e.filename2 is not None:
         text = f"{text} (-> {os.fspath(e.filename2)})"
-    return PretokError(text, where)
+    err = PretokOSError(text, where)
+    err.errno, err.strerror, err.filename, err.filename2 = e.errno, e.strerror, e.filename, e.filename2
+    return err

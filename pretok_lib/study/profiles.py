@@ -2,7 +2,7 @@
 
 - quick: this laptop-class machine (2 CPU cores, no GPU), under 10 minutes: embedded 20 MB corpus, tiny model,
   gloo world sizes 1 and 2, every data path, and fp32 vs bf16. Every run stops after the step that passes
-  `train.time_budget_s` (90 s for notebook 03's run, 30 s per sweep point), so bf16 on a CPU that emulates it
+  `train.time_budget_s` (45 s for notebook 03's run, 15 s per sweep point), so bf16 on a CPU that emulates it
   (a step ~12x slower) or a busy machine costs bounded time; tokens/s stay means over the steps measured.
 - full: real hardware: 500 MB corpus (or `--set corpus=... tokenizer=...`), the original study's model
   (configs/study.yaml), world sizes 1, 2, 4, ... up to the GPUs present.
@@ -30,11 +30,11 @@ PROFILES: dict[str, dict[str, Any]] = {
         "loader_repeats": 1,
         "config": "configs/tiny.yaml", "train_data_kind": "pretok-memmap", "train_world": 1,
         "train_overrides": {"train.steps": 60, "train.warmup_steps": 5, "eval.every": 20,
-                            "train.time_budget_s": 90, **QUIET_RUN},
+                            "train.time_budget_s": 45, **QUIET_RUN},
         "sweep_grids": [{"data": PATHS, "world": [1, 2]},
                         {"data": ["pretok-memmap"], "precision": ["fp32", "bf16"]}],
         "sweep_base": {"train.steps": 40, "train.warmup_steps": 5, "train.precision": "auto", "eval.every": 20,
-                       "train.time_budget_s": 30, **QUIET_RUN},
+                       "train.time_budget_s": 15, **QUIET_RUN},
         "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 900,
         "target_loss": None, "png": True, **STALL,
     },

@@ -76,12 +76,12 @@ def write_status(run_dir: Path, info: dict) -> str | None:
     try:
         with open(path, "r+b") as fh:
             room = os.fstat(fh.fileno()).st_size
-            data = json.dumps(info, sort_keys=True, separators=(",", ":")).encode()
-            if len(data) > room and info.get("error"):
-                cut = max(20, len(info["error"]) - (len(data) - room) - 3)
-                data = json.dumps({**info, "error": info["error"][:cut] + "..."}, sort_keys=True,
-                                  separators=(",", ":")).encode()
-            if len(data) > room:
+            # the whole record if it fits, else only what a reader needs to know the run failed and why
+            for record in (info, {k: info[k] for k in _ESSENTIAL if k in info}):
+                data = _compact(record, room)
+                if len(data) <= room:
+                    break
+            else:
                 return problem
             fh.write(data + b" " * (room - len(data)))
             fh.flush()
@@ -89,6 +89,27 @@ def write_status(run_dir: Path, info: dict) -> str | None:
         return None
     except OSError:
         return problem
+
+
+def _inside(path, directory: Path) -> bool:
+    """Whether `path` (None: no) lies in `directory`."""
+    try:
+        return path is not None and Path(os.path.abspath(path)).is_relative_to(os.path.abspath(directory))
+    except (TypeError, ValueError):
+        return False
+
+
+_ESSENTIAL = ("run_id", "status", "error", "started", "finished", "host", "pid", "world_size", "device")
+
+
+def _compact(record: dict, room: int) -> bytes:
+    """`record` as compact JSON, its error message cut short (not below 20 characters) to fit in `room` bytes."""
+    data = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+    if len(data) > room and record.get("error"):
+        cut = max(20, len(record["error"]) - (len(data) - room) - 3)
+        data = json.dumps({**record, "error": record["error"][:cut] + "..."}, sort_keys=True,
+                          separators=(",", ":")).encode()
+    return data
 
 
 def describe_os_error(e: OSError, path: Path | None = None) -> str:
@@ -170,10 +191,10 @@ def train(cfg: Config) -> int:
             _log(f"{status}: {run_dir}")
         code = 0 if status == "completed" else EXIT_INTERRUPTED
     except BaseException as e:
-        if isinstance(e, PretokError):
+        if isinstance(e, OSError) and (not isinstance(e, PretokError) or _inside(e.filename, run_dir)):
+            msg, code = describe_os_error(e, run_dir), EXIT_FAILED     # the run directory's I/O (disk full, ...)
+        elif isinstance(e, PretokError):
             msg, code = str(e), EXIT_BAD_INPUT
-        elif isinstance(e, OSError):
-            msg, code = describe_os_error(e, run_dir), EXIT_FAILED
         elif isinstance(e, KeyboardInterrupt):
             msg, code = "stopped by a second SIGINT before its checkpoint (a rerun resumes from the last one)", \
                 EXIT_ABORTED
