@@ -24,6 +24,8 @@ class PretokOSError(PretokError, OSError):
 def os_error(e: OSError, path: str | os.PathLike | None = None, doing: str | None = None) -> PretokError:
     """An OSError as one line: the file (the error's own, else `path`), what was being done, and the errno text
     ("No space left on device", "Read-only file system", ...); pyarrow's wordy messages are reduced to that."""
+    if isinstance(e, PretokError):  # made one line already, naming its file
+        return e
     if e.errno:
         text = os.strerror(e.errno)
     else:
@@ -35,5 +37,6 @@ def os_error(e: OSError, path: str | os.PathLike | None = None, doing: str | Non
     if e.filename2 is not None:
         text = f"{text} (-> {os.fspath(e.filename2)})"
     err = PretokOSError(text, where)
-    err.errno, err.strerror, err.filename, err.filename2 = e.errno, e.strerror, e.filename, e.filename2
+    err.errno, err.strerror = e.errno, e.strerror
+    err.filename = None if where is None else os.fspath(where)
     return err

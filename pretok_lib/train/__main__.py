@@ -1,7 +1,13 @@
 """`python -m pretok_lib.train` / `torchrun ... -m pretok_lib.train`: see pretok_lib/train/run.py."""
 
+import signal
 import sys
 
 from .run import main
 
-sys.exit(main())
+code = main()
+# The run has ended and its status is written: a stop signal arriving during interpreter shutdown changes nothing
+# (without this, a SIGTERM just after completion made the exit status "killed by SIGTERM").
+for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+    signal.signal(s, signal.SIG_IGN)
+sys.exit(code)
