@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from . import procs
 from .errors import PretokError
 
 VERDICT_VERSION = 1
@@ -204,24 +205,6 @@ def check_pinned(data: str, seq_len: int) -> dict:
     return {"pin_memory": True}
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (children, grandchildren, ...), from /proc."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 def kill_and_resume(out: Path, cmd: list[str], run_id: str, timeout: float) -> int:
     """Start `cmd`, SIGKILL its whole process group once its first checkpoint is complete, then run it again."""
     from .train.checkpoint import list_checkpoints
@@ -239,11 +222,7 @@ def kill_and_resume(out: Path, cmd: list[str], run_id: str, timeout: float) -> i
             time.sleep(0.05)
         killed = proc.poll() is None
         if killed:  # torchrun starts its workers in sessions of their own: kill every descendant, like a power cut
-            for pid in [proc.pid, *descendants(proc.pid)]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            procs.stop_tree(proc, grace_s=10.0, sig=signal.SIGKILL)
         proc.wait()
         time.sleep(0.5)  # let the killed workers' ports and files go
     if not killed:

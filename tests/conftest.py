@@ -31,6 +31,18 @@ WIKI_EN = CORPORA / "wikipedia-vital-summaries" / "summaries_en-us.json"
 WIKI_FR = CORPORA / "wikipedia-vital-summaries" / "summaries_fr-fr.json"
 
 
+def tiny_memmap(directory: Path) -> tuple[Path, Path]:
+    """(memmap dir, tokenizer) in `directory`: 0.3 MB of stdlib source, a 512-token BPE, no ../shared."""
+    from pretok_lib.corpus import build_corpus, train_default_tokenizer
+    from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
+
+    corpus = build_corpus(directory / "c.parquet", max_mb=0.3)
+    tok = train_default_tokenizer(corpus.path, directory / "tok", vocab_size=512)
+    run_tokenize(TokenizeConfig(inputs=[corpus.path], out=str(directory / "memmap"), tokenizer=str(tok),
+                                format="memmap", workers=0, progress=False))
+    return directory / "memmap", Path(tok)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED.is_dir():

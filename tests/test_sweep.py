@@ -22,6 +22,8 @@ from pretok_lib.sweep import (
     yaml_scalar,
 )
 
+from .conftest import tiny_memmap
+
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = "tests.fake_train"
 ENV = {"PYTHONPATH": str(ROOT)}
@@ -157,14 +159,8 @@ needs_trainer = pytest.mark.skipif(not (ROOT / "pretok_lib" / "train" / "__main_
 @pytest.fixture(scope="module")
 def tiny_config(tmp_path_factory) -> Path:
     """A 1-step CPU run of a 1-layer model on 0.3 MB of stdlib source (memmap, 512-token BPE): no ../shared."""
-    from pretok_lib.corpus import build_corpus, train_default_tokenizer
-    from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
-
     d = tmp_path_factory.mktemp("sweep-real")
-    corpus = build_corpus(d / "c.parquet", max_mb=0.3)
-    tok = train_default_tokenizer(corpus.path, d / "tok", vocab_size=512)
-    run_tokenize(TokenizeConfig(inputs=[corpus.path], out=str(d / "memmap"), tokenizer=str(tok), format="memmap",
-                                workers=0, progress=False))
+    _, tok = tiny_memmap(d)
     cfg = d / "tiny-test.yaml"
     cfg.write_text(f"""\
 model: {{hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 1}}

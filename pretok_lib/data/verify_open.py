@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import os
 import tempfile
 from pathlib import Path
@@ -38,20 +37,6 @@ def _stamp_paths(root: Path) -> list[Path]:
     key = hashlib.sha256(os.fsencode(os.path.realpath(root))).hexdigest()[:32]
     own = [root / ".pretok" / STAMP] if (root / ".pretok").is_dir() else []
     return own + [cache / "verified" / f"{key}.json"]
-
-
-def file_checksum(path: Path, algorithm: str) -> str:
-    """`algorithm:hexdigest` of a file, hashed straight from a read-only mapping (no copy through Python)."""
-    h = checksum._NEW[algorithm]()
-    with open(path, "rb") as fh:
-        if os.fstat(fh.fileno()).st_size:
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                view = memoryview(mm)
-                step = 64 << 20
-                for i in range(0, len(mm), step):
-                    h.update(view[i:i + step])
-                view.release()
-    return f"{algorithm}:{h.hexdigest()}"
 
 
 def _expected(root: Path, manifest: dict) -> dict[str, str]:
@@ -103,12 +88,12 @@ def verify_files(path: str | os.PathLike, manifest: dict) -> bool:
         file = root / rel
         try:
             before[rel] = _identity(file)
-            if want and file_checksum(file, want.split(":", 1)[0]) != want:
+            if want and not checksum.matches(file, want):
                 raise PretokError("checksum differs from manifest.json (corrupted or modified since it was "
                                   "written); `pretok verify` reports every damaged file", file)
-        except (OSError, KeyError) as e:
-            if isinstance(e, KeyError):
-                raise PretokError(f"unknown checksum algorithm in manifest.json: {want}", file) from None
+        except ValueError:
+            raise PretokError(f"unknown checksum algorithm in manifest.json: {want}", file) from None
+        except OSError as e:
             raise PretokError(f"cannot read data file listed in manifest.json: {e.strerror or e}", file) from None
     _write_stamp(candidates, root, expected, before)
     return True

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import PretokError
+from ..errors import PretokError, os_error
 from ..formats.manifest import atomic_write_json, environment
 from . import distributed
 from .checkpoint import names_path
@@ -70,7 +70,7 @@ def write_status(run_dir: Path, info: dict) -> str | None:
         atomic_write_json(path, info)
         return None
     except OSError as e:
-        problem = describe_os_error(e, path)
+        problem = str(os_error(e, path))
     with contextlib.suppress(OSError):
         path.with_name(path.name + ".tmp").unlink()      # frees what the failed write took
     try:
@@ -112,13 +112,6 @@ def _compact(record: dict, room: int) -> bytes:
     return data
 
 
-def describe_os_error(e: OSError, path: Path | None = None) -> str:
-    """`<path>: <errno text>` of an OSError (the path it names, else `path`)."""
-    where = e.filename if e.filename is not None else path
-    what = e.strerror or str(e) or type(e).__name__
-    return f"{where}: {what}" if where is not None else what
-
-
 def _prepare_dir(cfg: Config, run_dir: Path) -> bool | str:
     """Rank 0: False when the run already completed (nothing to do); clears it when run.overwrite; the error
     line when the directory cannot be made (read-only, disk full)."""
@@ -130,7 +123,7 @@ def _prepare_dir(cfg: Config, run_dir: Path) -> bool | str:
             return False
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        return describe_os_error(e, run_dir)
+        return str(os_error(e, run_dir))
     return True
 
 
@@ -192,7 +185,7 @@ def train(cfg: Config) -> int:
         code = 0 if status == "completed" else EXIT_INTERRUPTED
     except BaseException as e:
         if isinstance(e, OSError) and (not isinstance(e, PretokError) or _inside(e.filename, run_dir)):
-            msg, code = describe_os_error(e, run_dir), EXIT_FAILED     # the run directory's I/O (disk full, ...)
+            msg, code = str(os_error(e, run_dir)), EXIT_FAILED     # the run directory's I/O (disk full, ...)
         elif isinstance(e, PretokError):
             msg, code = str(e), EXIT_BAD_INPUT
         elif isinstance(e, KeyboardInterrupt):

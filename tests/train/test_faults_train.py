@@ -21,7 +21,7 @@ import torch
 from pretok_lib.cli import main as cli_main
 from pretok_lib.train import checkpoint
 
-from ..conftest import ROOT
+from ..conftest import ROOT, tiny_memmap
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs / bind mount needs root")
 STEPS = 8
@@ -31,15 +31,7 @@ PAGE = 4096
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     """A 0.3 MB stdlib corpus, 512-token BPE, memmap: a model of ~50k parameters (checkpoints of ~0.6 MB)."""
-    from pretok_lib.corpus import build_corpus, train_default_tokenizer
-    from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
-
-    d = tmp_path_factory.mktemp("faults-data")
-    corpus = build_corpus(d / "c.parquet", max_mb=0.3)
-    tok = train_default_tokenizer(corpus.path, d / "tok", vocab_size=512)
-    run_tokenize(TokenizeConfig(inputs=[corpus.path], out=str(d / "memmap"), tokenizer=str(tok), format="memmap",
-                                workers=0, progress=False))
-    return d / "memmap"
+    return tiny_memmap(tmp_path_factory.mktemp("faults-data"))[0]
 
 
 @pytest.fixture(autouse=True, scope="module")
