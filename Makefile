@@ -7,6 +7,8 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.pretok-installed
 DEMO_DIR ?= runs/demo
 STUDY_DIR ?= runs/study-quick
+# Test processes (pytest-xdist): each test file runs whole on one of them, tests/slurm together (tests/conftest.py).
+TEST_WORKERS ?= 2
 
 .PHONY: setup sysdeps demo lab test bench clean
 
@@ -37,7 +39,7 @@ sysdeps:
 	bash scripts/install_system_deps.sh
 
 test: setup sysdeps
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15 tests
 
 bench: setup
 	$(VENV)/bin/pretok bench tokenize --json runs/bench/tokenize.json

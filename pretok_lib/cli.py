@@ -1,4 +1,4 @@
-"""`pretok` entry point: parses arguments and calls one library function per subcommand; no logic here."""
+"""The `pretok` command line: parses arguments and calls one library function per subcommand; no logic here."""
 
 from __future__ import annotations
 
@@ -154,7 +154,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_sweep(a: argparse.Namespace) -> None:
-    from .sweep import Grid, command, parse_axis, run_status, run_sweep
+    from .run_record import run_status
+    from .sweep import Grid, command, parse_axis, run_sweep
 
     grid = Grid.from_yaml(a.grid) if a.grid else Grid()
     grid.axes.update(dict(parse_axis(x) for x in a.axis))
@@ -203,6 +204,16 @@ def _kv(text: str) -> tuple[str, object]:
     return key.strip(), yaml.safe_load(value)
 
 
+DESCRIPTION = """\
+pretok: pretokenize LLM training corpora once (parallel, resumable, crash-safe), load them at near-zero cost
+in DDP training, and measure whether the data path is the bottleneck.
+
+  pretok tokenize INPUTS --out DIR --tokenizer T --format memmap   # corpus -> dataset (+ manifest.json)
+  pretok train --config configs/tiny.yaml                          # train on one data path (torchrun for DDP)
+  pretok study --profile quick --out runs/study-quick              # the whole study: notebooks 01-05 + report
+
+Every subcommand has --help; the README and docs/ hold the contracts."""
+
 SUBCOMMANDS_LIGHT = ("corpus", "tokenize", "merge", "inspect", "verify", "demo", "sweep", "study", "gpu-check")
 
 
@@ -210,7 +221,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; `command` (the subcommand about to run, if known) spares the others' heavy imports: the
     `train` and `bench` arguments live next to code that imports torch, which `pretok tokenize` does not need."""
     heavy = command is None or command not in SUBCOMMANDS_LIGHT
-    ap = argparse.ArgumentParser(prog="pretok", description=__doc__.split(":")[0] if __doc__ else None)
+    from . import __version__
+
+    ap = argparse.ArgumentParser(prog="pretok", description=DESCRIPTION,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"pretok {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("corpus", help="build the embedded default corpus (Python sources + docstrings) as parquet")
     p.add_argument("--out", required=True)

@@ -35,6 +35,7 @@ import yaml
 from . import procs
 from .errors import PretokError
 from .procs import SweepStopped, stop_signals
+from .run_record import run_error, run_status
 
 # Short axis names -> the trainer's config keys (any dotted key works as an axis too). "world" is the number of
 # processes, a launcher setting rather than a config key.
@@ -208,21 +209,6 @@ def command(point: Point, config: str | os.PathLike, launcher: str = "local", ru
         return [sys.executable, "-m", module, *args]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={point.world}",
             "-m", module, *args]
-
-
-def run_status(run_dir: str | os.PathLike) -> str | None:
-    """`status` of `run_dir/run.json` (running / completed / failed), None if absent or unreadable."""
-    try:
-        return json.loads((Path(run_dir) / "run.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def run_error(run_dir: str | os.PathLike) -> str | None:
-    try:
-        return json.loads((Path(run_dir) / "run.json").read_text()).get("error")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def _now() -> str:

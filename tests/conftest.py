@@ -48,3 +48,34 @@ def shared_data() -> Path:
     if not SHARED.is_dir():
         pytest.fail(f"{SHARED} is missing: tests need ../shared/data beside the project (or PRETOK_SHARED_DATA)")
     return SHARED
+
+
+
+# Test processes (`make test`: pytest-xdist `-n 2`): each test file is one unit of work, run whole on one process
+# (its module fixtures are built once), and tests/slurm is one unit (one SLURM cluster). The slowest units start
+# first, so the run does not end waiting on one long file (measured: `--durations`).
+SLOW_FIRST = ("tests/notebooks/test_notebooks.py", "tests/slurm", "tests/bench/test_bench_train.py",
+              "tests/train/test_resume.py", "tests/test_gpu_check.py", "tests/test_pretokenize.py",
+              "tests/train/test_ddp.py", "tests/bench/test_bench_tokenize.py", "tests/test_faults_tokenize.py",
+              "tests/train/test_hardware.py", "tests/data/test_mixture.py", "tests/train/test_mixture_train.py")
+
+
+def work_unit(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return "tests/slurm" if path.startswith("tests/slurm/") else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep the collection order below
+    return FileScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    rank = {u: i for i, u in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable: file order kept otherwise

@@ -17,13 +17,11 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from ..datapaths import FORMAT_OF as PATH_FORMAT
+from ..datapaths import PRETOK_PAIRS
+from ..datapaths import rank as _rank
 from .runs import BATCH_SHAPE_KEYS, DATA_PATH_KEYS, PRECISION_KEYS, WORLD_SIZE_KEYS, Run, config_signature
 
-PATH_ORDER = ("padded", "padding-free", "pretok-padded", "pretok-token-list", "pretok-memmap")
-ON_THE_FLY = ("padded", "padding-free")
-# Each pretokenized path and the on-the-fly path with the same layout: their ratio isolates tokenization.
-PRETOK_PAIRS = {"pretok-padded": "padded", "pretok-token-list": "padding-free", "pretok-memmap": "padding-free"}
-PATH_FORMAT = {"pretok-padded": "padded", "pretok-token-list": "token-list", "pretok-memmap": "memmap"}
 LOOP_PREFIX, MAP_PREFIX, ENGINE_PREFIX = "(a)", "(b)", "(d) engine"
 DEFAULT_SKIP = 2  # `pretok train`'s log.skip_steps default
 
@@ -172,8 +170,7 @@ def asdict_shallow(m: RunMetrics) -> dict[str, Any]:
 
 def path_rank(kind: str | None) -> tuple[int, str]:
     """Sort key putting the five data paths in their canonical order, others after."""
-    k = kind or "?"
-    return (PATH_ORDER.index(k) if k in PATH_ORDER else len(PATH_ORDER), k)
+    return _rank(kind)
 
 
 def _groups(metrics: Iterable[RunMetrics], ignore: Iterable[str], keep: Iterable[str] = ()

@@ -17,6 +17,9 @@ from typing import Any, Iterable
 import numpy as np
 import yaml
 
+from ..datapaths import global_batch
+from ..run_record import read_run_record
+
 STATUSES = ("completed", "failed", "incomplete")
 RUN_FILES = ("run.json", "metrics.jsonl", "launcher.json")  # launcher.json: `pretok_lib.sweep` tried to start it
 NOT_RUNS = {"checkpoints", "tb", ".pretok", "__pycache__"}
@@ -145,7 +148,7 @@ def settings_of(config: dict[str, Any], info: dict[str, Any], train: Records | N
     if isinstance(info.get("precision"), str):   # what the run computed in (`auto` resolved), per run.json
         s["precision"] = info["precision"]
     if s["global_batch"] is None and s["micro_batch"] is not None and s["world_size"]:
-        s["global_batch"] = int(s["micro_batch"]) * int(s["grad_accum"] or 1) * s["world_size"]
+        s["global_batch"] = global_batch(int(s["micro_batch"]), s["world_size"], int(s["grad_accum"] or 1))
     if s["global_batch"] is None and s["seq_len"] and train is not None and train.has("tokens"):
         s["global_batch"] = round(float(np.nanmedian(train["tokens"])) / float(s["seq_len"]))
     return s
@@ -223,7 +226,7 @@ def load_run(path: str | Path) -> Run:
     """One run directory as a `Run`. Missing or damaged files become `problems`, never exceptions."""
     path = Path(path)
     problems: list[str] = []
-    info = _read_json(path / "run.json", problems)
+    info = read_run_record(path, problems) or {}
     config: dict[str, Any] = {}
     try:
         loaded = yaml.safe_load((path / "config.yaml").read_text())

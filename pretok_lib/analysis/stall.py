@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..datapaths import KINDS
+
 FORMULA = r"""
 **Model** (per rank). Tokens are input slots, padding included, on both sides (a padded slot costs as much
 compute as a real one; the loader benchmark counts slots):
@@ -58,7 +60,7 @@ ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
     Accelerator("A10", 125.0, "NVIDIA A10 datasheet: BF16 Tensor Core 125 TFLOPS (250 with sparsity)"),
 )}
 DEFAULT_MFU = (0.35, 0.45)
-PATHS = ("padded", "padding-free", "pretok-padded", "pretok-token-list", "pretok-memmap")
+PATHS = KINDS
 
 
 # ---------------------------------------------------------------- consumption

@@ -20,11 +20,11 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from ..datapaths import FORMAT_OF, KINDS, ON_THE_FLY, PACKED
 from ..errors import PretokError
 from . import fmt_num
 
-SLOW = ("padded", "padding-free")  # tokenize on the fly: measured over --slow-batches
-FORMAT_OF = {"pretok-padded": "padded", "pretok-token-list": "token-list", "pretok-memmap": "memmap"}
+SLOW = ON_THE_FLY  # tokenize on the fly: measured over --slow-batches
 COMPRESSIONS = ("none", "snappy", "zstd:3", "zstd:22")
 CEIL, RAND = "ref: raw memmap get_batch", "ref: in-memory torch.randint"
 VIA = "ref: torch.randint via DataLoader w{}"
@@ -245,9 +245,8 @@ def loader_table(res: dict[str, dict]) -> str:
     for name, r in res.items():
         rows.append([name, str(r["workers"]), str(r["batches"]), _num(r["tokens_per_s"], True),
                      _num(r["effective_tokens_per_s"], True), _num(r["batches_per_s"]),
-                     _pct(r["padding_fraction"]) if r["kind"] in ("padded", "pretok-padded") else "-",
-                     _pct(r["masked_fraction"]) if r["kind"] in ("padding-free", "pretok-token-list",
-                                                                  "pretok-memmap") else "-",
+                     _pct(r["padding_fraction"]) if r["kind"] in KINDS and r["kind"] not in PACKED else "-",
+                     _pct(r["masked_fraction"]) if r["kind"] in PACKED else "-",
                      _num(r.get("setup_s")), _num(r.get("x_ceiling")), _num(r.get("x_padded"))])
     return render(rows)
 
@@ -326,7 +325,7 @@ def main(args: argparse.Namespace) -> dict:
     for w in workers:
         if w > 0:
             reference(VIA.format(w), w, lambda: via_dataloader(RandomBatches(info.vocab_size, L, B, args.seed), w))
-        for kind in ("padded", "padding-free", *FORMAT_OF):
+        for kind in KINDS:
             src = corpus if kind in SLOW else outs[kind]
             n = args.slow_batches if kind in SLOW else args.batches
             r = res[f"{kind} w{w}"] = best_of(args.repeats, lambda: bench_path(kind, src, tok, args, w, n))

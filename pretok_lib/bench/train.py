@@ -18,12 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..data import KINDS
+from ..datapaths import KINDS, ON_THE_FLY, PACKED
 from ..errors import PretokError
 from . import fmt_num
 from .loaders import FORMAT_OF, pretokenize, render, variant_dir
 
-PACKED = ("padding-free", "pretok-token-list", "pretok-memmap")
 PRETOK = ("pretok-padded", "pretok-token-list", "pretok-memmap")
 
 
@@ -121,7 +120,7 @@ def main(args: argparse.Namespace) -> dict:
     if unknown:
         raise PretokError(f"unknown data path(s) {', '.join(unknown)} (choose from {', '.join(KINDS)})")
     pre = work / f"pretok-s{args.seq_len}"
-    data = {"padded": corpus, "padding-free": corpus}
+    data = dict.fromkeys(ON_THE_FLY, corpus)
     for kind, fmt in FORMAT_OF.items():
         if kind in kinds:
             data[kind] = str(pre / variant_dir(fmt, "zstd:3"))

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+from ..datapaths import KINDS, ON_THE_FLY
 from ..errors import PretokError
 from .baselines import PaddedText, PaddingFreeStream
 from .loader import ShardedBatches, StatefulLoader, dist_rank_world
 from .pretokenized import MemmapPacked, PaddedRows, TokenListPacked
 
-KINDS = ("padded", "padding-free", "pretok-padded", "pretok-token-list", "pretok-memmap")
 
 
 def make_source(kind: str, path: str | os.PathLike | Sequence[str], seq_len: int, *, tokenizer: str | None = None,
@@ -28,7 +28,7 @@ def make_source(kind: str, path: str | os.PathLike | Sequence[str], seq_len: int
         raise PretokError(f"unknown data path '{kind}' (choose from {', '.join(KINDS)})")
     if seq_len < 1:
         raise PretokError(f"seq_len must be >= 1 (got {seq_len})")
-    if kind in ("padded", "padding-free"):
+    if kind in ON_THE_FLY:
         if tokenizer is None:
             raise PretokError(f"data path '{kind}' tokenizes on the fly: give a tokenizer")
         inputs = [str(path)] if isinstance(path, (str, os.PathLike)) else [str(p) for p in path]

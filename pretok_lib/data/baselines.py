@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from ..datapaths import window
 from ..parts import add_special
 from ..sources import SourceOptions, expand_inputs, plan_units, read_unit
 from ..tokenizer import backends_for, load_tokenizer, make_encoder
@@ -55,7 +56,7 @@ class PaddedText(_TextDocs):
 
     def __init__(self, inputs, seq_len: int, tokenizer: str, seed: int = 0, shuffle: bool = True, **kw):
         super().__init__(inputs, tokenizer, **kw)
-        self.window, self.seed, self.shuffle = seq_len + 1, seed, shuffle
+        self.window, self.seed, self.shuffle = window(seq_len), seed, shuffle
         self.num_samples = len(self.texts)
         self._perm: tuple[int, np.ndarray] | None = None
 
@@ -76,7 +77,7 @@ class PaddingFreeStream(_TextDocs):
 
     def __init__(self, inputs, seq_len: int, tokenizer: str, seed: int = 0, shuffle: bool = True, **kw):
         super().__init__(inputs, tokenizer, **kw)
-        self.window, self.seed, self.shuffle = seq_len + 1, seed, shuffle
+        self.window, self.seed, self.shuffle = window(seq_len), seed, shuffle
 
     def windows(self, epoch: int, cursor: tuple[int, int] | None) -> Iterator[tuple[Sample, tuple[int, int]]]:
         """Yield (window, cursor after it) from `cursor` = (document position in the epoch order, token offset)."""

@@ -1,6 +1,6 @@
 """The global sample order: a permutation per (seed, epoch), cut into global batches, sliced by rank and worker.
 
-Contract (see README "Sharding and resume"):
+Contract (docs/ARCHITECTURE.md, "Sharding and resume of the loaders"):
 - An epoch's order comes from `numpy.random.default_rng([seed, epoch])` (identity when not shuffling): a
   permutation of the rows for the padded paths, of the documents for the packed paths (which then cut the
   permuted stream into consecutive windows). It does not depend on world size, micro-batch or workers.

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..datapaths import window
 from ..errors import PretokError
 from . import checksum
 
@@ -39,14 +40,15 @@ def parse_compression(spec: str) -> tuple[str, int | None]:
 def schema_for(fmt: str, dtype: str, seq_len: int, pad_id: int | None) -> pa.Schema:
     """The arrow schema of a format, with its contract in the `pretok` metadata key."""
     ids = ARROW_IDS[dtype]
+    row = window(seq_len)
     if fmt == PADDED:
-        fields = [pa.field("input_ids", pa.list_(ids, seq_len + 1), nullable=False),
-                  pa.field("attention_mask", pa.list_(pa.int8(), seq_len + 1), nullable=False)]
+        fields = [pa.field("input_ids", pa.list_(ids, row), nullable=False),
+                  pa.field("attention_mask", pa.list_(pa.int8(), row), nullable=False)]
     else:
         fields = [pa.field("input_ids", pa.list_(ids), nullable=False)]
     meta = {"format": fmt, "format_version": PARQUET_VERSION, "dtype": dtype}
     if fmt == PADDED:
-        meta.update(seq_len=seq_len, row_length=seq_len + 1, pad_id=pad_id)
+        meta.update(seq_len=seq_len, row_length=row, pad_id=pad_id)
     return pa.schema(fields, metadata={"pretok": json.dumps(meta, sort_keys=True)})
 
 

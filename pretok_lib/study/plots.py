@@ -10,9 +10,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..analysis.figures import LAYOUT, PATH_COLORS, empty_figure
+from ..datapaths import KINDS as PATH_ORDER
 
 METHOD_COLORS = {"(a)": "#d62728", "(b)": "#ff7f0e", "(c)": "#7f7f7f", "(d)": "#1f77b4"}
-PATH_ORDER = ("padded", "padding-free", "pretok-padded", "pretok-token-list", "pretok-memmap")
 
 
 def tokenize_bench_figure(res: Mapping[str, Any]) -> go.Figure:

@@ -15,7 +15,9 @@ import copy
 import os
 from typing import Any
 
-PATHS = ["padded", "padding-free", "pretok-padded", "pretok-token-list", "pretok-memmap"]
+from ..datapaths import KINDS
+
+PATHS = list(KINDS)
 CODECS = ["none", "snappy", "zstd:3", "zstd:22"]
 # The stall prediction of notebook 05: the original study's model at 35-45% MFU, supply as measured here
 STALL = {"target_config": "configs/study.yaml", "target_vocab": None, "target_seq_len": None,

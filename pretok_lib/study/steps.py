@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..datapaths import KIND_OF_FORMAT, ON_THE_FLY, PRETOKENIZED
 from ..errors import PretokError
 
 ROOT = Path(__file__).resolve().parents[2]
 FORMATS = ("memmap", "token-list", "padded")
-KIND_OF = {"memmap": "pretok-memmap", "token-list": "pretok-token-list", "padded": "pretok-padded"}
+KIND_OF = KIND_OF_FORMAT
 TRAIN_COMPRESSION = "zstd:3"  # the parquet variant the training runs read
 
 
@@ -174,7 +175,7 @@ def pretokenize_all(paths: StudyPaths, corpus: str, tokenizer: str, seq_len: int
 def data_paths(corpus: str, variants: Mapping[str, str]) -> dict[str, str]:
     """`data.path` of each of the five data paths: the text corpus for the on-the-fly baselines, the zstd:3
     variant (or memmap) for the pretokenized ones."""
-    out = {"padded": corpus, "padding-free": corpus}
+    out = dict.fromkeys(ON_THE_FLY, corpus)
     for fmt, kind in KIND_OF.items():
         out[kind] = variants[variant_name(fmt, None if fmt == "memmap" else TRAIN_COMPRESSION)]
     return out
@@ -410,8 +411,8 @@ def findings(runs: Sequence[Any], paths: StudyPaths) -> str:
                 stalled = "-" if not st else f"{sum(st) / len(st):.1%}"
                 out.append(f"| {g or '-'} | {r['data_kind']} | {value} | {_x(r['speedup'])} | {stalled} |")
         worst = max((m.data_stall for m in ms if m.data_stall is not None and m.data_kind and
-                     m.data_kind.startswith("pretok")), default=None)
-        otf = max((m.data_stall for m in ms if m.data_stall is not None and m.data_kind in ("padded", "padding-free")),
+                     m.data_kind in PRETOKENIZED), default=None)
+        otf = max((m.data_stall for m in ms if m.data_stall is not None and m.data_kind in ON_THE_FLY),
                   default=None)
         if worst is not None:
             verdict = "is not" if worst < 0.05 else "may be"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from ..datapaths import global_batch
 from ..errors import PretokError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -46,7 +47,7 @@ class DataConfig:
     tokenizer: str | None = None    # required by the baselines; checked against pretokenized data when given
     seq_len: int = 256
     micro_batch: int = 8            # per device
-    num_workers: int = 0            # DataLoader workers (0 is fastest for pretokenized paths, see README)
+    num_workers: int = 0            # DataLoader workers (0 is fastest for pretokenized paths: docs/BENCHMARKS.md)
     shuffle: bool = True
     text_column: str = "text"
     verify_on_open: bool = False    # pretokenized data: check files against manifest checksums at open
@@ -115,6 +116,10 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def global_batch(self, world: int) -> int:
+        """Sequences per optimizer step: micro-batch x ranks x gradient-accumulation steps."""
+        return global_batch(self.data.micro_batch, world, self.train.grad_accum)
 
 
 def _check_value(where: str, value, tp, source: str):
@@ -205,7 +210,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
 
 def validate(cfg: Config, source: str = "config") -> None:
     """Cross-field checks a type check cannot do."""
-    from ..data import KINDS
+    from ..datapaths import KINDS, ON_THE_FLY
 
     def bad(msg: str):
         raise PretokError(msg, source)
@@ -215,7 +220,7 @@ def validate(cfg: Config, source: str = "config") -> None:
         bad(f"data.kind '{cfg.data.kind}' is not one of {', '.join(KINDS)}")
     if not cfg.data.path:
         bad("data.path is empty: give a `pretok tokenize` output dir (or text inputs for the baselines)")
-    if cfg.data.kind in ("padded", "padding-free") and not cfg.data.tokenizer:
+    if cfg.data.kind in ON_THE_FLY and not cfg.data.tokenizer:
         bad(f"data.kind '{cfg.data.kind}' tokenizes on the fly: set data.tokenizer")
     if cfg.eval.path and cfg.eval.kind not in KINDS:
         bad(f"eval.kind '{cfg.eval.kind}' is not one of {', '.join(KINDS)}")

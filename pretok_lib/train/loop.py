@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..data import make_dataset, make_loader
+from ..datapaths import ON_THE_FLY
 from ..data.order import Position
 from ..errors import PretokError
 from . import checkpoint
@@ -32,7 +33,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
 
 @dataclass
-class Progress:
+class Counters:
     """What the loop carries across a resume (saved in state.pt)."""
     step: int = 0
     wall_s: float = 0.0
@@ -157,7 +158,7 @@ class Trainer:
         self.optimizer = _optimizer(model, c, d.device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, c))
         self.scaler = torch.amp.GradScaler(d.device.type, enabled=c.train.precision == "fp16")
-        self.progress = Progress()
+        self.progress = Counters()
         self.resumed_from = None
         self._resume()
         net = model
@@ -177,7 +178,7 @@ class Trainer:
     def _val_dataset(self, fingerprint: str):
         """The held-out split, sharded like the training data; refused if another tokenizer made it."""
         c, d = self.cfg, self.d
-        tok = c.data.tokenizer if c.eval.kind in ("padded", "padding-free") else None
+        tok = c.data.tokenizer if c.eval.kind in ON_THE_FLY else None
         ds = make_dataset(c.eval.kind, c.eval.path, c.data.seq_len, micro_batch=c.data.micro_batch,
                           rank=d.rank, world=d.world, seed=c.run.seed, shuffle=False, tokenizer=tok,
                           verify_on_open=c.data.verify_on_open)
@@ -196,7 +197,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.loader.load_state_dict(state["loader"])
-        self.progress = Progress(**state["progress"])
+        self.progress = Counters(**state["progress"])
         self.resumed_from = self.progress.step
         checkpoint.set_rng_state(state["rng"])
         self.log(f"resumed from {path} (step {self.progress.step})")
@@ -287,7 +288,7 @@ class Trainer:
         self.net.train()
         batches = _endless(self.loader)
         started, wall0 = time.perf_counter(), p.wall_s
-        global_batch = c.data.micro_batch * d.world * c.train.grad_accum
+        global_batch = c.global_batch(d.world)
         while p.step < c.train.steps:
             m = self.step(batches)
             p.step += 1

@@ -22,6 +22,7 @@ import torch
 
 from ..errors import PretokError, os_error
 from ..formats.manifest import atomic_write_json, environment
+from ..run_record import read_run_record
 from . import distributed
 from .checkpoint import names_path
 from .config import Config, load_config, save_config
@@ -37,13 +38,6 @@ def _now() -> str:
 
 def _log(msg: str) -> None:
     print(f"[pretok train] {msg}", file=sys.stderr, flush=True)
-
-
-def read_status(run_dir: Path) -> dict | None:
-    try:
-        return json.loads((run_dir / "run.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def _run_info(run_id: str, d: distributed.Dist, status: str, started: str, error: str | None = None,
@@ -115,7 +109,7 @@ def _compact(record: dict, room: int) -> bytes:
 def _prepare_dir(cfg: Config, run_dir: Path) -> bool | str:
     """Rank 0: False when the run already completed (nothing to do); clears it when run.overwrite; the error
     line when the directory cannot be made (read-only, disk full)."""
-    status = read_status(run_dir)
+    status = read_run_record(run_dir)
     try:
         if cfg.run.overwrite and run_dir.exists():
             shutil.rmtree(run_dir)
@@ -165,7 +159,7 @@ def train(cfg: Config) -> int:
                 metrics = MetricsLog(run_dir, trainer.progress.step, cfg.log.tensorboard)
             _log(f"run {run_dir}: {cfg.data.kind} on {d.world} x {d.device.type}, "
                  f"{sum(p.numel() for p in trainer.model.parameters()) / 1e6:.1f}M params, "
-                 f"global batch {cfg.data.micro_batch * d.world * cfg.train.grad_accum} x {cfg.data.seq_len}")
+                 f"global batch {cfg.global_batch(d.world)} x {cfg.data.seq_len}")
         status = trainer.run(metrics, stop)
         if d.is_main:
             with names_path(run_dir / "metrics.jsonl"):
@@ -173,7 +167,7 @@ def train(cfg: Config) -> int:
             metrics = None
             if status == "completed":
                 settings = {"data_kind": cfg.data.kind, "world_size": d.world, "seq_len": cfg.data.seq_len,
-                            "global_batch": cfg.data.micro_batch * d.world * cfg.train.grad_accum,
+                            "global_batch": cfg.global_batch(d.world),
                             "precision": cfg.train.precision, "lr": cfg.train.lr}
                 summary = summarize(read_records(run_dir / "metrics.jsonl"), cfg.log.skip_steps,
                                     cfg.train.target_loss, settings)

@@ -166,3 +166,13 @@ def test_jupyterlab_lists_notebooks_and_kernel(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
+
+
+def test_analysis_notebook_runs_on_an_empty_study(tmp_path: Path) -> None:
+    """Notebook 05 alone on a study directory with no runs and no benchmarks (e.g. opened in JupyterLab before the
+    study ran) executes every cell: empty tables and figures, no KeyError."""
+    record = run_study("smoke", out=tmp_path / "empty", notebooks=["05"], stream=False, echo=None, report=False,
+                       publish=None)
+    assert {n: r["status"] for n, r in record["notebooks"].items()} == {"05_analysis": "completed"}, record
+    executed = nbformat.read(str(tmp_path / "empty" / "notebooks" / "05_analysis.ipynb"), as_version=4)
+    assert not [o for c in executed.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]

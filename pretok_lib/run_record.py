@@ -1,0 +1,41 @@
+"""`runs/<id>/run.json`, the record of a training run (docs/RUNS.md): the one reader, torch-free, used by the
+trainer (resume, skip completed), the sweep (what happened to a point) and the analysis."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+STATUSES = ("running", "completed", "interrupted", "failed")
+FILE = "run.json"
+
+
+def read_run_record(run_dir: str | os.PathLike, problems: list[str] | None = None) -> dict[str, Any] | None:
+    """The run's record, or None when it is missing, unreadable or not a JSON object (why is appended to
+    `problems` when given, e.g. "run.json: missing")."""
+    path = Path(run_dir) / FILE
+    why = None
+    try:
+        d = json.loads(path.read_text())
+        if isinstance(d, dict):
+            return d
+        why = "not a JSON object"
+    except FileNotFoundError:
+        why = "missing"
+    except (OSError, ValueError) as e:
+        why = f"unreadable ({e.__class__.__name__})"
+    if problems is not None:
+        problems.append(f"{FILE}: {why}")
+    return None
+
+
+def run_status(run_dir: str | os.PathLike) -> str | None:
+    """`status` of the run's record (one of STATUSES), None if there is no readable record."""
+    return (read_run_record(run_dir) or {}).get("status")
+
+
+def run_error(run_dir: str | os.PathLike) -> str | None:
+    """The error the run recorded, if any."""
+    return (read_run_record(run_dir) or {}).get("error")
