@@ -46,7 +46,8 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory (data files + manifest.json)")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json, dir, .model, .tiktoken, tekken JSON or hub name")
     p.add_argument("--format", default="memmap", choices=["padded", "token-list", "memmap"])
-    p.add_argument("--seq-len", type=int, default=2048, help="padded rows hold seq_len+1 tokens")
+    p.add_argument("--seq-len", type=int, default=2048,
+                   help="padded rows hold seq_len+1 tokens (padded only: token-list and memmap ignore it)")
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="worker processes (0 = inline)")
     p.add_argument("--text-column", default="text", help="parquet column / JSON key holding the text")
     p.add_argument("--separator", default=None, help="txt inputs: regex splitting a file into documents (re.split)")

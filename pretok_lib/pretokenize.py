@@ -26,7 +26,7 @@ from . import __version__
 from .errors import PretokError, os_error
 from .formats import checksum
 from .formats import parquet as pqf
-from .formats.manifest import FORMAT_VERSIONS, environment, write_manifest
+from .formats.manifest import FORMAT_VERSIONS, environment, format_policy, write_manifest
 from .input_checks import check_skipped
 from .memmap_append import MemmapAppender
 from .outdir import committed_parts, output_lock, prepare_output, remove_output, resolve_output  # noqa: F401
@@ -48,7 +48,7 @@ class TokenizeConfig:
     out: str
     tokenizer: str
     format: str = "memmap"
-    seq_len: int = 2048
+    seq_len: int = 2048  # padded rows hold seq_len + 1 tokens; no other format depends on it
     workers: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
     text_column: str = "text"
     separator: str | None = None
@@ -80,7 +80,8 @@ class TokenizeConfig:
 
 
 def resolve_policy(info: TokenizerInfo, cfg: TokenizeConfig) -> dict:
-    """The explicit BOS/EOS/padding/dtype policy recorded in the manifest."""
+    """The explicit BOS/EOS/padding/dtype policy recorded in the manifest and the output key; `seq_len` and
+    `row_length` only for `padded`, the one format whose bytes depend on them."""
     def pick(flag: str, tok_id: int | None, name: str) -> int | None:
         if flag == "no":
             return None
@@ -97,9 +98,10 @@ def resolve_policy(info: TokenizerInfo, cfg: TokenizeConfig) -> dict:
         raise PretokError(f"--dtype uint16 cannot hold the ids of {info.spec} (vocab {info.vocab_size} > 65536); "
                           "use --dtype int32 or auto")
     pad = info.pad_id if info.pad_id is not None else (info.eos_id if info.eos_id is not None else 0)
-    return {"bos_id": bos, "eos_id": eos, "pad_id": pad, "dtype": dtype, "seq_len": cfg.seq_len,
-            "row_length": cfg.seq_len + 1, "truncation": "right (padded format only)",
-            "special_tokens_in_text": "encoded as ordinary text", "bad_docs": cfg.bad_docs}
+    return format_policy(cfg.format, {
+        "bos_id": bos, "eos_id": eos, "pad_id": pad, "dtype": dtype, "seq_len": cfg.seq_len,
+        "row_length": cfg.seq_len + 1, "truncation": "right (padded format only)",
+        "special_tokens_in_text": "encoded as ordinary text", "bad_docs": cfg.bad_docs})
 
 
 # ---------------------------------------------------------------- one unit → one committed part (worker side)
