@@ -42,43 +42,54 @@ def _fraction(text: str) -> float:
 
 
 def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
+    """`pretok tokenize`'s options; every default is `TokenizeConfig`'s (tokenize_config.py), never restated."""
+    from .tokenize_config import FORMATS, default
+
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="parquet/jsonl(.gz,.zst)/txt files, globs, HF dataset dirs")
     p.add_argument("--out", required=True, help="output directory (data files + manifest.json)")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json, dir, .model, .tiktoken, tekken JSON or hub name")
-    p.add_argument("--format", default="memmap", choices=["padded", "token-list", "memmap"])
-    p.add_argument("--seq-len", type=int, default=2048, help="padded rows hold seq_len+1 tokens")
-    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="worker processes (0 = inline)")
-    p.add_argument("--text-column", default="text", help="parquet column / JSON key holding the text")
-    p.add_argument("--separator", default=None, help="txt inputs: regex splitting a file into documents (re.split)")
-    p.add_argument("--compression", default="zstd:3", help="parquet formats: none, snappy, zstd[:level], ...")
-    p.add_argument("--dtype", default="auto", choices=["auto", "uint16", "int32"])
-    p.add_argument("--bos", default="auto", choices=["auto", "yes", "no"], help="prepend BOS (auto: if defined)")
-    p.add_argument("--eos", default="no", choices=["yes", "no"], help="append EOS to every document")
-    p.add_argument("--bad-docs", default="skip", choices=["skip", "fail"],
+    p.add_argument("--format", default=default("format"), choices=FORMATS)
+    p.add_argument("--seq-len", type=int, default=default("seq_len"),
+                   help="padded rows hold seq_len+1 tokens (padded only: token-list and memmap ignore it)")
+    p.add_argument("--workers", type=int, default=default("workers"),
+                   help="worker processes (0 = inline; default: the CPUs this process may use)")
+    p.add_argument("--text-column", default=default("text_column"), help="parquet column / JSON key holding the text")
+    p.add_argument("--separator", default=default("separator"),
+                   help="txt inputs: regex splitting a file into documents (re.split)")
+    p.add_argument("--compression", default=default("compression"),
+                   help="parquet formats: none, snappy, zstd[:level], ...")
+    p.add_argument("--dtype", default=default("dtype"), choices=["auto", "uint16", "int32"])
+    p.add_argument("--bos", default=default("bos"), choices=["auto", "yes", "no"],
+                   help="prepend BOS (auto: if defined)")
+    p.add_argument("--eos", default=default("eos"), choices=["yes", "no"], help="append EOS to every document")
+    p.add_argument("--bad-docs", default=default("bad_docs"), choices=["skip", "fail"],
                    help="null / non-string / empty / invalid UTF-8 documents: skip and count, or fail")
-    p.add_argument("--max-bad-fraction", type=_fraction, default=0.1,
+    p.add_argument("--max-bad-fraction", type=_fraction, default=default("max_bad_fraction"),
                    help="fail the run (no manifest) if more than this fraction of documents was skipped; "
-                        "1 allows any (default 0.1)")
-    p.add_argument("--backend", default=None, help="force a tokenizer backend (still checked against the reference)")
-    p.add_argument("--num-shards", type=int, default=None, help="default: SLURM_ARRAY_TASK_COUNT or 1")
-    p.add_argument("--shard-index", type=int, default=None, help="default: SLURM_ARRAY_TASK_ID or 0")
-    p.add_argument("--part-mb", type=float, default=None,
+                        f"1 allows any (default {default('max_bad_fraction')})")
+    p.add_argument("--backend", default=default("backend"),
+                   help="force a tokenizer backend (still checked against the reference)")
+    p.add_argument("--num-shards", type=int, default=None,
+                   help=f"default: SLURM_ARRAY_TASK_COUNT or {default('num_shards')}")
+    p.add_argument("--shard-index", type=int, default=None,
+                   help=f"default: SLURM_ARRAY_TASK_ID or {default('shard_index')}")
+    p.add_argument("--part-mb", type=float, default=default("part_mb"),
                    help="text MB per output part, the resume unit (default: the input's text/32 within [1, 64])")
-    p.add_argument("--batch-mb", type=float, default=1.0,
+    p.add_argument("--batch-mb", type=float, default=default("batch_mb"),
                    help="input MB tokenized per batch (bounds memory; 1 MB stays in CPU caches)")
     p.add_argument("--overwrite", action="store_true", help="replace an output directory holding another config")
     p.add_argument("--no-progress", action="store_true")
 
 
 def tokenize_config(a: argparse.Namespace):
-    from .pretokenize import TokenizeConfig
+    from .tokenize_config import TokenizeConfig, default
 
     return TokenizeConfig(
         inputs=a.inputs, out=a.out, tokenizer=a.tokenizer, format=a.format, seq_len=a.seq_len, workers=a.workers,
         text_column=a.text_column, separator=a.separator, compression=a.compression, dtype=a.dtype, bos=a.bos,
         eos=a.eos, bad_docs=a.bad_docs, max_bad_fraction=a.max_bad_fraction, backend=a.backend,
-        num_shards=a.num_shards if a.num_shards is not None else _slurm_default("count", 1),
-        shard_index=a.shard_index if a.shard_index is not None else _slurm_default("index", 0),
+        num_shards=a.num_shards if a.num_shards is not None else _slurm_default("count", default("num_shards")),
+        shard_index=a.shard_index if a.shard_index is not None else _slurm_default("index", default("shard_index")),
         part_mb=a.part_mb, batch_mb=a.batch_mb, overwrite=a.overwrite, progress=not a.no_progress)
 
 

@@ -1,11 +1,11 @@
 """`pretok merge`: join shard outputs (one per `--shard-index`) into one dataset with one manifest.
 
-Shards must agree on everything that defines the data (format, tokenizer, dtype, policy, compression, inputs)
-and together cover every unit exactly once. The merged files are byte-identical to an unsharded run. Every shard
-file is checked against the checksum its manifest records while it is copied (hashed as its bytes stream
-through, not re-read), so a damaged shard is refused, not merged under a fresh checksum. The output holds its
-lock (beside it) for the whole merge; it may not be, lie inside or contain one of the shards; an interrupted
-merge (no manifest.json) is started over by rerunning the same command.
+Shards must agree on everything that defines the data (format, tokenizer, dtype, policy, compression, inputs;
+`seq_len` only for padded) and together cover every unit exactly once. The merged files are byte-identical to
+an unsharded run. Every shard file is checked against the checksum its manifest records while it is copied
+(hashed as its bytes stream through, not re-read), so a damaged shard is refused, not merged under a fresh
+checksum. The output holds its lock (beside it) for the whole merge; it may not be, lie inside or contain one of
+the shards; an interrupted merge (no manifest.json) is started over by rerunning the same command.
 """
 
 from __future__ import annotations
@@ -68,9 +68,13 @@ def _check_output(out: Path, shard_dirs: list[Path]) -> None:
 def _check_agreement(shards: list[tuple[Path, dict]]) -> None:
     ref_dir, ref = shards[0]
     for d, m in shards[1:]:
-        for k in AGREE:
+        for k in AGREE:  # policies as read_manifest gives them: seq_len only where it defines the bytes (padded)
             if m[k] != ref[k]:
-                raise PretokError(f"{k} differs from shard {ref_dir} ({m[k]!r} vs {ref[k]!r}); cannot merge", d)
+                a, b = m[k], ref[k]
+                if isinstance(a, dict) and isinstance(b, dict):
+                    f = next(f for f in sorted(set(a) | set(b)) if a.get(f) != b.get(f))
+                    k, a, b = f"{k}.{f}", a.get(f), b.get(f)
+                raise PretokError(f"{k} differs from shard {ref_dir} ({a!r} vs {b!r}); cannot merge", d)
         if m["tokenizer"]["fingerprint"] != ref["tokenizer"]["fingerprint"]:
             raise PretokError(f"tokenizer fingerprint differs from shard {ref_dir}; cannot merge", d)
         strip = lambda inputs: [(i["path"], i["size"]) for i in inputs]  # noqa: E731

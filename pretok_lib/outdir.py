@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from .errors import PretokError, os_error
-from .formats.manifest import atomic_write_json
+from .formats.manifest import atomic_write_json, format_policy
 from .parts import STATE, part_name
 from .sources import Unit
 
@@ -95,6 +95,22 @@ def remove_output(out: Path) -> None:
     shutil.rmtree(aside)
 
 
+def config_differences(prev: dict, key: dict) -> list[str]:
+    """The fields in which a stored output key differs from a run's (`policy.seq_len`: the policy's own field).
+    A key of an earlier version that recorded `seq_len` for every format is read as `format_policy` states it."""
+    prev = dict(prev)
+    if isinstance(prev.get("policy"), dict):
+        prev["policy"] = format_policy(prev.get("format"), prev["policy"])
+    diff = []
+    for k in sorted(set(prev) | set(key)):
+        a, b = prev.get(k), key.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diff += [f"{k}.{f}" for f in sorted(set(a) | set(b)) if a.get(f) != b.get(f)]
+        elif a != b:
+            diff.append(k)
+    return diff
+
+
 def prepare_output(out: Path, key: dict, overwrite: bool) -> bool:
     """Create/validate the output dir, holding its lock; returns whether it is complete already. Refuses a
     different config (or a directory that is not a pretok output) unless `overwrite`."""
@@ -114,7 +130,7 @@ def prepare_output(out: Path, key: dict, overwrite: bool) -> bool:
                     prev = json.loads(old.read_text())
                 except ValueError:
                     raise PretokError("corrupt run state (not JSON); use --overwrite", old) from None
-                diff = sorted(k for k in set(prev) | set(key) if prev.get(k) != key.get(k))
+                diff = config_differences(prev, key)
                 if diff:
                     raise PretokError(f"holds output of a different config (differs in: {', '.join(diff)}); "
                                       "use --overwrite or another --out", out)

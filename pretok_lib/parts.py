@@ -6,7 +6,6 @@ Runs inside a worker process (or inline). Parquet parts are final data files; me
 
 from __future__ import annotations
 
-import resource
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -14,6 +13,7 @@ from typing import Callable
 import numpy as np
 import xxhash
 
+from . import memory
 from .errors import PretokError, os_error
 from .formats import memmap as mm
 from .formats import parquet as pqf
@@ -176,7 +176,7 @@ def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int],
         counts["tokens"] += t
         report(batch.text_bytes, n, t)
     result = writer.close()
-    peak_rss_mb = _peak_rss_mb()
+    peak_rss_mb = memory.peak_rss_mb()
     record = {"unit": asdict(unit), **counts, "skipped": skipped, "peak_rss_mb": round(peak_rss_mb, 1),
               "files": [result] if job.fmt != "memmap" else [], "part": part_name(unit.index)}
     if job.fmt == "memmap":
@@ -185,14 +185,3 @@ def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int],
     atomic_write_json(Path(job.out_dir) / STATE / "parts" / f"{part_name(unit.index)}.json", record,
                       fsync=job.fmt != "memmap")
     return record
-
-
-def _peak_rss_mb() -> float:
-    """This process's own peak RSS (VmHWM; ru_maxrss would include what a spawned child inherited)."""
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

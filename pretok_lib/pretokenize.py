@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -26,61 +24,23 @@ from . import __version__
 from .errors import PretokError, os_error
 from .formats import checksum
 from .formats import parquet as pqf
-from .formats.manifest import FORMAT_VERSIONS, environment, write_manifest
+from .formats.manifest import FORMAT_VERSIONS, environment, format_policy, write_manifest
 from .input_checks import check_skipped
 from .memmap_append import MemmapAppender
 from .outdir import committed_parts, output_lock, prepare_output, remove_output, resolve_output  # noqa: F401
 from .parts import PART_HASH_KEY, STATE, Job, part_files_intact
 from .progress import Progress
 from .sources import SourceOptions, Unit, estimate_text_bytes, expand_inputs, plan_units, sample_texts, shard_units
+from .tokenize_config import FORMATS, TokenizeConfig  # noqa: F401  (the engine's API)
 from .tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
 from .workers import Stopped, Workers
 
-FORMATS = ("padded", "token-list", "memmap")
 MEMMAP_PREFIX = "data"
 
 
-@dataclass
-class TokenizeConfig:
-    """Everything `pretok tokenize` takes; the fields in `output_key` determine the output bytes."""
-
-    inputs: list[str]
-    out: str
-    tokenizer: str
-    format: str = "memmap"
-    seq_len: int = 2048
-    workers: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
-    text_column: str = "text"
-    separator: str | None = None
-    compression: str = "zstd:3"
-    dtype: str = "auto"
-    bos: str = "auto"  # auto (if the tokenizer has one) | yes | no
-    eos: str = "no"
-    bad_docs: str = "skip"
-    max_bad_fraction: float = 0.1  # not in the output key: a rerun with another threshold resumes
-    backend: str | None = None
-    num_shards: int = 1
-    shard_index: int = 0
-    part_mb: float | None = None  # None: auto from the total input size (see `part_bytes`)
-    batch_mb: float = 1.0  # ~1 MB of text per encode call: faster than 4 MB (cache locality), less memory
-    overwrite: bool = False
-    progress: bool = True
-    command: list[str] = field(default_factory=lambda: list(sys.argv))
-
-    def part_bytes(self, text_bytes: int) -> int:
-        """Text bytes per part: as given, or about 1/32 of the input's text, clamped to [1 MB, 64 MB] — small
-        inputs still spread over the workers, large ones resume at 64 MB granularity. Depends on the inputs only."""
-        if self.part_mb is not None:
-            return max(1, int(self.part_mb * 1e6))
-        return int(min(64e6, max(1e6, text_bytes / 32)))
-
-    def source_options(self, text_bytes: int) -> SourceOptions:
-        return SourceOptions(self.text_column, self.separator, self.bad_docs,
-                             self.part_bytes(text_bytes), int(self.batch_mb * 1e6))
-
-
 def resolve_policy(info: TokenizerInfo, cfg: TokenizeConfig) -> dict:
-    """The explicit BOS/EOS/padding/dtype policy recorded in the manifest."""
+    """The explicit BOS/EOS/padding/dtype policy recorded in the manifest and the output key; `seq_len` and
+    `row_length` only for `padded`, the one format whose bytes depend on them."""
     def pick(flag: str, tok_id: int | None, name: str) -> int | None:
         if flag == "no":
             return None
@@ -97,9 +57,10 @@ def resolve_policy(info: TokenizerInfo, cfg: TokenizeConfig) -> dict:
         raise PretokError(f"--dtype uint16 cannot hold the ids of {info.spec} (vocab {info.vocab_size} > 65536); "
                           "use --dtype int32 or auto")
     pad = info.pad_id if info.pad_id is not None else (info.eos_id if info.eos_id is not None else 0)
-    return {"bos_id": bos, "eos_id": eos, "pad_id": pad, "dtype": dtype, "seq_len": cfg.seq_len,
-            "row_length": cfg.seq_len + 1, "truncation": "right (padded format only)",
-            "special_tokens_in_text": "encoded as ordinary text", "bad_docs": cfg.bad_docs}
+    return format_policy(cfg.format, {
+        "bos_id": bos, "eos_id": eos, "pad_id": pad, "dtype": dtype, "seq_len": cfg.seq_len,
+        "row_length": cfg.seq_len + 1, "truncation": "right (padded format only)",
+        "special_tokens_in_text": "encoded as ordinary text", "bad_docs": cfg.bad_docs})
 
 
 # ---------------------------------------------------------------- one unit → one committed part (worker side)

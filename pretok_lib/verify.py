@@ -84,13 +84,13 @@ def inspect(out_dir: str | os.PathLike) -> dict:
 
 def format_inspect(report: dict) -> str:
     m, s = report["manifest"], report["stats"]
-    t, c = m["tokenizer"], m["counts"]
+    t, c, pol = m["tokenizer"], m["counts"], m["policy"]  # padded only: pad and seq_len (others store no padding)
     lines = [f"format      {m['format']} v{m['format_version']}  dtype {m['dtype']}"
              + (f"  compression {m['compression']}" if m["compression"] else ""),
              f"tokenizer   {t['spec']} ({t['kind']}, vocab {t['vocab_size']}, {t['fingerprint'][:19]}…, "
              f"backend {t['backend']['backend']})",
-             f"policy      bos={m['policy']['bos_id']} eos={m['policy']['eos_id']} pad={m['policy']['pad_id']} "
-             f"seq_len={m['policy']['seq_len']}",
+             f"policy      bos={pol['bos_id']} eos={pol['eos_id']}"
+             + (f" pad={pol['pad_id']} seq_len={pol['seq_len']}" if m["format"] == "padded" else ""),
              f"documents   {c['documents']:,}  tokens {c['tokens']:,}  skipped {c['skipped'] or 0}",
              f"doc tokens  mean {s['doc_tokens']['mean']:.1f}  p50 {s['doc_tokens']['p50']:.0f}  "
              f"p99 {s['doc_tokens']['p99']:.0f}  max {s['doc_tokens']['max']:,}",
@@ -178,7 +178,8 @@ def verify(out_dir: str | os.PathLike, sources: Sequence[str] | None = None, sam
     enc = make_encoder(info, backends_for(info)[-1])  # the reference implementation, not the fast one
     rng = random.Random(seed)
     picks = sorted(rng.sample(range(m["counts"]["documents"]), min(sample, m["counts"]["documents"])))
-    pol, L = m["policy"], m["policy"]["row_length"]
+    pol = m["policy"]
+    L = pol["row_length"] if m["format"] == "padded" else None  # other formats store whole documents
     for part in m["parts"]:
         a, b = part["first_document"], part["first_document"] + part["documents"]
         want = {i - a for i in picks if a <= i < b}
@@ -189,7 +190,7 @@ def verify(out_dir: str | os.PathLike, sources: Sequence[str] | None = None, sam
                 continue
             ids, offs = enc.encode_batch([text])
             ids, _ = add_special(ids, offs, pol["bos_id"], pol["eos_id"])
-            expect = ids[:L] if m["format"] == "padded" else ids
+            expect = ids[:L]
             rep.documents_checked += 1
             if np.array_equal(np.asarray(stored, dtype=np.int64), expect.astype(np.int64)):
                 rep.ids_equal += 1

@@ -136,8 +136,7 @@ def test_rerun_is_noop_and_other_config_refused(corpus, tmp_path):
     out = tmp_path / "o"
     m1 = tok(corpus, out)
     assert tok(corpus, out)["created"] == m1["created"]  # already complete
-    with pytest.raises(Exception, match="different config.*seq_len|policy"):
-        tok(corpus, out, seq_len=128)
+    assert tok(corpus, out, seq_len=128)["created"] == m1["created"]  # memmap bytes do not depend on --seq-len
     r = run_cli("tokenize", str(corpus), "--out", str(out), "--tokenizer", str(GPT2_JSON), "--eos", "yes",
                 "--no-progress", "--part-mb", "1")
     assert r.returncode != 0 and "different config" in r.stderr and len(r.stderr.strip().splitlines()) == 1

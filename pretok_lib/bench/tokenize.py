@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..errors import PretokError
+from ..memory import peak_rss_mb
 from . import fmt_num
 
 FORMATS = ("memmap", "token-list", "padded")
@@ -137,12 +138,6 @@ def in_child(fn: Callable[..., dict], *args: Any) -> dict:
         return ex.submit(fn, *args).result()
 
 
-def hwm_mb() -> float:
-    """This process's peak RSS in MB (VmHWM from /proc/self/status)."""
-    with open("/proc/self/status") as fh:
-        return round(next(int(x.split()[1]) for x in fh if x.startswith("VmHWM:")) / 1024, 1)
-
-
 class ChildRss:
     """Peak RSS of any single descendant process, sampled every `interval` seconds by a thread."""
 
@@ -207,7 +202,7 @@ def child_loop(prefix: str, tok_file: str, ref: dict | None) -> dict:
     texts = list(iter_docs(prefix))
     t0 = time.perf_counter()
     out = [np.array(tok(t, add_special_tokens=False)["input_ids"], np.uint32) for t in texts]
-    secs, rss = time.perf_counter() - t0, hwm_mb()
+    secs, rss = time.perf_counter() - t0, round(peak_rss_mb(), 1)
     off = np.concatenate([[0], np.cumsum([len(x) for x in out], dtype=np.int64)])
     ids = np.concatenate(out) if out else np.empty(0, np.uint32)
     return {"seconds": secs, "documents": len(texts), "tokens": int(off[-1]), "peak_rss_mb": rss,
@@ -234,7 +229,7 @@ def child_datasets(prefix: str, tok_file: str, workers: int, workdir: str, ref: 
     with ChildRss() as workers_rss:
         out = ds.map(fn, batched=True, num_proc=workers, remove_columns=ds.column_names, load_from_cache_file=False)
         out.save_to_disk(str(saved))
-    secs, main_rss = time.perf_counter() - t1, hwm_mb()
+    secs, main_rss = time.perf_counter() - t1, round(peak_rss_mb(), 1)
     col = datasets.load_from_disk(str(saved)).data.column("input_ids").combine_chunks()
     off = col.offsets.to_numpy().astype(np.int64)
     ids, off = col.flatten().to_numpy(), off - off[0]
@@ -283,7 +278,7 @@ def child_ceiling(corpus: str, tok_spec: str, backend: str, batch_bytes: int, re
     t0 = time.perf_counter()
     for b in mine:  # results are dropped as the engine's are: keeping them would time page faults, not encoding
         tokens += int(enc.encode_batch(b)[1][-1])
-    out = {"seconds": time.perf_counter() - t0, "peak_rss_mb": hwm_mb(), "tokens": tokens,
+    out = {"seconds": time.perf_counter() - t0, "peak_rss_mb": round(peak_rss_mb(), 1), "tokens": tokens,
            "documents": sum(len(b) for b in mine), "backend": backend}
     if n == 1 and ref is not None:  # untimed second pass: the same ids as the engine stored?
         results = [enc.encode_batch(b) for b in mine]

@@ -14,12 +14,23 @@ from pathlib import Path
 from ..errors import PretokError, os_error
 
 MANIFEST = "manifest.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # the version written; see docs/FORMATS.md "Manifest" for what each changed
+READABLE_MANIFEST_VERSIONS = (1, 2)  # 1: `policy` held seq_len/row_length for every format (ignored unless padded)
 FORMAT_VERSIONS = {"padded": 1, "token-list": 1, "memmap": 1}
+PADDED_ONLY_POLICY = ("seq_len", "row_length")  # the only policy fields the bytes of no other format depend on
 REQUIRED = ("manifest_version", "format", "format_version", "tokenizer", "dtype", "policy", "counts", "files",
             "inputs", "tool", "created", "command")
 PACKAGES = ("numpy", "pyarrow", "tokenizers", "fastokens", "tiktoken", "sentencepiece", "mistral-common",
             "transformers", "datasets", "torch")
+
+
+def format_policy(fmt: str | None, policy: dict) -> dict:
+    """The policy fields that define `fmt`'s bytes: `seq_len`/`row_length` only for `padded` (token-list and
+    memmap never cut or pad a document). Applied when a policy is made and when one is read, so an output of an
+    earlier version that recorded them for every format compares, merges and prints as a current one."""
+    if fmt == "padded":
+        return dict(policy)
+    return {k: v for k, v in policy.items() if k not in PADDED_ONLY_POLICY}
 
 
 def _canonical(data: dict) -> bytes:
@@ -60,7 +71,9 @@ def write_manifest(out_dir: str | os.PathLike, data: dict) -> Path:
 
 
 def read_manifest(out_dir: str | os.PathLike, expect_format: str | None = None) -> dict:
-    """Read and validate a manifest: parses, self-checksum matches (no hand edits), known versions, sizes match."""
+    """Read and validate a manifest: parses, self-checksum matches (no hand edits), known versions, sizes match.
+    Its `policy` is returned as `format_policy` states it (fields another format's bytes do not depend on are
+    left out), whatever manifest version recorded it."""
     path = Path(out_dir) / MANIFEST
     if not path.exists():
         raise PretokError("no manifest.json (not a finished pretok output: interrupted run? rerun the same command)",
@@ -75,14 +88,17 @@ def read_manifest(out_dir: str | os.PathLike, expect_format: str | None = None) 
     body = {k: v for k, v in data.items() if k != "manifest_sha256"}
     if data.get("manifest_sha256") != "sha256:" + hashlib.sha256(_canonical(body)).hexdigest():
         raise PretokError("manifest_sha256 does not match its content (edited or corrupted)", path)
-    if data["manifest_version"] != MANIFEST_VERSION:
+    if data["manifest_version"] not in READABLE_MANIFEST_VERSIONS:
         raise PretokError(f"unsupported manifest_version {data['manifest_version']}", path)
     fmt = data["format"]
     if FORMAT_VERSIONS.get(fmt) != data["format_version"]:
         raise PretokError(f"unsupported format {fmt} version {data['format_version']}", path)
     if expect_format and fmt != expect_format:
         raise PretokError(f"holds format '{fmt}', expected '{expect_format}'", path)
+    if not isinstance(data["policy"], dict):
+        raise PretokError("policy is not an object", path)
     check_sizes(out_dir, data)
+    data["policy"] = format_policy(fmt, data["policy"])
     return data
 
 

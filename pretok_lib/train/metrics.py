@@ -9,22 +9,14 @@ from pathlib import Path
 import torch
 
 from ..formats.manifest import atomic_write_text
+from ..memory import peak_rss_mb
 
 
 def peak_memory_mb(device: torch.device) -> float:
     """Peak accelerator memory allocated (CUDA) or this process's peak RSS (CPU), in MB."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_mb()
 
 
 def read_records(path: Path) -> list[dict]:

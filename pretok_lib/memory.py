@@ -1,0 +1,18 @@
+"""This process's peak resident memory: one reader for the engine's workers, training and the benchmarks."""
+
+from __future__ import annotations
+
+import resource
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak RSS in MB: VmHWM of /proc/self/status (ru_maxrss, the fallback where /proc is not
+    readable, counts what a spawned child inherited from its parent before exec)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
