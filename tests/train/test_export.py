@@ -63,7 +63,17 @@ def load(directory: Path):
 
 
 def val_loss(model, val: Path, micro_batch: int, world: int, batches: int) -> float:
-    """The trainer's evaluate(): the first `batches` micro-batches of every rank's shard, summed per rank."""
+    """The trainer's evaluate(): the first `batches` micro-batches of every rank's shard, summed per rank, on one
+    thread like the run's ranks (run_cli: OMP_NUM_THREADS=1)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _val_loss(model, val, micro_batch, world, batches)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _val_loss(model, val: Path, micro_batch: int, world: int, batches: int) -> float:
     total = torch.zeros(2, dtype=torch.float64)
     for rank in range(world):
         part = torch.zeros(2, dtype=torch.float64)
@@ -98,7 +108,7 @@ def test_exported_model_reproduces_the_last_validation_loss(runs, train_data, na
     model = load(runs / name / "hf")
     assert next(model.parameters()).dtype == torch.float32
     got = val_loss(model, train_data.val, micro_batch, world, EVAL["eval.batches"])
-    assert got == pytest.approx(last["val_loss"], rel=1e-6, abs=0)
+    assert got == last["val_loss"]       # bit-exact: the same weights, batches, kernels and summation order
 
 
 def test_exported_model_generates(runs):
