@@ -212,13 +212,30 @@ def _tokenizer(run_dir: Path, cfg: Config, tmp: Path, warn) -> tuple[dict, objec
 
 
 def _replace(tmp: Path, out: Path) -> None:
-    """Rename `tmp` to `out`; an existing `out` is moved aside first and removed after."""
-    old = out.parent / f".old-{out.name}-{os.getpid()}"
-    if out.exists():
+    """Rename `tmp` to `out`. An existing `out` is swapped with `tmp` in one step (renameat2 RENAME_EXCHANGE)
+    and then removed; where the file system cannot swap, it is renamed aside first (a kill between the two
+    renames leaves it as .old-<name>-<pid>)."""
+    if out.exists() and not _exchange(tmp, out):
+        old = out.parent / f".old-{out.name}-{os.getpid()}"
         os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    elif not out.exists():
+        os.replace(tmp, out)
+    shutil.rmtree(tmp, ignore_errors=True)      # the previous export, after a swap
     checkpoint._fsync_dir(out.parent)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where that is not available."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
 def record_in_run_json(run_dir: Path, result: dict) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file
 
 from pretok_lib.data import make_dataset, make_loader
@@ -235,9 +236,10 @@ def small_run(tmp_path_factory) -> Path:
     """A run on a 512-token tokenizer: its export (~0.7 MB) fits a small tmpfs."""
     base = tmp_path_factory.mktemp("small-run")
     memmap, tok = tiny_memmap(base)
-    run_cli([f"run.dir={base}", "run.id=s", f"data.path={memmap}", f"data.seq_len={SEQ}", "data.micro_batch=4",
-             "train.steps=2", "train.precision=fp32", "model.hidden_size=64", "log.tensorboard=false",
-             "checkpoint.every=0"])
+    args = ["run.id=s", f"data.path={memmap}", f"data.seq_len={SEQ}", "data.micro_batch=4", "train.steps=2",
+            "train.precision=fp32", "model.hidden_size=64", "log.tensorboard=false", "checkpoint.every=0"]
+    (base / "args.txt").write_text("\n".join(args))
+    run_cli([f"run.dir={base}", *args])
     return base / "s"
 
 
@@ -255,3 +257,57 @@ def test_a_full_disk_keeps_the_previous_export_and_leaves_no_temp(small_run, tmp
         assert [q.name for q in mnt.iterdir()] == ["hf"]
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+def _pages(path: Path) -> int:
+    return sum(-(-p.stat().st_size // 4096) for p in path.rglob("*") if p.is_file())
+
+
+def test_a_full_disk_during_the_end_of_run_export_fails_the_run_and_a_rerun_exports(small_run, tmp_path, capsys):
+    """Room for the run but not its export: exit 1 naming the file, run.json failed, no partial export; with
+    room again the same command resumes at the last step and exports."""
+    from pretok_lib.cli import main
+
+    args = (small_run.parent / "args.txt").read_text().split("\n")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    run_pages = _pages(small_run) - _pages(small_run / "hf")
+    size = (run_pages + _pages(small_run / "hf") // 2 + 2) * 4096
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                 # as the subprocess that trained small_run: the same weights
+    try:
+        capsys.readouterr()
+        assert main(["train", *args, f"run.dir={mnt}"]) == 1
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if "error:" in line]
+        assert len(errors) == 1 and "No space left on device" in errors[0] and "Traceback" not in err, err
+        info = json.loads((mnt / "s" / "run.json").read_text())
+        assert info["status"] == "failed" and "No space left on device" in info["error"]
+        assert not (mnt / "s" / "hf").exists() and not [p for p in (mnt / "s").iterdir() if p.name.startswith(".")]
+        subprocess.run(["mount", "-o", "remount,size=64m", str(mnt)], check=True)
+        assert main(["train", *args, f"run.dir={mnt}"]) == 0
+        info = json.loads((mnt / "s" / "run.json").read_text())
+        assert info["status"] == "completed" and info["export"]["step"] == 2
+        want = load_file(small_run / "hf" / "model.safetensors")
+        got = load_bytes((mnt / "s" / "hf" / "model.safetensors").read_bytes())     # not mmapped: the tmpfs unmounts
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    finally:
+        torch.set_num_threads(threads)
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.parametrize("swap", [True, False], ids=["renameat2-exchange", "two-renames"])
+def test_replacing_a_previous_export_leaves_only_the_new_one(swap, tmp_path, monkeypatch):
+    from pretok_lib.train import export as ex
+
+    if not swap:
+        monkeypatch.setattr(ex, "_exchange", lambda a, b: False)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "old.txt").write_text("old")
+    (tmp_path / ".tmp-hf-1").mkdir()
+    (tmp_path / ".tmp-hf-1" / "new.txt").write_text("new")
+    ex._replace(tmp_path / ".tmp-hf-1", tmp_path / "hf")
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"] and [p.name for p in (tmp_path / "hf").iterdir()] == ["new.txt"]
+    ex._replace(tmp_path / "hf", tmp_path / "fresh")             # no previous one
+    assert [p.name for p in tmp_path.iterdir()] == ["fresh"]
