@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -14,14 +16,28 @@ from pretok_lib.train import hf_tokenizer
 from ..conftest import CL100K_TIKTOKEN, GPT2_JSON, MISTRAL_SP, R50K_TIKTOKEN, TEKKEN, WIKI_EN, WIKI_FR
 
 
-@pytest.mark.parametrize("spec", [GPT2_JSON, R50K_TIKTOKEN, CL100K_TIKTOKEN, MISTRAL_SP, TEKKEN],
-                         ids=lambda p: p.name)
+def _hf_auto_dir(directory: Path) -> Path:
+    """A transformers directory without tokenizer.json (kind hf-auto): GPT-2's vocab.json + merges.txt."""
+    directory.mkdir()
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(GPT2_JSON.parent / name, directory / name)
+    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GPT2Tokenizer"}))
+    return directory
+
+
+@pytest.mark.parametrize("spec", [GPT2_JSON, R50K_TIKTOKEN, CL100K_TIKTOKEN, MISTRAL_SP, TEKKEN, "hf-auto"],
+                         ids=lambda p: getattr(p, "name", p))
 def test_autotokenizer_loads_every_kind_with_the_reference_ids(spec, tmp_path, shared_data):
     from transformers import AutoTokenizer
 
-    info = load_tokenizer(spec)
-    hf_tokenizer.save(info, tmp_path)
-    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    info = load_tokenizer(_hf_auto_dir(tmp_path / "auto") if spec == "hf-auto" else spec)
+    kinds = {GPT2_JSON: "hf-json", R50K_TIKTOKEN: "tiktoken", CL100K_TIKTOKEN: "tiktoken",
+             MISTRAL_SP: "sentencepiece", TEKKEN: "tekken", "hf-auto": "hf-auto"}
+    assert info.kind == kinds[spec]
+    out = tmp_path / "out"
+    out.mkdir()
+    hf_tokenizer.save(info, out)
+    tok = AutoTokenizer.from_pretrained(str(out))
     ref = make_encoder(info, backends_for(info)[-1])
     texts = [v["extract"] for w in (WIKI_EN, WIKI_FR) for v in list(json.loads(w.read_text()).values())[:20]]
     got = tok(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
