@@ -124,7 +124,7 @@ def test_exported_model_generates(runs):
 
 
 def test_two_rank_export_equals_one_rank_export(runs):
-    one, two = load_file(runs / "one" / "hf" / "model.safetensors"), load_file(runs / "two" / "hf" / "model.safetensors")
+    one, two = (load_file(runs / name / "hf" / "model.safetensors") for name in ("one", "two"))
     assert one.keys() == two.keys() and len(one) > 10
     for key in one:
         assert one[key].dtype == two[key].dtype == torch.float32 and one[key].shape == two[key].shape
@@ -308,6 +308,7 @@ def test_replacing_a_previous_export_leaves_only_the_new_one(swap, tmp_path, mon
     (tmp_path / ".tmp-hf-1").mkdir()
     (tmp_path / ".tmp-hf-1" / "new.txt").write_text("new")
     ex._replace(tmp_path / ".tmp-hf-1", tmp_path / "hf")
-    assert [p.name for p in tmp_path.iterdir()] == ["hf"] and [p.name for p in (tmp_path / "hf").iterdir()] == ["new.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]
+    assert [p.name for p in (tmp_path / "hf").iterdir()] == ["new.txt"]
     ex._replace(tmp_path / "hf", tmp_path / "fresh")             # no previous one
     assert [p.name for p in tmp_path.iterdir()] == ["fresh"]
