@@ -312,3 +312,21 @@ def test_replacing_a_previous_export_leaves_only_the_new_one(swap, tmp_path, mon
     assert [p.name for p in (tmp_path / "hf").iterdir()] == ["new.txt"]
     ex._replace(tmp_path / "hf", tmp_path / "fresh")             # no previous one
     assert [p.name for p in tmp_path.iterdir()] == ["fresh"]
+
+
+@pytest.mark.parametrize("source", ["config", "manifest"])
+def test_a_run_from_before_run_json_named_its_tokenizer_finds_it(source, runs, tmp_path, capsys):
+    """Older run.json has no `tokenizer`: the config's data.tokenizer, else the pretokenized data's manifest."""
+    import yaml
+
+    run = _copy_run(runs, tmp_path)
+    info = json.loads((run / "run.json").read_text())
+    del info["tokenizer"]
+    (run / "run.json").write_text(json.dumps(info))
+    if source == "manifest":
+        cfg = yaml.safe_load((run / "config.yaml").read_text())
+        cfg["data"]["tokenizer"] = None
+        (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    rc, stdout, stderr = export(capsys, str(run))
+    assert rc == 0 and "model and tokenizer" in stdout and "warning" not in stderr, stderr
+    assert (run / "hf" / "tokenizer.json").read_bytes() == (runs / "one" / "hf" / "tokenizer.json").read_bytes()
