@@ -164,6 +164,16 @@ def cmd_train(args) -> int:
     return run_from_args(args)
 
 
+def cmd_export(a: argparse.Namespace) -> None:
+    from .train.export import export_run
+
+    res = export_run(a.run_dir, out=a.out, step=a.step, overwrite=a.overwrite)
+    where = Path(a.run_dir) / res["path"] if not Path(res["path"]).is_absolute() else Path(res["path"])
+    tok = "model and tokenizer" if res["tokenizer"]["exported"] else "model only (no tokenizer)"
+    print(f"{where}: step {res['step']} of {res['run_id']} exported, {tok}; "
+          f"AutoModelForCausalLM.from_pretrained('{where}') loads it")
+
+
 def cmd_sweep(a: argparse.Namespace) -> None:
     from .run_record import run_status
     from .sweep import Grid, command, parse_axis, run_sweep
@@ -222,10 +232,12 @@ in DDP training, and measure whether the data path is the bottleneck.
   pretok tokenize INPUTS --out DIR --tokenizer T --format memmap   # corpus -> dataset (+ manifest.json)
   pretok train --config configs/tiny.yaml                          # train on one data path (torchrun for DDP)
   pretok study --profile quick --out runs/study-quick              # the whole study: notebooks 01-05 + report
+  pretok export runs/<id> --out DIR                                # a run as a transformers model directory
 
 Every subcommand has --help; the README and docs/ hold the contracts."""
 
-SUBCOMMANDS_LIGHT = ("corpus", "tokenize", "merge", "inspect", "verify", "demo", "sweep", "study", "gpu-check")
+SUBCOMMANDS_LIGHT = ("corpus", "tokenize", "merge", "inspect", "verify", "demo", "sweep", "study", "gpu-check",
+                     "export")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -273,6 +285,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
         add_train_args(p)
     p.set_defaults(fn=cmd_train)
+    p = sub.add_parser("export", help="a run's checkpoint as a transformers model directory (config + safetensors "
+                       "+ tokenizer) that AutoModelForCausalLM / AutoTokenizer load offline; see docs/RUNS.md")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a `pretok train` run directory (runs/<id>)")
+    p.add_argument("--out", default=None, help="output directory (default: RUN_DIR/hf)")
+    p.add_argument("--step", type=int, default=None, help="the checkpoint of this step (default: the newest)")
+    p.add_argument("--overwrite", action="store_true", help="replace an --out that is not a previous export")
+    p.set_defaults(fn=cmd_export)
     p = sub.add_parser("sweep", help="a grid of training runs, one process (or SLURM job) per point, resumable")
     p.add_argument("--config", required=True, help="training config YAML (e.g. configs/tiny.yaml)")
     p.add_argument("--grid", default=None, help="YAML with axes / base / linked / prefix")

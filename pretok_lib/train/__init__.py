@@ -2,6 +2,7 @@
 
     pretok train --config configs/tiny.yaml train.steps=100
     torchrun --nproc_per_node 2 -m pretok_lib.train --config configs/tiny.yaml
+    pretok export runs/<id> [--out DIR]      # transformers model dir (a completed run writes runs/<id>/hf itself)
 """
 
 from .config import Config, load_config

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -62,6 +63,18 @@ class StopFlag:
     def restore(self) -> None:
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+
+
+def tokenizer_record(source, spec: str | None = None) -> dict:
+    """The spec (`spec`, the config's data.tokenizer, when given: checked against the data), kind and
+    fingerprint of the tokenizer a data source was made with, for run.json and export.py; a spec that is a
+    path is made absolute."""
+    info = getattr(source, "info", None)
+    tok = info.to_dict() if info is not None else source.m["tokenizer"]
+    spec = spec or tok.get("spec")
+    if spec and os.path.exists(spec):
+        spec = os.path.abspath(spec)
+    return {"spec": spec, "kind": tok.get("kind"), "fingerprint": tok.get("fingerprint")}
 
 
 def source_tokenizer(source) -> tuple[int, str]:
@@ -173,7 +186,7 @@ class Trainer:
                 "flops_per_token": self.flops_per_token, "peak_flops": self.peak, "peak_source": self.peak_source,
                 "precision": self.precision.used, "precision_requested": self.precision.requested,
                 "precision_reason": self.precision.reason,
-                "resumed_from_step": self.resumed_from}
+                "resumed_from_step": self.resumed_from, "tokenizer": tokenizer_record(self.dataset.source, self.cfg.data.tokenizer)}
 
     def _val_dataset(self, fingerprint: str):
         """The held-out split, sharded like the training data; refused if another tokenizer made it."""

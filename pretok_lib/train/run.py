@@ -173,8 +173,16 @@ def train(cfg: Config) -> int:
                                     cfg.train.target_loss, settings)
                 with names_path(run_dir / "summary.json"):
                     atomic_write_json(run_dir / "summary.json", {"status": "completed", **summary})
+            info = _run_info(run_id, d, status, started, trainer=trainer)
+            if status == "completed" and cfg.checkpoint.export:
+                from .export import export_run
+
+                info["export"] = export_run(run_dir, step=trainer.progress.step, overwrite=True,
+                                            warn=lambda msg: _log(msg), record=False)
+                _log(f"exported {run_dir / info['export']['path']} (transformers: AutoModelForCausalLM, "
+                     f"AutoTokenizer)")
             with names_path(run_dir / "run.json"):
-                atomic_write_json(run_dir / "run.json", _run_info(run_id, d, status, started, trainer=trainer))
+                atomic_write_json(run_dir / "run.json", info)
             _log(f"{status}: {run_dir}")
         code = 0 if status == "completed" else EXIT_INTERRUPTED
     except BaseException as e:
