@@ -1,15 +1,16 @@
 """Which source each sample of a weighted mixture comes from: Megatron-LM's greedy blending, made periodic.
 
-The rule (Megatron's `build_blending_indices`, docs/MIXTURES.md): sample n of the mixture stream goes to the
+The rule (Megatron-LM's `build_blending_indices`, docs/MIXTURES.md): sample n of the mixture stream goes to the
 source j that lags most behind its share of the first n + 1 samples, argmax_j(w_j·(n+1) - c_j(n)) with c_j(n) the
-samples source j got among the first n (ties to the lowest j). No source is ever a whole sample ahead of its
-share: c_j(n) - w_j·n < 1 for every j and every prefix n (its key was > 0 when picked, as the keys sum to 1).
+samples source j got among the first n (ties to the lowest j; Megatron uses w_j·max(n, 1), one sample behind).
+No source is ever a whole sample ahead of its share: c_j(n) - w_j·n < 1 for every j and every prefix n (its key
+was > 0 when picked, as the keys sum to 1).
 
 The weights are made rational first, p_j / Q with integer p_j summing to Q ≤ 2^16: exactly as written when
 their decimal fractions allow it (0.3/0.7 → 3/10, 7/10), else rounded to multiples of 2^-16 (largest
-remainder). Then the greedy sequence is periodic with period Q: after Q samples every deficit w_j·Q - c_j(Q)
-is an integer in (-1, ...] summing to 0, so all are 0 and the state is the initial one. One period is computed
-once (a pure-Python loop of Q·k steps: ~0.1 s at Q = 65536, see `Blend`), and any sample's (source, rank
+remainder). Then the greedy sequence is periodic with period Q: after Q samples every deficit p_j - c_j(Q) is an
+integer > -1 (no source a sample ahead) and they sum to 0, so all are 0 and the state is the initial one. One
+period is computed once (a pure-Python loop of Q·k steps: ~0.15 s at Q = 65536), and any sample's (source, rank
 within the source) is then O(1) arithmetic: the position a resume restarts from costs nothing to reach.
 """
 

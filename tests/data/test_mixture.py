@@ -242,3 +242,47 @@ def test_mismatched_tokenizer_or_format_family_is_one_line_naming_the_manifest(w
     assert "attention_mask" in batch and len(batch["origin"]) == 4
     with pytest.raises(PretokError, match="weight"):
         open_mixture([(wiki.dirs["pretok-memmap"], 1), (pydocs.dirs["pretok-memmap"], 0)], SEQ)
+
+
+class _Numbered:
+    """A stand-in source of `n` samples whose sample (epoch, i) is the tokens [id, epoch, i]."""
+
+    window, seed, shuffle, m = 3, 0, True, {"manifest_sha256": None}
+
+    def __init__(self, ident: int, n: int):
+        self.ident, self.num_samples = ident, n
+
+    def sample(self, epoch: int, i: int):
+        from pretok_lib.data.packing import Sample
+
+        assert 0 <= i < self.num_samples
+        return Sample(np.array([self.ident, epoch, i]))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(1, 40), st.floats(0.05, 5)), min_size=1, max_size=5),
+       st.sampled_from(["epoch", "stop"]))
+def test_any_sizes_and_weights_each_dataset_in_its_own_order(data, exhausted):
+    sources = [_Numbered(j, n) for j, (n, _) in enumerate(data)]
+    mix = MixtureSource(sources, [w for _, w in data], exhausted)
+    blend = Blend([w for _, w in data])
+    for e in range(3):
+        got = [mix.sample(e, k) for k in range(mix.num_samples)]
+        counts = [0] * len(sources)
+        for s in got:
+            ident, ep, i = s.tokens.tolist()
+            assert s.origin == ident
+            if exhausted == "stop":  # each dataset from its start in epoch e; none past its end
+                assert (ep, i) == (e, counts[ident])
+            else:  # its g-th sample overall: epoch g // n, index g % n
+                g = blend.counts(e * mix.num_samples)[ident] + counts[ident]
+                assert (ep, i) == divmod(g, sources[ident].num_samples)
+            counts[ident] += 1
+        start = 0 if exhausted == "stop" else e * mix.num_samples  # epoch: the stream goes on
+        assert counts == [b - a for a, b in zip(blend.counts(start), blend.counts(start + mix.num_samples))]
+    if exhausted == "stop":  # the epoch ends exactly where the next sample would need one a dataset lacks
+        nxt, _ = blend.locate(mix.num_samples)
+        assert counts[nxt] == sources[nxt].num_samples
+        assert all(c <= s.num_samples for c, s in zip(counts, sources))
+    else:
+        assert mix.num_samples == sum(s.num_samples for s in sources)
