@@ -7,8 +7,9 @@
 from .metrics import (RunMetrics, all_metrics, isolated_tokenization_speedups, path_speedups, precision_groups,
                       rows_to_text, run_metrics, scaling_efficiency, storage_rows, summary_table, time_to_target,
                       tokenization_speedups)
+from .mixture import mixture_figure, mixture_rows
 from .runs import Records, Run, config_signature, load_run, load_runs
 
 __all__ = ["Records", "Run", "RunMetrics", "all_metrics", "config_signature", "isolated_tokenization_speedups",
-           "load_run", "load_runs", "path_speedups", "precision_groups", "rows_to_text", "run_metrics",
+           "load_run", "load_runs", "mixture_figure", "mixture_rows", "path_speedups", "precision_groups", "rows_to_text", "run_metrics",
            "scaling_efficiency", "storage_rows", "summary_table", "time_to_target", "tokenization_speedups"]

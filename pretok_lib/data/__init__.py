@@ -3,6 +3,9 @@
     ds = make_dataset("pretok-memmap", "runs/demo/memmap", seq_len=1024, micro_batch=8, seed=0)
     loader = make_loader(ds, num_workers=2)
     for batch in loader: ...                      # input_ids, labels, counts; loader.state_dict() to resume
+
+A weighted mixture of pretokenized datasets is one more source (`open_mixture`, docs/MIXTURES.md):
+    ds = ShardedBatches(open_mixture([("runs/code/memmap", 0.3), ("runs/web/memmap", 0.7)], 1024), 8)
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from ..datapaths import KINDS, ON_THE_FLY
 from ..errors import PretokError
 from .baselines import PaddedText, PaddingFreeStream
 from .loader import ShardedBatches, StatefulLoader, dist_rank_world
+from .mixture import MixtureSource, open_mixture
 from .pretokenized import MemmapPacked, PaddedRows, TokenListPacked
 
 
@@ -56,4 +60,4 @@ def make_loader(dataset: ShardedBatches, num_workers: int = 0, pin_memory: bool 
 
 
 __all__ = ["KINDS", "make_source", "make_dataset", "make_loader", "ShardedBatches", "StatefulLoader",
-           "dist_rank_world"]
+           "dist_rank_world", "MixtureSource", "open_mixture"]

@@ -19,7 +19,7 @@ def collate(samples: Sequence[Sample], doc_aware: bool = False) -> dict:
     first token of a new document is ignored (the model is not asked to predict across a document boundary).
     With `doc_aware`, `position_ids` restart at 0 at every document start and `doc_lens` lists the pieces.
     Counts: `tokens` (input slots), `padding_tokens`, `masked_tokens` (crossings), `effective_tokens` (labels
-    that count)."""
+    that count). Samples of a mixture add `origin`: each row's dataset index (a tensor)."""
     tokens = np.stack([s.tokens for s in samples]).astype(np.int64, copy=False)
     inputs, labels = tokens[:, :-1], tokens[:, 1:].copy()
     L = inputs.shape[1]
@@ -45,6 +45,8 @@ def collate(samples: Sequence[Sample], doc_aware: bool = False) -> dict:
             pos[i] = idx - base
         out["position_ids"] = torch.from_numpy(pos)
         out["doc_lens"] = [s.doc_lens.tolist() for s in samples]
+    if samples[0].origin is not None:
+        out["origin"] = torch.tensor([s.origin for s in samples], dtype=torch.int64)
     out.update(input_ids=torch.from_numpy(np.ascontiguousarray(inputs)), labels=torch.from_numpy(labels),
                tokens=int(inputs.size), padding_tokens=padding, masked_tokens=masked,
                effective_tokens=int((labels != IGNORE).sum()))

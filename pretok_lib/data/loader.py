@@ -106,8 +106,9 @@ class StatefulLoader:
 
     def _identity(self) -> dict:
         src = self.dataset.source
+        extra = getattr(src, "order_identity", None)  # a mixture: its datasets, weights and policy
         return {"source": type(src).__name__, "window": src.window, "seed": src.seed, "shuffle": src.shuffle,
-                "num_samples": getattr(src, "num_samples", None)}
+                "num_samples": getattr(src, "num_samples", None), **(extra() if extra else {})}
 
     def state_dict(self) -> dict:
         """The position, and what it is a position in (checked on load; the global batch may change)."""

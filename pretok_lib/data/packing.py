@@ -19,12 +19,14 @@ _NO_STARTS = np.zeros(0, dtype=np.int64)
 @dataclass
 class Sample:
     """One training row: `tokens` (W ids); `mask` (W bools, padded rows only); `starts`: positions > 0 where a
-    new document begins (packed rows only); `doc_lens`: lengths of the document pieces in the row (packed)."""
+    new document begins (packed rows only); `doc_lens`: lengths of the document pieces in the row (packed);
+    `origin`: the dataset of a mixture it came from (mixtures only)."""
 
     tokens: np.ndarray
     mask: np.ndarray | None = None
     starts: np.ndarray | None = None
     doc_lens: np.ndarray | None = None
+    origin: int | None = None
 
 
 class PackedIndex:

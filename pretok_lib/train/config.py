@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from ..datapaths import global_batch
+from ..datapaths import ON_THE_FLY, global_batch
 from ..errors import PretokError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -41,6 +42,13 @@ class ModelConfig:
 
 
 @dataclass
+class MixtureEntry:
+    """One dataset of `data.mixture` (docs/MIXTURES.md): a `pretok tokenize` output dir and its weight."""
+    path: str = ""
+    weight: float | None = None     # relative: the weights need not sum to 1
+
+
+@dataclass
 class DataConfig:
     kind: str = "pretok-memmap"     # one of pretok_lib.data.KINDS
     path: str | list[str] = ""      # a `pretok tokenize` output dir, or text inputs for the on-the-fly baselines
@@ -51,6 +59,8 @@ class DataConfig:
     shuffle: bool = True
     text_column: str = "text"
     verify_on_open: bool = False    # pretokenized data: check files against manifest checksums at open
+    mixture: list[MixtureEntry] = field(default_factory=list)  # instead of path: weighted pretokenized datasets
+    mixture_exhausted: str = "epoch"   # a mixture's dataset that runs out: epoch (wraps it) | stop (ends the epoch)
 
 
 @dataclass
@@ -139,6 +149,10 @@ def _check_value(where: str, value, tp, source: str):
             except PretokError as e:
                 errors.append(e)
         raise errors[0]
+    if dataclasses.is_dataclass(tp):
+        obj = tp()
+        _merge(obj, value, where, source)
+        return obj
     if origin is list:
         (item,) = typing.get_args(tp)
         if not isinstance(value, list):
@@ -211,7 +225,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
 
 def validate(cfg: Config, source: str = "config") -> None:
     """Cross-field checks a type check cannot do."""
-    from ..datapaths import KINDS, ON_THE_FLY
+    from ..datapaths import KINDS
 
     def bad(msg: str):
         raise PretokError(msg, source)
@@ -219,7 +233,9 @@ def validate(cfg: Config, source: str = "config") -> None:
     check_limits(cfg, source)
     if cfg.data.kind not in KINDS:
         bad(f"data.kind '{cfg.data.kind}' is not one of {', '.join(KINDS)}")
-    if not cfg.data.path:
+    if cfg.data.mixture:
+        validate_mixture(cfg, bad)
+    elif not cfg.data.path:
         bad("data.path is empty: give a `pretok tokenize` output dir (or text inputs for the baselines)")
     if cfg.data.kind in ON_THE_FLY and not cfg.data.tokenizer:
         bad(f"data.kind '{cfg.data.kind}' tokenizes on the fly: set data.tokenizer")
@@ -235,6 +251,21 @@ def validate(cfg: Config, source: str = "config") -> None:
             f"and num_heads by num_kv_heads {m.num_kv_heads}")
     if cfg.run.id is not None and ("/" in cfg.run.id or cfg.run.id in ("", ".", "..")):
         bad(f"run.id '{cfg.run.id}' must be a plain directory name")
+
+
+def validate_mixture(cfg: Config, bad) -> None:
+    d = cfg.data
+    if d.path:
+        bad("give data.path or data.mixture, not both")
+    if d.kind in ON_THE_FLY:
+        bad(f"data.mixture mixes pretokenized datasets; data.kind '{d.kind}' tokenizes on the fly")
+    if d.mixture_exhausted not in ("epoch", "stop"):
+        bad(f"data.mixture_exhausted '{d.mixture_exhausted}' is not epoch or stop")
+    for i, e in enumerate(d.mixture):
+        if not e.path:
+            bad(f"data.mixture[{i}].path is empty: give a `pretok tokenize` output dir")
+        if e.weight is None:
+            bad(f"data.mixture[{i}].weight is missing: give each dataset a weight > 0")
 
 
 @dataclass(frozen=True)
@@ -264,7 +295,7 @@ LIMITS: dict[str, Limit] = {
     "model.hidden_size": _ONE, "model.num_layers": _ONE, "model.num_heads": _ONE, "model.num_kv_heads": _ONE,
     "model.intermediate_size": _ONE, "model.rope_theta": _POS, "model.vocab_size": _ONE,
     "model.vocab_multiple": _ONE, "model.init_std": _NONNEG,
-    "data.seq_len": _ONE, "data.micro_batch": _ONE, "data.num_workers": _NONNEG,
+    "data.seq_len": _ONE, "data.micro_batch": _ONE, "data.num_workers": _NONNEG, "data.mixture.weight": _POS,
     "train.steps": _ONE, "train.grad_accum": _ONE, "train.lr": _POS, "train.min_lr_ratio": Limit(0, 1),
     "train.warmup_steps": _NONNEG, "train.weight_decay": _NONNEG, "train.beta1": Limit(0, 1, hi_open=True),
     "train.beta2": Limit(0, 1, hi_open=True), "train.eps": _POS, "train.grad_clip": _NONNEG,
@@ -283,6 +314,9 @@ def numbers(obj, prefix: str = "") -> dict[str, int | float]:
         v, key = getattr(obj, f.name), f"{prefix}{f.name}"
         if dataclasses.is_dataclass(v):
             out.update(numbers(v, key + "."))
+        elif isinstance(v, list) and v and dataclasses.is_dataclass(v[0]):
+            for i, item in enumerate(v):
+                out.update(numbers(item, f"{key}[{i}]."))
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
             out[key] = v
     return out
@@ -291,7 +325,7 @@ def numbers(obj, prefix: str = "") -> dict[str, int | float]:
 def check_limits(cfg: Config, source: str = "config") -> None:
     """Every number finite and within its `LIMITS` range, else a one-line error naming the key."""
     for key, v in numbers(cfg).items():
-        limit = LIMITS.get(key, Limit())
+        limit = LIMITS.get(re.sub(r"\[\d+\]", "", key), Limit())   # data.mixture[2].weight: data.mixture.weight
         if not math.isfinite(v) or not limit.allows(v):
             what = " ".join(filter(None, ["a finite number" if isinstance(v, float) else "", str(limit)]))
             raise PretokError(f"{key} must be {what} (got {v!r})", source)

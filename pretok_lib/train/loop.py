@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..data import make_dataset, make_loader
+from ..data import ShardedBatches, make_dataset, make_loader, open_mixture
 from ..datapaths import ON_THE_FLY
 from ..data.order import Position
 from ..errors import PretokError
@@ -151,8 +151,15 @@ class Trainer:
         src_kw = dict(seed=c.run.seed, shuffle=c.data.shuffle, text_column=c.data.text_column,
                       tokenizer=c.data.tokenizer,   # baselines need it; pretokenized data is checked against it
                       verify_on_open=c.data.verify_on_open)
-        self.dataset = make_dataset(c.data.kind, c.data.path, c.data.seq_len, micro_batch=c.data.micro_batch,
-                                    rank=d.rank, world=d.world, **src_kw)
+        if c.data.mixture:
+            del src_kw["text_column"]
+            mix = open_mixture([(e.path, e.weight) for e in c.data.mixture], c.data.seq_len,
+                               exhausted=c.data.mixture_exhausted, **src_kw)
+            self.dataset = ShardedBatches(mix, c.data.micro_batch, d.rank, d.world)
+        else:
+            self.dataset = make_dataset(c.data.kind, c.data.path, c.data.seq_len, micro_batch=c.data.micro_batch,
+                                        rank=d.rank, world=d.world, **src_kw)
+        self.mixture = len(c.data.mixture)  # datasets whose tokens are counted apart (0: not a mixture)
         tok_vocab, fingerprint = source_tokenizer(self.dataset.source)
         self.loader = make_loader(self.dataset, num_workers=c.data.num_workers)
         self.val = None
@@ -255,6 +262,13 @@ class Trainer:
             wait += time.perf_counter() - t
         counts = torch.tensor([[b[k] for k in ("tokens", "effective_tokens", "padding_tokens", "masked_tokens")]
                                for b in micro], dtype=torch.float64).sum(0)
+        if self.mixture:  # per dataset: input tokens, then effective tokens (labels that count)
+            by_source = torch.zeros(2, self.mixture, dtype=torch.float64)
+            for b in micro:
+                width, eff = b["input_ids"].shape[1], (b["labels"] != -100).sum(1).to(torch.float64)
+                by_source[0].index_add_(0, b["origin"], torch.full_like(eff, width))
+                by_source[1].index_add_(0, b["origin"], eff)
+            counts = torch.cat([counts, by_source.flatten()])
         global_eff = float(all_reduce(counts[1:2].clone())[0])
         scale = d.world / max(global_eff, 1.0)
         loss_sum = 0.0
@@ -283,7 +297,7 @@ class Trainer:
         d, p = self.d, self.progress
         sums = all_reduce(torch.cat([torch.tensor([m["loss_sum"]], dtype=torch.float64), m["counts"]]))
         times = all_reduce(torch.tensor([m["time"], m["wait"]], dtype=torch.float64), dist.ReduceOp.MAX)
-        loss_sum, tokens, eff, padding, masked = (float(x) for x in sums)
+        loss_sum, tokens, eff, padding, masked = (float(x) for x in sums[:5])
         step_time, wait = float(times[0]), float(times[1])
         tps = tokens / step_time
         return {"kind": "train", "step": p.step, "wall_s": round(p.wall_s, 4), "loss": loss_sum / max(eff, 1.0),
@@ -293,7 +307,9 @@ class Trainer:
                 "tokens_per_s_per_device": tps / d.world, "effective_tokens_per_s": eff / step_time,
                 "mfu": self.flops_per_token * tps / d.world / self.peak,
                 "peak_mem_mb": peak_memory_mb(d.device), "cum_tokens": p.cum_tokens,
-                "cum_effective_tokens": p.cum_effective_tokens, "samples": p.samples}
+                "cum_effective_tokens": p.cum_effective_tokens, "samples": p.samples,
+                **({"source_tokens": [int(x) for x in sums[5:5 + self.mixture]],
+                    "source_effective_tokens": [int(x) for x in sums[5 + self.mixture:]]} if self.mixture else {})}
 
     def run(self, metrics: MetricsLog | None, stop: StopFlag) -> str:
         """Train to cfg.train.steps; 'completed', or 'interrupted' after a stop signal (checkpoint saved)."""
@@ -317,6 +333,10 @@ class Trainer:
             p.cum_tokens += rec["tokens"]
             p.cum_effective_tokens += rec["effective_tokens"]
             rec.update(cum_tokens=p.cum_tokens, cum_effective_tokens=p.cum_effective_tokens)
+            if self.mixture:  # cumulative tokens per dataset of the mixture, in data.mixture's order
+                for key in ("source_tokens", "source_effective_tokens"):
+                    cum = [a + b for a, b in zip(p.extra.get(f"cum_{key}", [0] * self.mixture), rec[key])]
+                    p.extra[f"cum_{key}"] = rec[f"cum_{key}"] = cum
             if logging and metrics is not None:
                 with checkpoint.names_path(metrics.path):
                     metrics.write(rec)

@@ -55,6 +55,9 @@ class MetricsLog:
             for k, v in record.items():
                 if k not in ("kind", "step") and isinstance(v, (int, float)):
                     self.tb.add_scalar(f"{prefix}/{k}", v, record["step"])
+                elif isinstance(v, list):  # per mixture dataset: one scalar each
+                    for i, x in enumerate(v):
+                        self.tb.add_scalar(f"{prefix}/{k}/{i}", x, record["step"])
 
     def close(self) -> None:
         self.fh.close()

@@ -157,7 +157,8 @@ def train(cfg: Config) -> int:
                 atomic_write_json(run_dir / "run.json", _run_info(run_id, d, "running", started, trainer=trainer))
             with names_path(run_dir / "metrics.jsonl"):
                 metrics = MetricsLog(run_dir, trainer.progress.step, cfg.log.tensorboard)
-            _log(f"run {run_dir}: {cfg.data.kind} on {d.world} x {d.device.type}, "
+            what = f"a mixture of {len(cfg.data.mixture)} datasets" if cfg.data.mixture else cfg.data.kind
+            _log(f"run {run_dir}: {what} on {d.world} x {d.device.type}, "
                  f"{sum(p.numel() for p in trainer.model.parameters()) / 1e6:.1f}M params, "
                  f"global batch {cfg.global_batch(d.world)} x {cfg.data.seq_len}")
         status = trainer.run(metrics, stop)

@@ -79,6 +79,9 @@ def _numeric_fields() -> dict[str, type]:
             if dataclasses.is_dataclass(tp):
                 walk(tp, f"{prefix}{f.name}.")
                 continue
+            if typing.get_origin(tp) is list and dataclasses.is_dataclass(typing.get_args(tp)[0]):
+                walk(typing.get_args(tp)[0], f"{prefix}{f.name}.")   # data.mixture: data.mixture.weight
+                continue
             args = set(typing.get_args(tp)) - {type(None)} or {tp}
             if args <= {int, float} and bool not in args:
                 out[prefix + f.name] = float if float in args else int
@@ -133,8 +136,12 @@ def _invalid(draw):
 @given(_invalid())
 def test_any_invalid_number_is_one_line_naming_the_key(case):
     key, v = case
+    override = ["data.path=somewhere", f"{key}={_yaml_number(v)}"]
+    if key.startswith("data.mixture."):  # a field of a list entry: the error names the entry
+        override = [f"data.mixture=[{{path: a}}, {{path: b, {key.split('.')[-1]}: {_yaml_number(v)}}}]"]
+        key = key.replace("data.mixture.", "data.mixture[1].")
     with pytest.raises(PretokError) as e:
-        load_config(None, ["data.path=somewhere", f"{key}={_yaml_number(v)}"])
+        load_config(None, override)
     msg = str(e.value)
     assert f"{key} must be" in msg and "\n" not in msg
 

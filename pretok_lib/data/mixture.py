@@ -1,0 +1,114 @@
+"""A weighted mixture of pretokenized datasets as one sample source (docs/MIXTURES.md).
+
+    src = open_mixture([("runs/code/memmap", 0.3), ("runs/web/memmap", 0.7)], seq_len=1024, seed=0)
+    ds = ShardedBatches(src, micro_batch=8)          # sharded, resumable, elastic: like one dataset
+
+The mixture stream assigns each position to a dataset with `blend.Blend` (Megatron's greedy rule, periodic);
+the g-th sample a dataset contributes is that dataset's own g-th sample in its own order (its epoch
+permutation, the one training on it alone would see). When a dataset runs out (`exhausted`):
+- `epoch`: it wraps into its next epoch (its next permutation); a mixture epoch is sum(num_samples) samples and
+  the stream, and every dataset's count, continues across mixture epochs;
+- `stop`: the mixture epoch ends just before the first sample a dataset no longer has; the next mixture epoch
+  restarts the stream with every dataset in its next epoch.
+The source of a position is O(1) arithmetic, so ShardedBatches' sharding and O(1) resume apply unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Sequence
+
+from ..datapaths import BY_NAME, KIND_OF_FORMAT
+from ..errors import PretokError
+from ..formats.manifest import read_manifest
+from .blend import Blend
+from .packing import Sample
+
+EXHAUSTED = ("epoch", "stop")
+# format -> "packed" or "padded": padded rows cannot be batched with packed windows
+FAMILY = {f: "packed" if BY_NAME[k].packed else "padded" for f, k in KIND_OF_FORMAT.items()}
+
+
+class MixtureSource:
+    """Sources (each with num_samples, window, seed, shuffle, sample(epoch, k), m) blended by `weights`."""
+
+    def __init__(self, sources: Sequence, weights: Sequence[float], exhausted: str = "epoch",
+                 names: Sequence[str] | None = None):
+        if exhausted not in EXHAUSTED:
+            raise PretokError(f"data.mixture_exhausted '{exhausted}' is not one of {', '.join(EXHAUSTED)}")
+        if len(sources) != len(weights) or not sources:
+            raise PretokError(f"a mixture needs one weight per dataset (got {len(sources)} datasets, "
+                              f"{len(weights)} weights)")
+        first = sources[0]
+        if len({s.window for s in sources}) != 1 or len({(s.seed, s.shuffle) for s in sources}) != 1:
+            raise ValueError("the sources of a mixture must share seq_len, seed and shuffle")
+        try:
+            self.blend = Blend(weights)
+        except ValueError as e:
+            raise PretokError(str(e)) from None
+        self.sources, self.weights, self.exhausted = list(sources), [float(w) for w in weights], exhausted
+        self.names = list(names) if names is not None else [str(getattr(s, "path", i)) for i, s in enumerate(sources)]
+        self.sizes = [int(s.num_samples) for s in sources]
+        self.window, self.seed, self.shuffle = first.window, first.seed, first.shuffle
+        self.m = first.m  # tokenizer facts (vocab, fingerprint): the same for every dataset, checked on open
+        for name, size in zip(self.names, self.sizes):
+            if size == 0:
+                raise PretokError(f"holds no sample of seq_len + 1 = {self.window} tokens: nothing to mix", name)
+        if exhausted == "epoch":
+            self.num_samples = sum(self.sizes)
+        else:  # the first position whose dataset has no sample left in this epoch
+            self.num_samples = min(self.blend.position_of(j, n) for j, n in enumerate(self.sizes))
+
+    def locate(self, epoch: int, k: int) -> tuple[int, int, int]:
+        """(dataset j, its epoch, its sample index) of mixture position `k` of `epoch`."""
+        if self.exhausted == "stop":
+            j, g = self.blend.locate(k)
+            return j, epoch, g
+        j, g = self.blend.locate(epoch * self.num_samples + k)
+        e, i = divmod(g, self.sizes[j])
+        return j, e, i
+
+    def sample(self, epoch: int, k: int) -> Sample:
+        j, e, i = self.locate(epoch, k)
+        return dataclasses.replace(self.sources[j].sample(e, i), origin=j)
+
+    def order_identity(self) -> dict:
+        """What makes this order this order (a loader state is refused on any other): every dataset by its
+        manifest's own checksum (so a moved copy resumes) and size, the rational weights, the policy."""
+        return {"mixture": [{"manifest": s.m.get("manifest_sha256"), "num_samples": n, "weight": [p, self.blend.Q]}
+                            for s, n, p in zip(self.sources, self.sizes, self.blend.p)],
+                "mixture_exhausted": self.exhausted}
+
+
+def open_mixture(entries: Sequence[tuple[str | os.PathLike, float]], seq_len: int, *, tokenizer: str | None = None,
+                 seed: int = 0, shuffle: bool = True, exhausted: str = "epoch",
+                 verify_on_open: bool = False) -> MixtureSource:
+    """The mixture of `(path, weight)` pretokenized outputs. Each dataset's format comes from its manifest; all
+    must share the tokenizer (and match `tokenizer` when given) and the format family (padded rows cannot be
+    batched with packed windows): otherwise a one-line PretokError naming the offending manifest."""
+    from . import make_source
+
+    if not entries:
+        raise PretokError("data.mixture is empty: list {path, weight} entries")
+    sources, first = [], None
+    for path, _ in entries:
+        m = read_manifest(path)
+        where = Path(path) / "manifest.json"
+        if first is None:
+            first = (path, m)
+        else:
+            p0, m0 = first
+            fp, fp0 = m["tokenizer"]["fingerprint"], m0["tokenizer"]["fingerprint"]
+            if fp != fp0:
+                raise PretokError(f"was tokenized with {m['tokenizer']['spec']} ({fp[:19]}…), the mixture's first "
+                                  f"dataset {p0} with {m0['tokenizer']['spec']} ({fp0[:19]}…): a mixture needs "
+                                  f"one tokenizer", where)
+            if FAMILY[m["format"]] != FAMILY[m0["format"]]:
+                raise PretokError(f"holds format '{m['format']}' ({FAMILY[m['format']]}), the mixture's first "
+                                  f"dataset {p0} '{m0['format']}' ({FAMILY[m0['format']]}): padded rows and packed "
+                                  f"windows cannot share a batch", where)
+        sources.append(make_source(KIND_OF_FORMAT[m["format"]], path, seq_len, tokenizer=tokenizer, seed=seed,
+                                   shuffle=shuffle, verify_on_open=verify_on_open))
+    return MixtureSource(sources, [w for _, w in entries], exhausted, names=[str(p) for p, _ in entries])
