@@ -66,3 +66,15 @@ def test_findings_html_links_escapes_and_is_one_block() -> None:
     assert "\n\n" not in html          # a blank line would end the HTML block inside a markdown cell
     assert 'href="#fig-ddp_scaling"' in html and "Q &lt;1&gt;" in html and "v &amp; w" in html
     assert 'class="finding-value">v &amp; w<br><small' in html and "no figure" in html
+
+
+def test_findings_cell_of_a_study_directory(tmp_path: Path) -> None:
+    from pretok_lib.study.findings import findings_cell
+
+    simple_run(tmp_path / "runs", "sweep-padded-w1", kind="padded", tokens_per_s=1000.0, eff_frac=0.5)
+    simple_run(tmp_path / "runs", "sweep-pretok-memmap-w1", kind="pretok-memmap", tokens_per_s=1100.0, eff_frac=1.0)
+    simple_run(tmp_path / "runs", "train-other", kind="padded", tokens_per_s=1.0)   # not the sweep's: left out
+    html = findings_cell(tmp_path, {"profile": "quick", "parameters": {"sweep_prefix": "sweep"}})
+    assert "Profile quick, 2 training runs, measured on CPU" in html
+    assert "pretok-memmap / pretok-padded" not in html and "padded rows are 50.0% padding" in html
+    assert 'href="#fig-data_stall"' in html       # no loader benchmark: no prediction, the measured figure
