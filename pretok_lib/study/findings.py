@@ -153,7 +153,8 @@ def scaling_finding(runs: Sequence[Any]) -> str | None:
     """DDP scaling efficiency per data path at the largest world size measured."""
     from ..analysis import scaling_efficiency
 
-    rows = [r for r in scaling_efficiency(runs) if r["efficiency"] is not None and r["world_size"] != r["base_world_size"]]
+    rows = [r for r in scaling_efficiency(runs)
+            if r["efficiency"] is not None and r["world_size"] != r["base_world_size"]]
     if not rows:
         return None
     top = max(r["world_size"] for r in rows)
@@ -215,7 +216,7 @@ def findings_html(findings: Sequence[Finding], subtitle: str = "") -> str:
     style = "border-collapse:collapse;font-size:0.92em;width:100%"
     head = "<tr>" + "".join(f'<th style="text-align:left;width:{w}">{t}</th>' for t, w in (
         ("Question", "20%"), ("This study", "42%"), ("The original study", "28%"), ("Figure", "10%"))) + "</tr>"
-    return "\n".join([f'<section id="findings"><h2>Findings</h2>',
+    return "\n".join(['<section id="findings"><h2>Findings</h2>',
                       f"<p>{e(subtitle)}</p>" if subtitle else "",
                       f'<table style="{style}">', head, *rows, "</table></section>"]).replace("\n\n", "\n")
 
