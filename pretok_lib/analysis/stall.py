@@ -25,19 +25,19 @@ from typing import Any
 
 from ..datapaths import KINDS
 
-FORMULA = r"""
+FORMULA = """
 **Model** (per rank). Tokens are input slots, padding included, on both sides (a padded slot costs as much
 compute as a real one; the loader benchmark counts slots):
 
-- consumption $C = \mathrm{MFU}\cdot\mathrm{peak} / F$ tokens/s, with $F = 6N + 12\,L\,H\,S$ training FLOPs per token
-  ($N$ matmul parameters, $L$ layers, $H$ hidden size, $S$ sequence length);
-- supply $S_{\text{loader}}$: the loader benchmark's tokens/s for the path with $W$ workers, measured on this CPU,
-  scaled to the target's CPU cores per rank $k$ when $W > 0$: $\times\, k / \min(W, \text{cores measured})$
-  (linear in cores: an upper bound), unchanged when $W = 0$ (one process);
-- headroom $h = S_{\text{loader}} / C$;
-- stall fraction (time waiting / step time): $\max(0, 1 - h)$ with workers (prefetching overlaps loading with the
-  step), $1 / (1 + h)$ with $W = 0$ (the batch is made between steps);
-- effective tokens/s $= \min(S_{\text{loader}}, C)\,\times$ the path's share of labels that count.
+- consumption C = MFU · peak / F tokens/s, with F = 6N + 12·L·H·S training FLOPs per token
+  (N matmul parameters, L layers, H hidden size, S sequence length);
+- supply S<sub>loader</sub>: the loader benchmark's tokens/s for the path with W workers, measured on this CPU,
+  scaled to the target's CPU cores per rank k when W > 0: × k / min(W, cores measured) (linear in cores:
+  an upper bound), unchanged when W = 0 (one process);
+- headroom h = S<sub>loader</sub> / C;
+- stall fraction (time waiting / step time): max(0, 1 - h) with workers (prefetching overlaps loading with the
+  step), 1 / (1 + h) with W = 0 (the batch is made between steps);
+- effective tokens/s = min(S<sub>loader</sub>, C) × the path's share of labels that count.
 """
 
 

@@ -163,16 +163,22 @@ def _now() -> str:
 
 
 def combined_notebook(out_dir: Path, names: Sequence[str], record: dict):
-    """The executed notebooks as one: a title cell with the table of contents, then each notebook under an
-    anchored heading. plotly.js, which each notebook embeds once, is kept only the first time."""
+    """The executed notebooks as one: a title, the findings in numbers (`findings.findings_cell`), the table of
+    contents, then each notebook under an anchored heading, long printouts folded (`present.fold_outputs`).
+    plotly.js, which each notebook embeds once, is kept only the first time."""
     import nbformat
+
+    from .findings import findings_cell
+    from .present import fold_outputs
 
     toc = "\n".join(f"- [{TITLES.get(n, n)}](#{n})" + _timing(record, n) for n in names)
     head = (f"# pretok study: is the data path the bottleneck?\n\nProfile **{record['profile']}**, run "
-            f"{record['started']} ({record.get('seconds', 0):.0f} s). Study directory `{out_dir}`: figures in "
-            f"`figures/` (HTML + PNG), training runs in `runs/`, benchmark JSON in `bench/`, executed notebooks in "
-            f"`notebooks/`.\n\n{toc}")
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(head)])
+            f"{record['started']} ({record.get('seconds', 0):.0f} s).")
+    where = (f"Study directory `{out_dir}`: figures in `figures/` (HTML + PNG), training runs in `runs/`, benchmark "
+             f"JSON in `bench/`, executed notebooks in `notebooks/`.\n\n{toc}")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(head),
+                                         nbformat.v4.new_markdown_cell(findings_cell(out_dir, record)),
+                                         nbformat.v4.new_markdown_cell(where)])
     seen_plotlyjs = False
     for n in names:
         src = nbformat.read(str(out_dir / "notebooks" / f"{n}.ipynb"), as_version=4)
@@ -191,7 +197,7 @@ def combined_notebook(out_dir: Path, names: Sequence[str], record: dict):
                             continue
                         seen_plotlyjs = True
                     keep.append(o)
-                cell.outputs = keep
+                cell.outputs = fold_outputs(keep)
             nb.cells.append(cell)
     return nb
 

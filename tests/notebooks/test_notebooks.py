@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -98,11 +99,47 @@ def test_smoke_report_renders(smoke) -> None:
     for title in ("1. Pretokenize", "2. Loader-only", "3. One training run", "4. The sweep", "5. Analysis"):
         assert title in text, title
     assert text.count("plotly.js v") <= 2  # the bundle is embedded once, not once per notebook
+    assert_reads_like_a_paper(text, out)
     try:
         find_chromium()
     except RuntimeError:
         pytest.skip("no Chromium to render the report")
-    assert render_check(nocode) >= 15  # every figure of the five notebooks drew its SVG
+    shot = out / "first_screen.png"
+    drawn = render_check(nocode, screenshot_path=shot, window=(1280, 900))
+    assert drawn >= 15 and drawn == text.count('class="pretok-caption"')  # every figure drew its SVG
+    assert_not_blank(shot, (1280, 900))
+
+
+def assert_reads_like_a_paper(text: str, out: Path) -> None:
+    """The readers' report opens with the findings in numbers, each linked to its figure; every figure has a
+    caption; long printouts are folded; CPU figures say what CPU runs cannot show."""
+    start = text.index('<section id="findings">')
+    block = text[start:text.index("</section>", start)]
+    assert start < text.index('id="01_pretokenize"')      # before the first notebook: the first screen
+    values = re.findall(r'class="finding-value">(.*?)</td>', block, re.S)
+    assert len(values) == 6 and all(re.search(r"\d", v) and "not measured" not in v for v in values), values
+    assert "75%" in block                                   # the original study's figure beside ours
+    for target in re.findall(r'href="#(fig-[\w-]+)"', block):
+        assert f'id="{target}"' in text, target           # each finding links to its figure
+    figures = text.count('class="plotly-graph-div"')
+    assert figures >= 15 and text.count('class="pretok-caption"') == figures
+    assert text.count("<details>") >= 3 and "pretok inspect of every output" in text
+    assert "Printed output," in text                       # the benchmark printouts folded
+    devices = {json.loads((d / "run.json").read_text()).get("device") for d in (out / "runs").iterdir()}
+    if "cpu" in devices:
+        assert "this is not GPU scaling" in text and 'href="#fig-stall_prediction"' in text
+
+
+def assert_not_blank(png: Path, size: tuple[int, int]) -> None:
+    """A screenshot of the given size with text on it: enough dark pixels and many grey levels."""
+    from PIL import Image
+
+    with Image.open(png) as im:
+        assert im.size == size
+        grey = im.convert("L")
+        hist = grey.histogram()
+    dark = sum(hist[:200]) / (size[0] * size[1])
+    assert dark > 0.01 and sum(1 for h in hist if h) > 50, (dark, png)
 
 
 @pytest.mark.slow

@@ -1,0 +1,262 @@
+"""The report's first screen: the study's findings in numbers, each beside what the original study found and
+linked to its figure further down (`#fig-<name>`, notebook 05). Computed from the study directory (runs,
+benchmark JSON, dataset manifests) when the report is assembled."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..analysis.captions import runs_device
+
+# What the original study (the one this project reproduces) found, as recorded in this project's issues and
+# README; where it gave no number, its claim in words. None: it did not measure this.
+ORIGINAL: dict[str, str | None] = {
+    "tokenization": "Central finding: a large speedup of tokenization in isolation becomes a small speedup in "
+                    "training (no figure recorded here).",
+    "stall": None,
+    "packing": "~75% of padded slots were padding and ~0.15% of packed labels masked (short documents): packing "
+               "could gain up to ~4x effective tokens/s.",
+    "storage": "zstd-22 compressed parquet slowed the training reads.",
+    "scaling": "Ran DDP on CSCS Alps (4 GPUs per node, up to 4 nodes); no efficiency figure recorded here.",
+    "mfu": None,
+}
+
+
+@dataclass
+class Finding:
+    """One line of the findings block: what was asked, this study's numbers (None: not measured), the original
+    study's figure or claim, the figure it links to and a note (e.g. what CPU runs cannot show)."""
+
+    key: str
+    question: str
+    value: str | None
+    figure: str
+    original: str | None = None
+    note: str = ""
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"x{v:.3g}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else "0%" if v == 0 else f"{v:.2%}" if v < 0.01 else f"{v:.1%}"
+
+
+def _mean(vals: Sequence[float]) -> float | None:
+    vals = [v for v in vals if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _span(vals: Sequence[float], fmt) -> str:
+    lo, hi = min(vals), max(vals)
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}–{fmt(hi).lstrip('x')}"
+
+
+def tokenization_finding(bench: Mapping | None, runs: Sequence[Any]) -> str | None:
+    """Isolated speedup (engine vs per-document loop) against the in-training one, per pretokenized path."""
+    from ..analysis import tokenization_speedups
+
+    rows = tokenization_speedups(bench, runs)
+    parts = []
+    for pre in ("pretok-memmap", "pretok-padded"):   # the packed and the padded layout
+        mine = [r for r in rows if r["pretok"] == pre]
+        if not mine:
+            continue
+        iso = mine[0]["isolated"]
+        tr = [r["training"] for r in mine if r["training"] is not None]
+        parts.append(f"{pre} vs {mine[0]['on_the_fly']}: {_x(iso)} in isolation → "
+                     + (f"{_span(tr, _x)} in training" if tr else "not trained on both"))
+    return "; ".join(parts) or None
+
+
+def _completed(runs: Sequence[Any]) -> list[Any]:
+    from ..analysis import all_metrics
+
+    return [m for m in all_metrics(runs) if m.status == "completed"]
+
+
+def _smallest_world(ms: list[Any]) -> list[Any]:
+    ws = min((m.world_size for m in ms if m.world_size), default=None)
+    return [m for m in ms if m.world_size == ws]
+
+
+def _by_path(ms: list[Any], key: str) -> dict[str, float]:
+    from ..analysis.metrics import path_rank
+
+    kinds = sorted({m.data_kind for m in ms if m.data_kind}, key=path_rank)
+    out = {k: _mean([getattr(m, key) for m in ms if m.data_kind == k]) for k in kinds}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def stall_finding(runs: Sequence[Any], prediction: Sequence[Mapping] = ()) -> str | None:
+    """Measured data stall per data path (smallest world size), and the stall predicted on the first accelerator
+    of `prediction` (rows of `analysis.stall.predict`) at its MFU range, best worker count per path."""
+    stall = _by_path(_smallest_world(_completed(runs)), "data_stall")
+    text = ", ".join(f"{k} {_pct(v)}" for k, v in stall.items())
+    if prediction:
+        acc = prediction[0]["accelerator"]
+        best: dict[str, float] = {}
+        for r in (r for r in prediction if r["accelerator"] == acc):
+            mid = (r["stall_low"] + r["stall_high"]) / 2
+            best[r["path"]] = min(best.get(r["path"], 1.0), mid)
+        pred = ", ".join(f"{k} {_pct(v)}" for k, v in best.items())
+        text = (f"measured: {text}; " if text else "") + f"predicted on one {acc} (best worker count): {pred}"
+    return text or None
+
+
+def packing_finding(runs: Sequence[Any]) -> str | None:
+    """Effective tokens/s packed over padded, on the fly and pretokenized, with the padding share of the padded
+    path."""
+    from ..analysis import path_speedups
+
+    rows = path_speedups(runs, "padded", "effective_tokens_per_s")
+    parts = []
+    for packed, padded in (("padding-free", "padded"), ("pretok-memmap", "pretok-padded")):
+        ratios = []
+        for g in dict.fromkeys(r["group"] for r in rows):
+            vals = {r["data_kind"]: r["value"] for r in rows if r["group"] == g}
+            if vals.get(packed) and vals.get(padded):
+                ratios.append(vals[packed] / vals[padded])
+        if ratios:
+            parts.append(f"{packed} / {padded} {_span(ratios, _x)}")
+    if parts:
+        parts[0] = "effective tokens/s " + parts[0]
+    pad = _by_path(_completed(runs), "padding_frac").get("padded")
+    if pad is not None:
+        parts.append(f"padded rows are {_pct(pad)} padding")
+    return "; ".join(parts) or None
+
+
+def storage_finding(rows: Sequence[Mapping]) -> str | None:
+    """Bytes on disk per token per format (range over the parquet codecs), and the HF Arrow cache."""
+    by: dict[str, list[Mapping]] = {}
+    for r in rows:
+        if r.get("bytes_per_token"):
+            by.setdefault(r["format"], []).append(r)
+    parts = []
+    for fmt, rs in by.items():
+        rs = sorted(rs, key=lambda r: r["bytes_per_token"])
+        if len(rs) == 1:
+            parts.append(f"{fmt} {rs[0]['bytes_per_token']:.3g}")
+        else:
+            parts.append(f"{fmt} {rs[0]['bytes_per_token']:.3g} ({rs[0].get('compression') or 'none'})"
+                         f" – {rs[-1]['bytes_per_token']:.3g} ({rs[-1].get('compression') or 'none'})")
+    return ("bytes/token: " + ", ".join(parts)) if parts else None
+
+
+def scaling_finding(runs: Sequence[Any]) -> str | None:
+    """DDP scaling efficiency per data path at the largest world size measured."""
+    from ..analysis import scaling_efficiency
+
+    rows = [r for r in scaling_efficiency(runs)
+            if r["efficiency"] is not None and r["world_size"] != r["base_world_size"]]
+    if not rows:
+        return None
+    top = max(r["world_size"] for r in rows)
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        if r["world_size"] == top:
+            by.setdefault(r["data_kind"] or "?", []).append(r["efficiency"])
+    return f"efficiency at {top} ranks: " + ", ".join(f"{k} {_span(v, lambda e: f'{e:.0%}')}" for k, v in by.items())
+
+
+def mfu_finding(runs: Sequence[Any]) -> str | None:
+    """MFU range over the completed runs, and the peak it divides by."""
+    ms = [m for m in _completed(runs) if m.mfu is not None]
+    if not ms:
+        return None
+    sources = list(dict.fromkeys(m.peak_source for m in ms if m.peak_source))
+    return (f"{_span([m.mfu for m in ms], _pct)} over {len(ms)} runs"
+            + (f"; peak: {sources[0]}" + (f" (+{len(sources) - 1} more)" if len(sources) > 1 else "")
+               if sources else ""))
+
+
+def study_findings(runs: Sequence[Any], bench: Mapping | None, storage: Sequence[Mapping],
+                   prediction: Sequence[Mapping] = ()) -> list[Finding]:
+    """The six findings of the first screen, from the completed runs (a failed run's partial numbers would skew
+    the means it joins)."""
+    dev = runs_device(runs)
+    runs = [r for r in runs if r.status == "completed"]
+    cores = dev["cpus"] or "few"
+    cpu_stall = ("CPU runs: the model step is slow, so loaders keep up; the GPU prediction is the number that "
+                 "matters." if dev["cpu"] else "")
+    return [
+        Finding("tokenization", "Tokenization speedup: in isolation vs in training", tokenization_finding(bench, runs),
+                "tokenization_speedup", ORIGINAL["tokenization"]),
+        Finding("stall", "Data stall per data path (share of the step waiting for data)",
+                stall_finding(runs, prediction), "stall_prediction" if prediction else "data_stall",
+                ORIGINAL["stall"], cpu_stall),
+        Finding("packing", "Packing gain (effective tokens/s packed vs padded)", packing_finding(runs), "throughput",
+                ORIGINAL["packing"]),
+        Finding("storage", "Storage per format", storage_finding(storage), "storage", ORIGINAL["storage"]),
+        Finding("scaling", "DDP scaling efficiency", scaling_finding(runs), "ddp_scaling", ORIGINAL["scaling"],
+                f"CPU runs: gloo ranks share {cores} cores, so this is not GPU scaling." if dev["cpu"] else ""),
+        Finding("mfu", "MFU (model FLOP/s over the device's peak)", mfu_finding(runs), "mfu", ORIGINAL["mfu"],
+                "CPU runs: against this CPU's measured matmul peak." if dev["cpu"] else ""),
+    ]
+
+
+def findings_html(findings: Sequence[Finding], subtitle: str = "") -> str:
+    """The findings as one HTML block (`<section id="findings">`, no blank lines: it stays one block inside a
+    markdown cell): a table of question, this study's numbers, the original study, and a link to the figure."""
+    e = html.escape
+    rows = []
+    for f in findings:
+        value = e(f.value) if f.value else "<i>not measured in this study</i>"
+        note = f'<br><small style="color:#8a5a00">{e(f.note)}</small>' if f.note else ""
+        orig = e(f.original) if f.original else '<span style="color:#888">no figure</span>'
+        rows.append(f'<tr class="finding" data-key="{f.key}"><td><b>{e(f.question)}</b></td>'
+                    f'<td class="finding-value">{value}{note}</td><td>{orig}</td>'
+                    f'<td><a href="#fig-{f.figure}">{e(f.figure.replace("_", " "))}</a></td></tr>')
+    style = "border-collapse:collapse;font-size:0.92em;width:100%"
+    head = "<tr>" + "".join(f'<th style="text-align:left;width:{w}">{t}</th>' for t, w in (
+        ("Question", "20%"), ("This study", "42%"), ("The original study", "28%"), ("Figure", "10%"))) + "</tr>"
+    return "\n".join(['<section id="findings"><h2>Findings</h2>',
+                      f"<p>{e(subtitle)}</p>" if subtitle else "",
+                      f'<table style="{style}">', head, *rows, "</table></section>"]).replace("\n\n", "\n")
+
+
+def study_runs(study_dir: str | Path, params: Mapping[str, Any]) -> list[Any]:
+    """The runs notebook 05 compares: those of the sweep (`sweep_prefix`) in the study directory."""
+    from ..analysis import load_runs
+    from .steps import StudyPaths, select_runs
+
+    paths = StudyPaths(Path(study_dir))
+    return select_runs(load_runs(paths.runs) if paths.runs.is_dir() else [], params.get("sweep_prefix", "sweep"))
+
+
+def findings_of_study(study_dir: str | Path, params: Mapping[str, Any], runs: Sequence[Any] | None = None
+                      ) -> list[Finding]:
+    """`study_findings` from a study directory and its parameters (sweep prefix, stall-prediction target)."""
+    from ..analysis import storage_rows
+    from ..analysis.stall import study_prediction
+    from .steps import StudyPaths, dataset_dirs, read_bench, resolve
+
+    paths = StudyPaths(Path(study_dir))
+    runs = study_runs(study_dir, params) if runs is None else runs
+    tok, loaders = read_bench(paths, "tokenize"), read_bench(paths, "loaders")
+    prediction = []
+    if loaders and params.get("target_config"):
+        prediction = study_prediction(loaders, resolve(params["target_config"]), vocab=params.get("target_vocab"),
+                                      seq_len=params.get("target_seq_len"),
+                                      mfu=params.get("target_mfu") or (0.35, 0.45),
+                                      cores_per_rank=params.get("cores_per_rank"))["rows"]
+    return study_findings(runs, tok, storage_rows(dataset_dirs(paths), tok), prediction)
+
+
+def findings_cell(study_dir: str | Path, record: Mapping[str, Any]) -> str:
+    """The report's findings block (HTML for a markdown cell) for a study directory and its `study.json`
+    record: the machine the runs saw, then `findings_html`."""
+    params = record.get("parameters") or {}
+    runs = study_runs(study_dir, params)
+    dev = runs_device(runs)
+    where = ("measured on CPU" + (f" ({dev['cpus']} cores, gloo DDP)" if dev["cpus"] else "")
+             + ": GPU stalls come from the stall prediction" if dev["cpu"] else "measured on the runs' devices")
+    subtitle = (f"Profile {record.get('profile')}, {len(runs)} training runs, {where}. Every number is recomputed "
+                "from the study directory; each links to its figure below.")
+    return findings_html(findings_of_study(study_dir, params, runs), subtitle)
