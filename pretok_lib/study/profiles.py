@@ -23,6 +23,9 @@ CODECS = ["none", "snappy", "zstd:3", "zstd:22"]
 STALL = {"target_config": "configs/study.yaml", "target_vocab": None, "target_seq_len": None,
          "target_mfu": [0.35, 0.45], "cores_per_rank": None}
 QUIET_RUN = {"checkpoint.every": 0, "log.tensorboard": False}  # checkpoint at the end only, no TensorBoard files
+# Sweep points are measurements: no transformers export (one fp32 copy of the weights per point; notebook 03's run
+# exports, `pretok export runs/<id>` exports any point later).
+NO_EXPORT = {"checkpoint.export": False}
 
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": {
@@ -36,7 +39,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "sweep_grids": [{"data": PATHS, "world": [1, 2]},
                         {"data": ["pretok-memmap"], "precision": ["fp32", "bf16"]}],
         "sweep_base": {"train.steps": 40, "train.warmup_steps": 5, "train.precision": "auto", "eval.every": 20,
-                       "train.time_budget_s": 15, **QUIET_RUN},
+                       "train.time_budget_s": 15, **QUIET_RUN, **NO_EXPORT},
         "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 900,
         "target_loss": None, "png": True, **STALL,
     },
@@ -50,7 +53,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         "sweep_grids": [{"data": PATHS, "world": "gpus"},  # "gpus": 1, 2, 4, ... up to the GPUs present
                         {"data": ["pretok-memmap"], "precision": ["fp32", "bf16"], "world": "max"},
                         {"data": ["pretok-memmap"], "micro_batch": [1, 2, 4], "world": "max"}],
-        "sweep_base": {"train.steps": 300, "train.precision": "auto", "eval.every": 100, "checkpoint.every": 100},
+        "sweep_base": {"train.steps": 300, "train.precision": "auto", "eval.every": 100, "checkpoint.every": 100,
+                       **NO_EXPORT},
         "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": None,
         "target_loss": None, "png": True, **STALL,
     },
@@ -64,7 +68,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                             "model.hidden_size": 64, "model.num_layers": 1, **QUIET_RUN},
         "sweep_grids": [{"data": ["padded", "pretok-memmap"], "world": [1, 2]}],
         "sweep_base": {"train.steps": 2, "train.warmup_steps": 1, "eval.every": 2, "eval.batches": 1,
-                       "model.hidden_size": 64, "model.num_layers": 1, **QUIET_RUN},
+                       "model.hidden_size": 64, "model.num_layers": 1, **QUIET_RUN, **NO_EXPORT},
         "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 300,
         "target_loss": None, "png": True, **STALL,
     },

@@ -217,10 +217,26 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         if not sep or not key:
             raise PretokError(f"override '{item}' is not of the form section.key=value")
         _set_dotted(raw, key.strip(), yaml.safe_load(text) if text.strip() else None)
+    _drop_replaced_alternatives(raw, {item.partition("=")[0].strip() for item in overrides})
     cfg = Config(name=Path(path).stem if path else "run")
     _merge(cfg, raw, "", source)
     validate(cfg, source)
     return cfg
+
+
+# Keys of which a config gives one: an override of one replaces the other where the file gives it (a
+# `data.mixture=...` on the command line trains on the mixture instead of the file's `data.path`); both as
+# overrides, or both in the file, stay an error.
+ALTERNATIVES = {"data.mixture": "data.path", "data.path": "data.mixture"}
+
+
+def _drop_replaced_alternatives(raw: dict, overridden: set[str]) -> None:
+    for key in overridden:
+        other = ALTERNATIVES.get(key)
+        if other and other not in overridden:
+            section, name = other.split(".")
+            if isinstance(raw.get(section), dict):
+                raw[section].pop(name, None)
 
 
 def validate(cfg: Config, source: str = "config") -> None:

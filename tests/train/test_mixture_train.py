@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pretok_lib.data.blend import Blend
+from pretok_lib.errors import PretokError
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 from pretok_lib.train.config import load_config
 
@@ -111,3 +112,18 @@ def test_mixture_config_round_trips(tmp_path):
     save_config(cfg, tmp_path / "c.yaml")
     again = load_config(tmp_path / "c.yaml")
     assert again.data.mixture == cfg.data.mixture and again.data.mixture_exhausted == "stop"
+
+
+def test_a_mixture_override_replaces_the_files_data_path(tmp_path):
+    """`pretok train --config tiny.yaml data.mixture=[...]`: the command line's mixture replaces the file's
+    data.path (and a data.path override the file's mixture); both on the command line stay an error."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("data:\n  path: runs/demo/memmap\n")
+    c = load_config(cfg, ["data.mixture=[{path: a, weight: 1}]"])
+    assert c.data.path == "" and [e.path for e in c.data.mixture] == ["a"]
+    cfg.write_text("data:\n  mixture: [{path: a, weight: 1}]\n")
+    c = load_config(cfg, ["data.path=b"])
+    assert c.data.path == "b" and c.data.mixture == []
+    cfg.write_text("data:\n  path: b\n  mixture: [{path: a, weight: 1}]\n")
+    with pytest.raises(PretokError, match="not both"):
+        load_config(cfg)
