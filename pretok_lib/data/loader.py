@@ -106,8 +106,11 @@ class StatefulLoader:
 
     def _identity(self) -> dict:
         src = self.dataset.source
-        return {"source": type(src).__name__, "window": src.window, "seed": src.seed, "shuffle": src.shuffle,
-                "num_samples": getattr(src, "num_samples", None)}
+        ident = {"source": type(src).__name__, "window": src.window, "seed": src.seed, "shuffle": src.shuffle,
+                 "num_samples": getattr(src, "num_samples", None), "order": getattr(src, "order", "exact")}
+        if ident["order"] == "block":  # states saved before orders existed lack "order": not compared
+            ident["block_groups"] = src.block_groups
+        return ident
 
     def state_dict(self) -> dict:
         """The position, and what it is a position in (checked on load; the global batch may change)."""

@@ -71,3 +71,32 @@ def my_steps(num_samples: int, pos: Position, shard: Shard) -> Iterator[tuple[in
     for step in range(shard.worker, steps_left(num_samples, pos, gb), shard.workers):
         first = pos.consumed + step * gb + shard.rank * shard.micro_batch
         yield step, first, first + shard.micro_batch
+
+
+ORDERS = ("exact", "block")
+
+
+def block_permutation(group_rows: np.ndarray, seed: int, epoch: int, shuffle: bool, block: int) -> np.ndarray:
+    """The `block` order of rows stored in row groups of `group_rows` rows (global row ids, groups in file order).
+
+    With `rng = default_rng([seed, epoch])`: the row groups are permuted (`rng.permutation(G)`); the permuted
+    sequence is cut into windows of `block` consecutive groups; window by window, the window's rows (its groups'
+    rows in permuted group order) are permuted by `rng.permutation(rows in window)`. Not shuffling: 0..n-1.
+    A reader then touches at most `block` row groups at a time. Depends only on the dataset's row-group layout
+    and (seed, epoch), not on world size, micro-batch or workers."""
+    counts = np.asarray(group_rows, dtype=np.int64)
+    n = int(counts.sum())
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    if block < 1:
+        raise ValueError(f"block must be >= 1 (got {block})")
+    rng = np.random.default_rng([seed, epoch])
+    firsts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    groups = rng.permutation(len(counts))
+    out, pos = np.empty(n, dtype=np.int64), 0
+    for w in range(0, len(groups), block):
+        gs = groups[w : w + block]
+        rows = np.concatenate([np.arange(firsts[g], firsts[g] + counts[g]) for g in gs]) if len(gs) else []
+        out[pos : pos + len(rows)] = np.asarray(rows, np.int64)[rng.permutation(len(rows))]
+        pos += len(rows)
+    return out

@@ -6,8 +6,10 @@ key-value metadata under `pretok`, and are validated on open. See docs/FORMATS.m
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -23,6 +25,7 @@ PADDED, TOKEN_LIST = "padded", "token-list"
 PARQUET_VERSION = 1
 ROW_GROUP_TOKENS = 1 << 20  # about 1M token slots per row group: cheap random access, good compression
 CODECS = ("none", "snappy", "zstd", "gzip", "lz4", "brotli")
+DOC_LENGTHS_KEY = "pretok.doc_lengths"  # token-list footer: every row's length (see doc_lengths_of)
 ARROW_IDS = {"uint16": pa.uint16(), "int32": pa.int32()}
 
 
@@ -94,9 +97,13 @@ class ParquetPartWriter:
                                        use_dictionary=False, write_statistics=False)
         self.pending: list[pa.Table] = []
         self.pending_tokens = 0
+        self.lengths: list[np.ndarray] | None = [] if json.loads(schema.metadata[b"pretok"])["format"] == TOKEN_LIST else None
 
     def write(self, table: pa.Table, tokens: int) -> None:
         self.pending.append(table)
+        if self.lengths is not None:
+            col = table.column("input_ids").combine_chunks()
+            self.lengths.append(np.diff(col.offsets.to_numpy()).astype(np.int64))
         self.pending_tokens += tokens
         if self.pending_tokens >= ROW_GROUP_TOKENS:
             self._flush()
@@ -109,6 +116,8 @@ class ParquetPartWriter:
 
     def close(self) -> dict:
         self._flush()
+        if self.lengths is not None:
+            self.writer.add_key_value_metadata({DOC_LENGTHS_KEY: encode_lengths(self.lengths)})
         self.writer.close()
         size, digest = self.tmp.stat().st_size, checksum.of_file(self.tmp)
         os.replace(self.tmp, self.path)
@@ -123,7 +132,28 @@ class ParquetPartWriter:
         self.tmp.unlink(missing_ok=True)
 
 
+def encode_lengths(parts: list[np.ndarray]) -> str:
+    """Row lengths as the footer value: base64 of zlib-compressed little-endian int64."""
+    arr = np.concatenate(parts).astype("<i8") if parts else np.zeros(0, "<i8")
+    return base64.b64encode(zlib.compress(arr.tobytes(), 1)).decode("ascii")
+
+
 # ---------------------------------------------------------------- reading
+
+
+def doc_lengths_of(meta: pq.FileMetaData, path: str | os.PathLike) -> np.ndarray | None:
+    """The row lengths a token-list footer records (files written before the key existed: None), checked
+    against the file's row count."""
+    raw = (meta.metadata or {}).get(DOC_LENGTHS_KEY.encode())
+    if raw is None:
+        return None
+    try:
+        lengths = np.frombuffer(zlib.decompress(base64.b64decode(raw, validate=True)), "<i8").astype(np.int64)
+    except (ValueError, zlib.error):
+        lengths = None
+    if lengths is None or len(lengths) != meta.num_rows or (lengths < 0).any():
+        raise PretokError(f"corrupt '{DOC_LENGTHS_KEY}' footer metadata (not {meta.num_rows} row lengths)", path)
+    return lengths
 
 
 def read_contract(path: str | os.PathLike, expect_format: str | None = None) -> dict:
