@@ -88,7 +88,11 @@ def tokenlist_table(ids: np.ndarray, offsets: np.ndarray, schema: pa.Schema) -> 
 
 
 class ParquetPartWriter:
-    """Writes one part file through a temp name; rows are grouped into row groups of ~ROW_GROUP_TOKENS slots."""
+    """Writes one part file through a temp name; rows are grouped into row groups of ~ROW_GROUP_TOKENS slots.
+    Token-list parts record every row's length in the footer (`DOC_LENGTHS_KEY`) unless `record_doc_lengths`
+    is False (how files written before the key existed look; tests)."""
+
+    record_doc_lengths = True
 
     def __init__(self, path: str | os.PathLike, schema: pa.Schema, compression: str):
         codec, level = parse_compression(compression)
@@ -97,7 +101,8 @@ class ParquetPartWriter:
                                        use_dictionary=False, write_statistics=False)
         self.pending: list[pa.Table] = []
         self.pending_tokens = 0
-        self.lengths: list[np.ndarray] | None = [] if json.loads(schema.metadata[b"pretok"])["format"] == TOKEN_LIST else None
+        fmt = json.loads(schema.metadata[b"pretok"])["format"]
+        self.lengths: list[np.ndarray] | None = [] if fmt == TOKEN_LIST and self.record_doc_lengths else None
 
     def write(self, table: pa.Table, tokens: int) -> None:
         self.pending.append(table)
