@@ -76,6 +76,17 @@ def my_steps(num_samples: int, pos: Position, shard: Shard) -> Iterator[tuple[in
 ORDERS = ("exact", "block")
 
 
+def block_windows(group_rows: np.ndarray, seed: int, epoch: int, shuffle: bool, block: int):
+    """(row groups in the epoch's block order, first order position of each window of `block` groups + the end).
+    The group order is the first draw of `default_rng([seed, epoch])` (file order when not shuffling)."""
+    counts = np.asarray(group_rows, dtype=np.int64)
+    if block < 1:
+        raise ValueError(f"block must be >= 1 (got {block})")
+    groups = np.random.default_rng([seed, epoch]).permutation(len(counts)) if shuffle else np.arange(len(counts))
+    per_window = np.add.reduceat(counts[groups], np.arange(0, len(groups), block)) if len(groups) else counts[:0]
+    return groups, np.concatenate([[0], np.cumsum(per_window)]).astype(np.int64)
+
+
 def block_permutation(group_rows: np.ndarray, seed: int, epoch: int, shuffle: bool, block: int) -> np.ndarray:
     """The `block` order of rows stored in row groups of `group_rows` rows (global row ids, groups in file order).
 

@@ -14,7 +14,9 @@ the part is first touched (before any of its rows is served) — unless the file
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -67,8 +69,6 @@ class ParquetRows:
         self.first_row = np.concatenate([[0], np.cumsum(self.group_rows)]).astype(np.int64)
         self.num_rows = int(self.first_row[-1])
         self.lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-        if fmt == pqf.TOKEN_LIST:
-            self.doc_starts = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
         biggest = max(sizes, default=0)
         self.cache_bytes = max(int(cache_mb * 2**20), min_groups * biggest)
 
@@ -78,29 +78,51 @@ class ParquetRows:
         self._pid = os.getpid()
         self._cache: OrderedDict[int, tuple] = OrderedDict()
         self._cached_bytes = 0
-        self._handles: OrderedDict[int, pq.ParquetFile] = OrderedDict()
+        self._handles: OrderedDict[tuple[int, int], pq.ParquetFile] = OrderedDict()
+        self._lock = threading.RLock()  # cache, handles and checks: shared with the read-ahead thread
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: dict[int, Future] = {}
         self.decoded = 0  # row groups decoded by this process (for tests and benchmarks)
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_pool", "_pending")}
         for k in ("_cache", "_handles"):
             state[k] = OrderedDict()
         state["_cached_bytes"] = 0
         return state
 
-    def _handle(self, fi: int) -> pq.ParquetFile:
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def prefetch(self, gids) -> None:
+        """Decode these row groups in a background thread (pyarrow decodes without the GIL) into the cache, so a
+        later `group()` finds them; only the timing changes, never what is served."""
         if self._pid != os.getpid():
             self._reset()
-        h = self._handles.get(fi)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="pretok-readahead")
+        with self._lock:
+            for gid in gids:
+                gid = int(gid)
+                if gid not in self._cache and gid not in self._pending:
+                    self._pending[gid] = self._pool.submit(self._load, gid)
+
+    def _handle(self, fi: int) -> pq.ParquetFile:
+        """An open reader of part `fi` for the calling thread (readers are not shared between threads)."""
+        if self._pid != os.getpid():
+            self._reset()
+        key = (threading.get_ident(), fi)
+        h = self._handles.get(key)
         if h is None:
             try:
                 h = pq.ParquetFile(self.files[fi])
             except (OSError, pa.ArrowException) as e:
                 raise _corrupt(e, self.files[fi]) from None
-            self._handles[fi] = h
+            self._handles[key] = h
             if len(self._handles) > MAX_OPEN_FILES:
-                self._handles.popitem(last=False)[1].close()
-        self._handles.move_to_end(fi)
+                self._handles.popitem(last=False)  # closed when its last reader is done with it
+        self._handles.move_to_end(key)
         return h
 
     # -------------------------------------------------------------- reading
@@ -148,12 +170,33 @@ class ParquetRows:
         """Row group `gid` decoded: padded (ids (n, L), mask (n, L) bool); token list (values, offsets)."""
         if self._pid != os.getpid():
             self._reset()
-        hit = self._cache.get(gid)
-        if hit is not None:
-            self._cache.move_to_end(gid)
-            return hit
-        fi, g = int(self.group_file[gid]), int(self.group_index[gid])
-        t = self._read(fi, g)
+        with self._lock:
+            hit = self._cache.get(gid)
+            if hit is not None:
+                self._cache.move_to_end(gid)
+                return hit
+            pending = self._pending.get(gid)
+        if pending is not None:
+            return pending.result()  # a read-ahead error is raised here, where the row is needed
+        return self._load(gid)
+
+    def _load(self, gid: int) -> tuple:
+        try:
+            return self._decode(gid)
+        finally:
+            with self._lock:
+                self._pending.pop(gid, None)
+
+    def _decode(self, gid: int) -> tuple:
+        with self._lock:  # the checksum (once per part) and the file handle
+            fi, g = int(self.group_file[gid]), int(self.group_index[gid])
+            self._check(fi)
+            handle = self._handle(fi)
+        cols = ["input_ids", "attention_mask"] if self.fmt == pqf.PADDED else ["input_ids"]
+        try:
+            t = handle.read_row_group(g, columns=cols)
+        except (OSError, pa.ArrowException) as e:
+            raise _corrupt(e, self.files[fi]) from None
         n, path = int(self.group_rows[gid]), self.files[fi]
         if t.num_rows != n:
             raise PretokError(f"row group {g} holds {t.num_rows} rows, its footer says {n}", path)
@@ -170,13 +213,14 @@ class ParquetRows:
                 raise PretokError(f"row group {g}: document lengths differ from the footer's "
                                   f"'{pqf.DOC_LENGTHS_KEY}' (corrupt)", path)
             entry = (ids.flatten().to_numpy(zero_copy_only=False), offsets - offsets[0])
-        size = sum(a.nbytes for a in entry)
-        self._cache[gid] = entry
-        self._cached_bytes += size
-        self.decoded += 1
-        while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
-            _, old = self._cache.popitem(last=False)
-            self._cached_bytes -= sum(a.nbytes for a in old)
+        with self._lock:
+            if gid not in self._cache:
+                self._cache[gid] = entry
+                self._cached_bytes += sum(a.nbytes for a in entry)
+                self.decoded += 1
+            while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
+                _, old = self._cache.popitem(last=False)
+                self._cached_bytes -= sum(a.nbytes for a in old)
         return entry
 
     def locate(self, row: int) -> tuple[int, int]:

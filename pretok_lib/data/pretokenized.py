@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import PretokError
 from ..formats.manifest import read_manifest
 from ..formats.memmap import MemmapDataset
-from .order import ORDERS, block_permutation, epoch_permutation
+from .order import ORDERS, block_permutation, block_windows, epoch_permutation
 from .packing import PackedIndex, Sample, boundaries
 from .parquet_rows import ParquetRows
 from .verify_open import verify_files
@@ -43,6 +43,26 @@ def _order_args(order: str, block_groups: int) -> tuple[str, int]:
     return order, block_groups
 
 
+class BlockReadAhead:
+    """Block order: when the stream enters a window of row groups, that window's and the next one's groups are
+    decoded in a background thread (`ParquetRows.prefetch`). Changes timing only, never the samples."""
+
+    def __init__(self, rows: ParquetRows, seed: int, shuffle: bool, block: int):
+        self.rows, self.seed, self.shuffle, self.block = rows, seed, shuffle, block
+        self.epoch: int | None = None
+        self.window = -1
+
+    def at(self, epoch: int, position: int) -> None:
+        """The stream is at row `position` of `epoch`'s order."""
+        if epoch != self.epoch:
+            self.epoch, self.window = epoch, -1
+            self.groups, self.starts = block_windows(self.rows.group_rows, self.seed, epoch, self.shuffle, self.block)
+        w = int(np.searchsorted(self.starts, position, side="right")) - 1
+        if w != self.window:
+            self.window = w
+            self.rows.prefetch(self.groups[w * self.block : (w + 2) * self.block])
+
+
 class PaddedRows:
     """`pretok-padded`: one document per row, `seq_len + 1` slots; the order permutes rows. Rows are read by
     row group into a bounded cache (`parquet_rows.py`); `order`: "exact" (the global permutation of order.py)
@@ -62,12 +82,15 @@ class PaddedRows:
         self.window, self.seed, self.shuffle = seq_len + 1, seed, shuffle
         self.num_samples = self.m["counts"]["documents"]
         self.rows = ParquetRows(self.path, self.m, "padded", cache_mb=cache_mb, verify_on_open=verify_on_open,
-                                min_groups=self.block_groups + 1 if order == "block" else 2)
+                                min_groups=2 * self.block_groups + 1 if order == "block" else 2)
         if self.rows.num_rows != self.num_samples:
             raise PretokError(f"holds {self.rows.num_rows} rows, manifest.json says {self.num_samples}", self.path)
         self._perm: tuple[int, np.ndarray] | None = None
+        self.ahead = BlockReadAhead(self.rows, seed, shuffle, block_groups) if order == "block" else None
 
     def sample(self, epoch: int, k: int) -> Sample:
+        if self.ahead is not None:
+            self.ahead.at(epoch, k)
         ids, mask = self.rows.padded_row(int(self.permutation(epoch)[k]), self.window)
         return Sample(ids, mask=mask)
 
@@ -121,13 +144,20 @@ class TokenListPacked(_Packed):
         self.path, self.m = Path(path), open_checked(path, "token-list", tokenizer_fingerprint)
         self.order, self.block_groups = _order_args(order, block_groups)
         self.rows = ParquetRows(self.path, self.m, "token-list", cache_mb=cache_mb, verify_on_open=verify_on_open,
-                                min_groups=self.block_groups + 1 if order == "block" else 2)
+                                min_groups=2 * self.block_groups + 1 if order == "block" else 2)
         counts = self.m["counts"]
         got = (self.rows.num_rows, int(self.rows.lengths.sum()))
         if got != (counts["documents"], counts["tokens"]):
             raise PretokError(f"holds {got[0]} documents of {got[1]} tokens, manifest.json says "
                               f"{counts['documents']} of {counts['tokens']}", self.path)
         super().__init__(self.rows.lengths, seq_len, seed, shuffle)
+        self.ahead = BlockReadAhead(self.rows, seed, shuffle, block_groups) if order == "block" else None
+
+    def sample(self, epoch: int, k: int) -> Sample:
+        index = self.index(epoch)
+        if self.ahead is not None:  # the document position where window k starts
+            self.ahead.at(epoch, int(np.searchsorted(index.ends, k * self.window, side="right")))
+        return index.sample(k, self.doc_tokens)
 
     def doc_order(self, epoch: int) -> np.ndarray:
         return row_order(self.rows.group_rows, self.seed, epoch, self.shuffle, self.order, self.block_groups)

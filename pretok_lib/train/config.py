@@ -50,6 +50,9 @@ class DataConfig:
     shuffle: bool = True
     text_column: str = "text"
     verify_on_open: bool = False    # pretokenized data: check files against manifest checksums at open
+    order: str = "exact"            # parquet paths: exact | block (row groups shuffled block_groups at a time)
+    block_groups: int = 16          # row groups per window of the block order
+    cache_mb: float = 256           # parquet paths: decoded row groups kept per process (rank, DataLoader worker)
 
 
 @dataclass
@@ -221,6 +224,11 @@ def validate(cfg: Config, source: str = "config") -> None:
         bad(f"eval.kind '{cfg.eval.kind}' is not one of {', '.join(KINDS)}")
     if cfg.train.precision not in PRECISIONS:
         bad(f"train.precision '{cfg.train.precision}' is not one of {', '.join(PRECISIONS)}")
+    if cfg.data.order not in ("exact", "block"):
+        bad(f"data.order '{cfg.data.order}' is not exact or block")
+    if cfg.data.order != "exact" and cfg.data.kind not in ("pretok-padded", "pretok-token-list"):
+        bad(f"data.order '{cfg.data.order}' applies to the parquet paths (pretok-padded, pretok-token-list), "
+            f"not data.kind '{cfg.data.kind}'")
     if cfg.train.schedule not in ("cosine", "constant"):
         bad(f"train.schedule '{cfg.train.schedule}' is not cosine or constant")
     m = cfg.model
@@ -258,7 +266,8 @@ LIMITS: dict[str, Limit] = {
     "model.hidden_size": _ONE, "model.num_layers": _ONE, "model.num_heads": _ONE, "model.num_kv_heads": _ONE,
     "model.intermediate_size": _ONE, "model.rope_theta": _POS, "model.vocab_size": _ONE,
     "model.vocab_multiple": _ONE, "model.init_std": _NONNEG,
-    "data.seq_len": _ONE, "data.micro_batch": _ONE, "data.num_workers": _NONNEG,
+    "data.seq_len": _ONE, "data.micro_batch": _ONE, "data.num_workers": _NONNEG, "data.block_groups": _ONE,
+    "data.cache_mb": _NONNEG,
     "train.steps": _ONE, "train.grad_accum": _ONE, "train.lr": _POS, "train.min_lr_ratio": Limit(0, 1),
     "train.warmup_steps": _NONNEG, "train.weight_decay": _NONNEG, "train.beta1": Limit(0, 1, hi_open=True),
     "train.beta2": Limit(0, 1, hi_open=True), "train.eps": _POS, "train.grad_clip": _NONNEG,

@@ -222,3 +222,25 @@ def test_peak_memory_is_bounded_by_the_cache_not_the_dataset(pydocs, tmp_path):
         assert grew[how, 300][0] - grew[how, 30][0] < 12e6, grew  # not the 100+ MB more of ids
         assert grew[how, 300][0] < 200e6, grew  # fixed costs (pyarrow pools, threads) + 4 MB cache
     assert grew["block", 300][1] > 250, grew  # every part was read: the cache was cycled through, not held
+
+
+@pytest.mark.parametrize("order", ["exact", "block"])
+@pytest.mark.parametrize("kind,fmt", [("pretok-padded", "padded"), ("pretok-token-list", "token-list")])
+def test_a_corrupted_part_read_later_is_one_line_naming_it(datasets, tmp_path, kind, fmt, order):
+    """Flipped bytes (size unchanged) in the last part: reading on (also through the block order's read-ahead
+    thread) stops with the checksum error naming that part, before any of its rows is served."""
+    import shutil
+
+    d = tmp_path / fmt
+    shutil.copytree(datasets[0][fmt], d)
+    last = sorted(d.glob("*.parquet"))[-1]
+    raw = bytearray(last.read_bytes())
+    raw[len(raw) // 3] ^= 0xFF
+    last.write_bytes(bytes(raw))
+    src = make_source(kind, d, 7, order=order, block_groups=2, cache_mb=0)
+    with pytest.raises(PretokError, match="checksum differs from manifest.json") as e:
+        for k in range(src.num_samples):
+            src.sample(0, k)
+    assert str(last) in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(PretokError, match="checksum differs"):
+        make_source(kind, d, 7, order=order, verify_on_open=True)
