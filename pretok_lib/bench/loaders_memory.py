@@ -26,8 +26,8 @@ peak RSS: VmHWM of a fresh process reading as rank 0 of {world} (0 workers; Data
 tokens/s: input slots of collated batches (B x seq_len) over {n} batches ({ne} for exact) after {w} warm-up batches;
     setup s: construction + first batch (the in-RAM readers load and checksum every part there; the bounded ones
     read footers, then checksum each part when first touched). x in-RAM: tokens/s / the in-RAM reader's (goal
-    >= {speed:g} for the default order; exact order decodes about one row group per sample once the data outgrows
-    the cache). same stream: digest of the first {d} batches equals the in-RAM reader's (exact order only)."""
+    >= {speed:g} for the default block order; exact order decodes about one row group per sample once the data
+    outgrows the cache). same stream: digest of the first {d} batches equals the in-RAM reader's (exact order only)."""
 
 
 def add_args(p: argparse.ArgumentParser) -> None:

@@ -52,6 +52,7 @@ class ParquetRows:
         self._reset()
         counts, files, groups, sizes, lengths = [], [], [], [], []
         self.contract: dict = {}
+        self.mask_from_lengths: list[bool] = []
         for fi, path in enumerate(self.files):
             self.contract = pqf.read_contract(path, fmt)
             meta = self._metadata(path)
@@ -64,6 +65,10 @@ class ParquetRows:
             if fmt == pqf.TOKEN_LIST:
                 got = pqf.doc_lengths_of(meta, path)
                 lengths.append(got if got is not None else self._scan_lengths(fi, meta.num_row_groups))
+            else:  # padded: with real-token counts in the footer, masks need not be decoded
+                got = pqf.doc_lengths_of(meta, path, pqf.ROW_LENGTHS_KEY)
+                self.mask_from_lengths.append(got is not None)
+                lengths.append(got if got is not None else np.zeros(meta.num_rows, np.int64))
         self.group_rows = np.asarray(counts, dtype=np.int64)
         self.group_file, self.group_index = np.asarray(files, np.int64), np.asarray(groups, np.int64)
         self.first_row = np.concatenate([[0], np.cumsum(self.group_rows)]).astype(np.int64)
@@ -192,9 +197,9 @@ class ParquetRows:
             fi, g = int(self.group_file[gid]), int(self.group_index[gid])
             self._check(fi)
             handle = self._handle(fi)
-        cols = ["input_ids", "attention_mask"] if self.fmt == pqf.PADDED else ["input_ids"]
+        with_mask = self.fmt == pqf.PADDED and not self.mask_from_lengths[fi]
         try:
-            t = handle.read_row_group(g, columns=cols)
+            t = handle.read_row_group(g, columns=["input_ids", "attention_mask"] if with_mask else ["input_ids"])
         except (OSError, pa.ArrowException) as e:
             raise _corrupt(e, self.files[fi]) from None
         n, path = int(self.group_rows[gid]), self.files[fi]
@@ -204,8 +209,12 @@ class ParquetRows:
         if self.fmt == pqf.PADDED:
             L = self.contract["row_length"]
             rows = ids.flatten().to_numpy(zero_copy_only=False).reshape(-1, L)
-            mask = t.column("attention_mask").combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, L)
-            entry: tuple = (rows, mask != 0)
+            if with_mask:
+                mask = t.column("attention_mask").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+                entry: tuple = (rows, mask.reshape(-1, L) != 0)
+            else:  # (rows, real tokens per row): the mask is that prefix
+                lo = int(self.first_row[gid])
+                entry = (rows, self.lengths[lo : lo + n])
         else:
             offsets = ids.offsets.to_numpy().astype(np.int64)
             lo = int(self.first_row[gid])
@@ -231,7 +240,22 @@ class ParquetRows:
     def padded_row(self, row: int, window: int) -> tuple[np.ndarray, np.ndarray]:
         gid, i = self.locate(row)
         rows, mask = self.group(gid)
+        if mask.ndim == 1:
+            return rows[i, :window], np.arange(window) < mask[i]
         return rows[i, :window], mask[i, :window]
+
+    def doc_slices(self, pieces: list[tuple[int, int, int]]) -> list[np.ndarray]:
+        """Tokens [a, b) of each (document, a, b) piece: one vectorised lookup of the row groups for all."""
+        docs = np.fromiter((d for d, _, _ in pieces), np.int64, len(pieces))
+        gids = np.searchsorted(self.first_row, docs, side="right") - 1
+        out, seen = [], {}
+        for (d, a, b), g, f in zip(pieces, gids.tolist(), self.first_row[gids].tolist()):
+            e = seen.get(g)
+            if e is None:
+                e = seen[g] = self.group(g)
+            o = int(e[1][d - f])
+            out.append(e[0][o + a : o + b])
+        return out
 
     def doc_tokens(self, doc: int, a: int, b: int) -> np.ndarray:
         gid, i = self.locate(doc)

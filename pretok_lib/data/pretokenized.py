@@ -18,11 +18,11 @@ from ..errors import PretokError
 from ..formats.manifest import read_manifest
 from ..formats.memmap import MemmapDataset
 from .order import ORDERS, block_permutation, block_windows, epoch_permutation
-from .packing import PackedIndex, Sample, boundaries
+from .packing import PackedIndex, Sample, assemble, boundaries
 from .parquet_rows import ParquetRows
 from .verify_open import verify_files
 
-CACHE_MB = 256  # decoded row groups kept per process (parquet formats)
+CACHE_MB = 128  # decoded row groups kept per process (parquet formats; at least 2 block windows)
 BLOCK_GROUPS = 16  # row groups per window of the "block" order
 
 
@@ -65,11 +65,12 @@ class BlockReadAhead:
 
 class PaddedRows:
     """`pretok-padded`: one document per row, `seq_len + 1` slots; the order permutes rows. Rows are read by
-    row group into a bounded cache (`parquet_rows.py`); `order`: "exact" (the global permutation of order.py)
-    or "block" (`order.block_permutation` over `block_groups` row groups at a time: far fewer decodes)."""
+    row group into a bounded cache (`parquet_rows.py`); `order`: "block" (`order.block_permutation` over
+    `block_groups` row groups at a time) or "exact" (`order.epoch_permutation`: about one row-group decode per
+    sample once the data outgrows the cache)."""
 
     def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None,
-                 verify_on_open: bool = False, order: str = "exact", block_groups: int = BLOCK_GROUPS,
+                 verify_on_open: bool = False, order: str = "block", block_groups: int = BLOCK_GROUPS,
                  cache_mb: float = CACHE_MB):
         """`verify_on_open`: check every part against the manifest now (stamped: once per change of the files)
         instead of each part when this process first reads it."""
@@ -135,10 +136,10 @@ class _Packed:
 class TokenListPacked(_Packed):
     """`pretok-token-list`: token lists packed exactly like the on-the-fly padding-free baseline. Document
     lengths come from the part footers; tokens are read by row group into a bounded cache (`parquet_rows.py`).
-    `order`: "exact" or "block" (documents permuted by `order.block_permutation`)."""
+    `order`: "block" or "exact" (documents permuted by `order.block_permutation` / `epoch_permutation`)."""
 
     def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None,
-                 verify_on_open: bool = False, order: str = "exact", block_groups: int = BLOCK_GROUPS,
+                 verify_on_open: bool = False, order: str = "block", block_groups: int = BLOCK_GROUPS,
                  cache_mb: float = CACHE_MB):
         """`verify_on_open`: as for `PaddedRows`."""
         self.path, self.m = Path(path), open_checked(path, "token-list", tokenizer_fingerprint)
@@ -157,7 +158,9 @@ class TokenListPacked(_Packed):
         index = self.index(epoch)
         if self.ahead is not None:  # the document position where window k starts
             self.ahead.at(epoch, int(np.searchsorted(index.ends, k * self.window, side="right")))
-        return index.sample(k, self.doc_tokens)
+        pieces = index.pieces(k)
+        slices = iter(self.rows.doc_slices(pieces))
+        return assemble(pieces, lambda d, a, b: next(slices))  # called once per piece, in order
 
     def doc_order(self, epoch: int) -> np.ndarray:
         return row_order(self.rows.group_rows, self.seed, epoch, self.shuffle, self.order, self.block_groups)

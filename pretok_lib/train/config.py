@@ -50,9 +50,10 @@ class DataConfig:
     shuffle: bool = True
     text_column: str = "text"
     verify_on_open: bool = False    # pretokenized data: check files against manifest checksums at open
-    order: str = "exact"            # parquet paths: exact | block (row groups shuffled block_groups at a time)
+    order: str | None = None        # block | exact; default: block for the parquet paths (row groups shuffled
+    #                                 block_groups at a time; exact on data of <= block_groups row groups), else exact
     block_groups: int = 16          # row groups per window of the block order
-    cache_mb: float = 256           # parquet paths: decoded row groups kept per process (rank, DataLoader worker)
+    cache_mb: float = 128           # parquet paths: decoded row groups kept per process (rank, DataLoader worker)
 
 
 @dataclass
@@ -224,9 +225,9 @@ def validate(cfg: Config, source: str = "config") -> None:
         bad(f"eval.kind '{cfg.eval.kind}' is not one of {', '.join(KINDS)}")
     if cfg.train.precision not in PRECISIONS:
         bad(f"train.precision '{cfg.train.precision}' is not one of {', '.join(PRECISIONS)}")
-    if cfg.data.order not in ("exact", "block"):
+    if cfg.data.order not in (None, "exact", "block"):
         bad(f"data.order '{cfg.data.order}' is not exact or block")
-    if cfg.data.order != "exact" and cfg.data.kind not in ("pretok-padded", "pretok-token-list"):
+    if cfg.data.order == "block" and cfg.data.kind not in ("pretok-padded", "pretok-token-list"):
         bad(f"data.order '{cfg.data.order}' applies to the parquet paths (pretok-padded, pretok-token-list), "
             f"not data.kind '{cfg.data.kind}'")
     if cfg.train.schedule not in ("cosine", "constant"):

@@ -14,7 +14,7 @@ import pytest
 from pretok_lib.data import make_loader, make_source
 from pretok_lib.data.inram import InRamPaddedRows, InRamTokenList
 from pretok_lib.data.loader import ShardedBatches
-from pretok_lib.data.order import block_permutation
+from pretok_lib.data.order import block_permutation, epoch_permutation
 from pretok_lib.errors import PretokError
 from pretok_lib.formats import parquet as pqf
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
@@ -39,7 +39,7 @@ def tokenize(text, out, fmt: str, seq_len: int = 40, **kw) -> None:
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory):
     """Two random corpora, each pretokenized into padded / token-list / memmap with row groups of ~300 token
-    slots (many row groups in several parts); token-list also as written before footers held lengths."""
+    slots (many row groups in several parts); padded and token-list also as written before footers held lengths."""
     base, out = tmp_path_factory.mktemp("pqrows"), []
     mp = pytest.MonkeyPatch()
     try:
@@ -51,8 +51,9 @@ def datasets(tmp_path_factory):
             for fmt, d in dirs.items():
                 tokenize(text, d, fmt)
             mp.setattr(pqf.ParquetPartWriter, "record_doc_lengths", False)
-            dirs["token-list-old"] = base / f"{seed}-token-list-old"
-            tokenize(text, dirs["token-list-old"], "token-list")
+            for fmt in ("padded", "token-list"):
+                dirs[f"{fmt}-old"] = base / f"{seed}-{fmt}-old"
+                tokenize(text, dirs[f"{fmt}-old"], fmt)
             mp.setattr(pqf.ParquetPartWriter, "record_doc_lengths", True)
             out.append(dirs)
     finally:
@@ -74,13 +75,16 @@ def stream(src, epochs=(0, 1)) -> list[tuple]:
 @pytest.mark.parametrize("seq_len,seed,shuffle", [(7, 0, True), (40, 3, True), (16, 1, False)])
 def test_same_stream_as_in_ram_readers_and_memmap(datasets, i, seq_len, seed, shuffle):
     d, kw = datasets[i], dict(seed=seed, shuffle=shuffle)
-    pad = make_source("pretok-padded", d["padded"], seq_len, cache_mb=0, **kw)
-    assert pad.rows.group_rows.size > 10 and len(pad.rows.files) > 1  # many row groups, several parts
-    assert stream(pad) == stream(InRamPaddedRows(d["padded"], seq_len, **kw))
+    want = stream(InRamPaddedRows(d["padded"], seq_len, **kw))
+    for name in ("padded", "padded-old"):  # masks from the footer's row lengths / decoded
+        pad = make_source("pretok-padded", d[name], seq_len, cache_mb=0, order="exact", **kw)
+        assert pad.rows.group_rows.size > 10 and len(pad.rows.files) > 1  # many row groups, several parts
+        assert pad.rows.mask_from_lengths == [name == "padded"] * len(pad.rows.files)
+        assert stream(pad) == want, name
     want = stream(InRamTokenList(d["token-list"], seq_len, **kw))
     assert want == stream(make_source("pretok-memmap", d["memmap"], seq_len, **kw))
     for name in ("token-list", "token-list-old"):
-        tl = make_source("pretok-token-list", d[name], seq_len, cache_mb=0, **kw)
+        tl = make_source("pretok-token-list", d[name], seq_len, cache_mb=0, order="exact", **kw)
         assert tl.rows.group_rows.size > 10
         assert stream(tl) == want, name
         cached = [sum(a.nbytes for a in e) for e in tl.rows._cache.values()]
@@ -98,6 +102,12 @@ def test_footer_lengths_are_written_and_checked(datasets, tmp_path):
         assert np.array_equal(lens, np.diff(col.offsets.to_numpy()))
     for part in sorted(d["token-list-old"].glob("*.parquet")):
         assert pqf.doc_lengths_of(pq.read_metadata(part), part) is None
+    for part in sorted(d["padded"].glob("*.parquet")):
+        lens = pqf.doc_lengths_of(pq.read_metadata(part), part, pqf.ROW_LENGTHS_KEY)
+        mask = pq.read_table(part).column("attention_mask").combine_chunks().flatten().to_numpy()
+        assert np.array_equal(lens, mask.reshape(len(lens), -1).sum(axis=1))
+    for part in sorted(d["padded-old"].glob("*.parquet")):
+        assert pqf.doc_lengths_of(pq.read_metadata(part), part, pqf.ROW_LENGTHS_KEY) is None
 
 
 @pytest.mark.parametrize("block", [1, 3, 1000])
@@ -111,13 +121,16 @@ def test_block_order_is_a_deterministic_windowed_permutation(block):
         assert np.array_equal(p, block_permutation(counts, seed, epoch, True, block))
         assert sorted(p.tolist()) == list(range(firsts[-1]))
         # consecutive windows: the rows of `block` row groups (in the seeded group order) at a time
-        gperm = np.random.default_rng([seed, epoch]).permutation(len(counts))
+        gperm = np.random.default_rng([seed, epoch, 1]).permutation(len(counts))
         pos = 0
         for w in range(0, len(gperm), block):
             n = int(counts[gperm[w : w + block]].sum())
             assert set(group_of[p[pos : pos + n]].tolist()) <= set(gperm[w : w + block].tolist())
             pos += n
     assert not np.array_equal(block_permutation(counts, 0, 0, True, block), block_permutation(counts, 0, 1, True, block))
+    # at most `block` row groups: one window, exactly the exact order
+    few = counts[: min(block, len(counts))]
+    assert np.array_equal(block_permutation(few, 3, 2, True, block), epoch_permutation(int(few.sum()), 3, 2, True))
     assert np.array_equal(block_permutation(counts, 0, 0, False, block), np.arange(firsts[-1]))
 
 
@@ -125,7 +138,7 @@ def test_block_order_is_a_deterministic_windowed_permutation(block):
 def test_block_order_reads_each_row_group_about_once_per_epoch(datasets, kind, fmt):
     d = datasets[1]
     blk = make_source(kind, d[fmt], 7, order="block", block_groups=4, cache_mb=0)
-    ex = make_source(kind, d[fmt], 7, cache_mb=0)
+    ex = make_source(kind, d[fmt], 7, cache_mb=0, order="exact")
     groups = blk.rows.group_rows.size
     got = stream(blk, epochs=(0,))
     assert sorted(got) == sorted(stream(ex, epochs=(0,))) if kind == "pretok-padded" else len(got) == len(stream(ex, (0,)))
@@ -193,7 +206,7 @@ base = peak()
 if how == "in-ram":
     src, step = InRamTokenList(path, 128), 10**9
 else:
-    src = make_source("pretok-token-list", path, 128, order=how, cache_mb=4)
+    src = make_source("pretok-token-list", path, 128, order=how, cache_mb=4, block_groups=2)
     step = 7 if how == "block" else 997
 for k in range(0, src.num_samples, step):
     src.sample(0, k)
