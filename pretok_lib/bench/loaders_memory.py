@@ -34,7 +34,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", action="append", default=[], metavar="KIND=DIR",
                    help="only the memory benchmark, on this output (pretok-padded=DIR, pretok-token-list=DIR)")
     p.add_argument("--memory-world", type=int, default=4, help="ranks simulated (rank 0 is measured)")
-    p.add_argument("--memory-batches", type=int, default=2000, help="timed batches (in-ram, block)")
+    p.add_argument("--memory-batches", type=int, default=8000,
+                   help="timed batches (in-ram, block): several block windows, so read-ahead is amortised")
     p.add_argument("--memory-exact-batches", type=int, default=100, help="timed batches (exact order)")
     p.add_argument("--cache-mb", type=float, default=None, help="decoded row-group cache per process")
     p.add_argument("--block-groups", type=int, default=None, help="row groups per block-order window")
