@@ -50,7 +50,7 @@ class ParquetRows:
             verify_files(self.root, manifest)
         self.checked = [verify_on_open or stamp_covers(self.root, manifest)] * len(self.files)
         self._reset()
-        counts, files, groups, sizes, lengths = [], [], [], [], []
+        counts, files, groups, lengths = [], [], [], []
         self.contract: dict = {}
         self.mask_from_lengths: list[bool] = []
         for fi, path in enumerate(self.files):
@@ -61,7 +61,6 @@ class ParquetRows:
                 counts.append(rg.num_rows)
                 files.append(fi)
                 groups.append(g)
-                sizes.append(rg.total_byte_size)
             if fmt == pqf.TOKEN_LIST:
                 got = pqf.doc_lengths_of(meta, path)
                 lengths.append(got if got is not None else self._scan_lengths(fi, meta.num_row_groups))
@@ -74,8 +73,7 @@ class ParquetRows:
         self.first_row = np.concatenate([[0], np.cumsum(self.group_rows)]).astype(np.int64)
         self.num_rows = int(self.first_row[-1])
         self.lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-        biggest = max(sizes, default=0)
-        self.cache_bytes = max(int(cache_mb * 2**20), min_groups * biggest)
+        self.cache_bytes, self.min_groups = int(cache_mb * 2**20), max(1, min_groups)
 
     # -------------------------------------------------------------- per-process state (dropped on fork/pickle)
 
@@ -227,7 +225,7 @@ class ParquetRows:
                 self._cache[gid] = entry
                 self._cached_bytes += sum(a.nbytes for a in entry)
                 self.decoded += 1
-            while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:
+            while self._cached_bytes > self.cache_bytes and len(self._cache) > self.min_groups:
                 _, old = self._cache.popitem(last=False)
                 self._cached_bytes -= sum(a.nbytes for a in old)
         return entry
