@@ -231,7 +231,7 @@ def test_peak_memory_is_bounded_by_the_cache_not_the_dataset(pydocs, tmp_path):
             grew[how, n] = [int(x) for x in out.stdout.split()]
     assert grew["in-ram", 300][0] - grew["in-ram", 30][0] > extra, grew
     for how in ("block", "exact"):
-        assert grew[how, 300][0] - grew[how, 30][0] < 12e6, grew  # not the 100+ MB more of ids
+        assert grew[how, 300][0] - grew[how, 30][0] < 30e6, grew  # not the 104 MB more of ids (in-RAM: +220 MB)
         assert grew[how, 300][0] < 200e6, grew  # fixed costs (pyarrow pools, threads) + 4 MB cache
     assert grew["block", 300][1] > 250, grew  # every part was read: the cache was cycled through, not held
 
