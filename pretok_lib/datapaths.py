@@ -34,6 +34,7 @@ KINDS = tuple(p.name for p in REGISTRY)                          # canonical ord
 ON_THE_FLY = tuple(p.name for p in REGISTRY if p.on_the_fly)
 PRETOKENIZED = tuple(p.name for p in REGISTRY if not p.on_the_fly)
 PACKED = tuple(p.name for p in REGISTRY if p.packed)
+PARQUET_KINDS = tuple(p.name for p in REGISTRY if p.format in ("padded", "token-list"))  # row-group readers
 FORMAT_OF = {p.name: p.format for p in REGISTRY if p.format}     # pretokenized path -> format
 KIND_OF_FORMAT = {f: k for k, f in FORMAT_OF.items()}            # format -> pretokenized path
 # Each pretokenized path and the on-the-fly path with the same layout: their ratio isolates tokenization.

@@ -67,6 +67,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="OUT", help="write all results here")
     p.add_argument("--check", action="store_true", help="exit 1 if a target fails")
+    from .loaders_memory import add_args as add_memory_args
+
+    add_memory_args(p)
 
 
 def variant_dir(fmt: str, compression: str) -> str:
@@ -295,6 +298,17 @@ def main(args: argparse.Namespace) -> dict:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # DataLoader workers fork after the tokenizer ran
+    if args.memory:  # bounded vs in-RAM parquet readers on given outputs, nothing else
+        from .loaders_memory import main as memory_main
+
+        rows = memory_main(args)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps({"memory": rows, "args": {k: v for k, v in vars(args).items()
+                                                                             if k != "fn"}}, indent=2, default=str))
+        if args.check and not all(r["rss_pass"] for r in rows if r["impl"] != "in-ram"):
+            raise PretokError("benchmark targets failed (see above)")
+        return {"memory": rows}
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     workers = [int(w) for w in str(args.workers).split(",") if w.strip()]

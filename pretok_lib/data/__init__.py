@@ -13,25 +13,32 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from ..datapaths import KINDS, ON_THE_FLY
+from ..datapaths import KINDS, ON_THE_FLY, PARQUET_KINDS
 from ..errors import PretokError
 from .baselines import PaddedText, PaddingFreeStream
 from .loader import ShardedBatches, StatefulLoader, dist_rank_world
 from .mixture import MixtureSource, open_mixture
-from .pretokenized import MemmapPacked, PaddedRows, TokenListPacked
+from .pretokenized import BLOCK_GROUPS, CACHE_MB, MemmapPacked, PaddedRows, TokenListPacked
 
 
 
 def make_source(kind: str, path: str | os.PathLike | Sequence[str], seq_len: int, *, tokenizer: str | None = None,
                 seed: int = 0, shuffle: bool = True, text_column: str = "text", backend: str | None = None,
-                verify_on_open: bool = False):
+                verify_on_open: bool = False, order: str | None = None, block_groups: int = BLOCK_GROUPS,
+                cache_mb: float = CACHE_MB):
     """The sample source of one data path. Baselines read text (`path`: inputs) and need `tokenizer`;
     pretokenized paths read a `pretok tokenize` output dir and check it against `tokenizer` if given, and with
-    `verify_on_open` check its data files against the manifest's checksums before serving anything."""
+    `verify_on_open` check its data files against the manifest's checksums before serving anything.
+    Parquet paths only: `order` "block" (their default: `block_groups` row groups shuffled at a time; the exact
+    permutation on data of at most that many row groups) or "exact"; `cache_mb` of decoded row groups kept per
+    process. Other paths: "exact" only (their default)."""
     if kind not in KINDS:
         raise PretokError(f"unknown data path '{kind}' (choose from {', '.join(KINDS)})")
     if seq_len < 1:
         raise PretokError(f"seq_len must be >= 1 (got {seq_len})")
+    if order not in (None, "exact") and kind not in PARQUET_KINDS:
+        raise PretokError(f"data order '{order}' applies to the parquet paths ({', '.join(PARQUET_KINDS)}), "
+                          f"not '{kind}' (use order 'exact')")
     if kind in ON_THE_FLY:
         if tokenizer is None:
             raise PretokError(f"data path '{kind}' tokenizes on the fly: give a tokenizer")
@@ -43,9 +50,12 @@ def make_source(kind: str, path: str | os.PathLike | Sequence[str], seq_len: int
         from ..tokenizer import load_tokenizer
 
         fingerprint = load_tokenizer(tokenizer).fingerprint
-    cls = {"pretok-padded": PaddedRows, "pretok-token-list": TokenListPacked, "pretok-memmap": MemmapPacked}[kind]
+    if kind == "pretok-memmap":
+        return MemmapPacked(path, seq_len, seed=seed, shuffle=shuffle, tokenizer_fingerprint=fingerprint,
+                            verify_on_open=verify_on_open)
+    cls = PaddedRows if kind == "pretok-padded" else TokenListPacked
     return cls(path, seq_len, seed=seed, shuffle=shuffle, tokenizer_fingerprint=fingerprint,
-               verify_on_open=verify_on_open)
+               verify_on_open=verify_on_open, order=order or "block", block_groups=block_groups, cache_mb=cache_mb)
 
 
 def make_dataset(kind: str, path, seq_len: int, *, micro_batch: int = 8, rank: int | None = None,

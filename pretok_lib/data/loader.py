@@ -107,8 +107,12 @@ class StatefulLoader:
     def _identity(self) -> dict:
         src = self.dataset.source
         extra = getattr(src, "order_identity", None)  # a mixture: its datasets, weights and policy
-        return {"source": type(src).__name__, "window": src.window, "seed": src.seed, "shuffle": src.shuffle,
-                "num_samples": getattr(src, "num_samples", None), **(extra() if extra else {})}
+        ident = {"source": type(src).__name__, "window": src.window, "seed": src.seed, "shuffle": src.shuffle,
+                 "num_samples": getattr(src, "num_samples", None), "order": getattr(src, "order", "exact"),
+                 **(extra() if extra else {})}
+        if ident["order"] == "block":
+            ident["block_groups"] = src.block_groups
+        return ident
 
     def state_dict(self) -> dict:
         """The position, and what it is a position in (checked on load; the global batch may change)."""
@@ -116,8 +120,10 @@ class StatefulLoader:
 
     def load_state_dict(self, state: dict) -> None:
         mine = self._identity()
+        state = {"order": "exact", **state}  # a state saved before orders existed was made in the exact order
         diff = [k for k in mine if k in state and state[k] != mine[k]]
         if diff:
+            hint = f" (resume with data.order: {state['order']})" if "order" in diff else ""
             raise PretokError(f"loader state is for another data order (differs in: {', '.join(diff)}): "
-                              f"{ {k: state[k] for k in diff} } vs { {k: mine[k] for k in diff} }")
+                              f"{ {k: state[k] for k in diff} } vs { {k: mine[k] for k in diff} }{hint}")
         self.dataset.position = Position.from_dict(state["position"])

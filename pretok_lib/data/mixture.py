@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from ..datapaths import BY_NAME, KIND_OF_FORMAT
+from ..datapaths import BY_NAME, KIND_OF_FORMAT, PARQUET_KINDS
 from ..errors import PretokError
 from ..formats.manifest import read_manifest
 from .blend import Blend
@@ -77,17 +77,19 @@ class MixtureSource:
     def order_identity(self) -> dict:
         """What makes this order this order (a loader state is refused on any other): every dataset by its
         manifest's own checksum (so a moved copy resumes) and size, the rational weights, the policy."""
-        return {"mixture": [{"manifest": s.m.get("manifest_sha256"), "num_samples": n, "weight": [p, self.blend.Q]}
+        return {"mixture": [{"manifest": s.m.get("manifest_sha256"), "num_samples": n, "weight": [p, self.blend.Q],
+                             "order": getattr(s, "order", "exact"), "block_groups": getattr(s, "block_groups", None)}
                             for s, n, p in zip(self.sources, self.sizes, self.blend.p)],
                 "mixture_exhausted": self.exhausted}
 
 
 def open_mixture(entries: Sequence[tuple[str | os.PathLike, float]], seq_len: int, *, tokenizer: str | None = None,
                  seed: int = 0, shuffle: bool = True, exhausted: str = "epoch",
-                 verify_on_open: bool = False) -> MixtureSource:
+                 verify_on_open: bool = False, **order_kw) -> MixtureSource:
     """The mixture of `(path, weight)` pretokenized outputs. Each dataset's format comes from its manifest; all
     must share the tokenizer (and match `tokenizer` when given) and the format family (padded rows cannot be
-    batched with packed windows): otherwise a one-line PretokError naming the offending manifest."""
+    batched with packed windows): otherwise a one-line PretokError naming the offending manifest. `order_kw`
+    (order, block_groups, cache_mb) go to the parquet datasets' readers (`make_source`)."""
     from . import make_source
 
     if not entries:
@@ -110,5 +112,6 @@ def open_mixture(entries: Sequence[tuple[str | os.PathLike, float]], seq_len: in
                                   f"dataset {p0} '{m0['format']}' ({FAMILY[m0['format']]}): padded rows and packed "
                                   f"windows cannot share a batch", where)
         sources.append(make_source(KIND_OF_FORMAT[m["format"]], path, seq_len, tokenizer=tokenizer, seed=seed,
-                                   shuffle=shuffle, verify_on_open=verify_on_open))
+                                   shuffle=shuffle, verify_on_open=verify_on_open,
+                                   **(order_kw if KIND_OF_FORMAT[m["format"]] in PARQUET_KINDS else {})))
     return MixtureSource(sources, [w for _, w in entries], exhausted, names=[str(p) for p, _ in entries])

@@ -4,6 +4,10 @@ Contract (docs/ARCHITECTURE.md, "Sharding and resume of the loaders"):
 - An epoch's order comes from `numpy.random.default_rng([seed, epoch])` (identity when not shuffling): a
   permutation of the rows for the padded paths, of the documents for the packed paths (which then cut the
   permuted stream into consecutive windows). It does not depend on world size, micro-batch or workers.
+- The parquet paths take the `block` order by default (`data.order: block`, see `block_permutation`): row
+  groups shuffled, then rows shuffled within windows of `block_groups` row groups, so a reader decodes each row
+  group about once per epoch. Deterministic from (seed, epoch) and the data's row-group layout alone; on data of
+  at most `block_groups` row groups it is exactly the permutation above. `data.order: exact` forces the above.
 - The order is consumed in global batches of `micro_batch * world_size` samples; rank r takes the r-th
   contiguous slice of each global batch. A remainder smaller than one global batch is dropped at the end of
   the epoch (a different tail each epoch when shuffling), so every rank yields the same number of batches.
@@ -42,7 +46,7 @@ def epoch_permutation(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarra
     """The order of `n` items in `epoch`: a seeded permutation, or 0..n-1."""
     if not shuffle:
         return np.arange(n, dtype=np.int64)
-    return np.random.default_rng([seed, epoch]).permutation(n).astype(np.int64)
+    return np.random.default_rng([seed, epoch]).permutation(n).astype(np.int64, copy=False)
 
 
 @dataclass(frozen=True)
@@ -71,3 +75,41 @@ def my_steps(num_samples: int, pos: Position, shard: Shard) -> Iterator[tuple[in
     for step in range(shard.worker, steps_left(num_samples, pos, gb), shard.workers):
         first = pos.consumed + step * gb + shard.rank * shard.micro_batch
         yield step, first, first + shard.micro_batch
+
+
+ORDERS = ("exact", "block")
+
+
+def block_windows(group_rows: np.ndarray, seed: int, epoch: int, shuffle: bool, block: int):
+    """(row groups in the epoch's block order, first order position of each window of `block` groups + the end).
+    The group order is `default_rng([seed, epoch, 1]).permutation(G)` (file order when not shuffling)."""
+    counts = np.asarray(group_rows, dtype=np.int64)
+    if block < 1:
+        raise ValueError(f"block must be >= 1 (got {block})")
+    groups = np.random.default_rng([seed, epoch, 1]).permutation(len(counts)) if shuffle else np.arange(len(counts))
+    per_window = np.add.reduceat(counts[groups], np.arange(0, len(groups), block)) if len(groups) else counts[:0]
+    return groups, np.concatenate([[0], np.cumsum(per_window)]).astype(np.int64)
+
+
+def block_permutation(group_rows: np.ndarray, seed: int, epoch: int, shuffle: bool, block: int) -> np.ndarray:
+    """The `block` order of rows stored in row groups of `group_rows` rows (global row ids, groups in file order).
+
+    The row groups are permuted by `default_rng([seed, epoch, 1]).permutation(G)` and the permuted sequence is
+    cut into windows of `block` consecutive groups. Window by window, the window's rows, ascending, are permuted
+    by the next `rng.permutation(rows in window)` of `rng = default_rng([seed, epoch])`. Hence data of at most
+    `block` row groups (one window) gets exactly `epoch_permutation`. Not shuffling: 0..n-1. A reader touches at
+    most `block` row groups at a time. Depends only on the row-group layout and (seed, epoch), not on world
+    size, micro-batch or workers."""
+    counts = np.asarray(group_rows, dtype=np.int64)
+    n = int(counts.sum())
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    groups, starts = block_windows(counts, seed, epoch, shuffle, block)
+    firsts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    rng = np.random.default_rng([seed, epoch])
+    out = np.empty(n, dtype=np.int64)
+    for w, pos in enumerate(starts[:-1]):
+        gs = np.sort(groups[w * block : (w + 1) * block])  # rows ascending: groups in file order
+        rows = np.concatenate([np.arange(firsts[g], firsts[g] + counts[g], dtype=np.int64) for g in gs])
+        out[pos : pos + len(rows)] = rows[rng.permutation(len(rows))]
+    return out

@@ -1,10 +1,10 @@
 """Readers of the pretokenized formats for training: padded rows, token lists (packed), memmap (packed).
 
 Each opens a `pretok tokenize` output through its manifest (validated: format, tokenizer, sequence length)
-and serves samples by global order position: `sample(epoch, k)`. The parquet formats are loaded into memory
-on first use (parquet has no cheap random row access) and every part is checked against its manifest checksum as
-it is read; the memmap format is memory-mapped and never loaded, so its data files are checked only with
-`verify_on_open=True` (see `verify_open.py`).
+and serves samples by global order position: `sample(epoch, k)`. The parquet formats read part footers at open
+and decode row groups on demand into a bounded cache (`parquet_rows.py`: memory independent of the dataset
+size); each part is checked against its manifest checksum when a process first reads it. The memmap format is
+memory-mapped and never loaded, so its data files are checked only with `verify_on_open=True` (`verify_open.py`).
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..errors import PretokError
-from ..formats import checksum
-from ..formats import parquet as pqf
 from ..formats.manifest import read_manifest
 from ..formats.memmap import MemmapDataset
-from .order import epoch_permutation
-from .packing import PackedIndex, Sample, boundaries
+from .order import ORDERS, block_permutation, block_windows, epoch_permutation
+from .packing import PackedIndex, Sample, assemble, boundaries
+from .parquet_rows import ParquetRows
 from .verify_open import verify_files
+
+CACHE_MB = 128  # decoded row groups kept per process (parquet formats; at least 2 block windows)
+BLOCK_GROUPS = 16  # row groups per window of the "block" order
 
 
 def open_checked(path: str | os.PathLike, fmt: str, tokenizer_fingerprint: str | None) -> dict:
@@ -35,57 +35,79 @@ def open_checked(path: str | os.PathLike, fmt: str, tokenizer_fingerprint: str |
     return m
 
 
-def _read_table(path: Path, expected: str | None = None):
-    """The whole parquet part (read in full anyway, so its manifest checksum is checked too: flipped bytes in a
-    zstd page often decode without error into wrong tokens), or a PretokError naming it."""
-    if expected and not checksum.matches(path, expected):
-        raise PretokError("checksum differs from manifest.json (corrupted or modified)", path)
-    try:
-        return pq.read_table(path)
-    except (OSError, pa.ArrowException) as e:
-        raise PretokError(f"corrupt parquet data ({type(e).__name__}: {str(e).splitlines()[0]})", path) from None
+def _order_args(order: str, block_groups: int) -> tuple[str, int]:
+    if order not in ORDERS:
+        raise PretokError(f"unknown data order '{order}' (choose from {', '.join(ORDERS)})")
+    if block_groups < 1:
+        raise PretokError(f"block_groups must be >= 1 (got {block_groups})")
+    return order, block_groups
+
+
+class BlockReadAhead:
+    """Block order: when the stream enters a window of row groups, that window's and the next one's groups are
+    decoded in a background thread (`ParquetRows.prefetch`). Changes timing only, never the samples."""
+
+    def __init__(self, rows: ParquetRows, seed: int, shuffle: bool, block: int):
+        self.rows, self.seed, self.shuffle, self.block = rows, seed, shuffle, block
+        self.epoch: int | None = None
+        self.window = -1
+
+    def at(self, epoch: int, position: int) -> None:
+        """The stream is at row `position` of `epoch`'s order."""
+        if epoch != self.epoch:
+            self.epoch, self.window = epoch, -1
+            self.groups, self.starts = block_windows(self.rows.group_rows, self.seed, epoch, self.shuffle, self.block)
+        w = int(np.searchsorted(self.starts, position, side="right")) - 1
+        if w != self.window:
+            self.window = w
+            self.rows.prefetch(self.groups[w * self.block : (w + 2) * self.block])
 
 
 class PaddedRows:
-    """`pretok-padded`: one document per row, `seq_len + 1` slots; the order permutes rows."""
+    """`pretok-padded`: one document per row, `seq_len + 1` slots; the order permutes rows. Rows are read by
+    row group into a bounded cache (`parquet_rows.py`); `order`: "block" (`order.block_permutation` over
+    `block_groups` row groups at a time) or "exact" (`order.epoch_permutation`: about one row-group decode per
+    sample once the data outgrows the cache)."""
 
     def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None,
-                 verify_on_open: bool = False):
-        """`verify_on_open`: load (and so check) every part now instead of at the first sample."""
+                 verify_on_open: bool = False, order: str = "block", block_groups: int = BLOCK_GROUPS,
+                 cache_mb: float = CACHE_MB):
+        """`verify_on_open`: check every part against the manifest now (stamped: once per change of the files)
+        instead of each part when this process first reads it."""
         self.path, self.m = Path(path), open_checked(path, "padded", tokenizer_fingerprint)
+        self.order, self.block_groups = _order_args(order, block_groups)
         row = self.m["policy"]["row_length"]
         if seq_len + 1 > row:
             raise PretokError(f"seq_len {seq_len} needs rows of {seq_len + 1} tokens; this file holds {row} "
                               f"(pretokenized with --seq-len {row - 1})", self.path)
         self.window, self.seed, self.shuffle = seq_len + 1, seed, shuffle
         self.num_samples = self.m["counts"]["documents"]
-        self.rows = self.masks = None
-        if verify_on_open:
-            self._load()
-
-    def _load(self) -> None:
-        rows, masks = [], []
-        for f in self.m["files"]:
-            meta = pqf.read_contract(self.path / f["path"], "padded")
-            t = _read_table(self.path / f["path"], checksum.recorded(f))
-            L = meta["row_length"]
-            rows.append(t.column("input_ids").combine_chunks().values.to_numpy().reshape(-1, L))
-            masks.append(t.column("attention_mask").combine_chunks().values.to_numpy().reshape(-1, L))
-        self.rows = np.concatenate(rows)[:, : self.window] if rows else np.zeros((0, self.window), np.int64)
-        self.masks = (np.concatenate(masks)[:, : self.window] != 0) if masks else np.zeros((0, self.window), bool)
-        if len(self.rows) != self.num_samples:
-            raise PretokError(f"holds {len(self.rows)} rows, manifest.json says {self.num_samples}", self.path)
+        self.rows = ParquetRows(self.path, self.m, "padded", cache_mb=cache_mb, verify_on_open=verify_on_open,
+                                min_groups=2 * self.block_groups + 1 if order == "block" else 2)
+        if self.rows.num_rows != self.num_samples:
+            raise PretokError(f"holds {self.rows.num_rows} rows, manifest.json says {self.num_samples}", self.path)
+        self._perm: tuple[int, np.ndarray] | None = None
+        self.ahead = BlockReadAhead(self.rows, seed, shuffle, block_groups) if order == "block" else None
 
     def sample(self, epoch: int, k: int) -> Sample:
-        if self.rows is None:
-            self._load()
-        i = int(self._perm(epoch)[k])
-        return Sample(self.rows[i], mask=self.masks[i])
+        if self.ahead is not None:
+            self.ahead.at(epoch, k)
+        ids, mask = self.rows.padded_row(int(self.permutation(epoch)[k]), self.window)
+        return Sample(ids, mask=mask)
 
-    def _perm(self, epoch: int) -> np.ndarray:
-        if getattr(self, "_perm_epoch", None) != epoch:
-            self._perm_cache, self._perm_epoch = epoch_permutation(self.num_samples, self.seed, epoch, self.shuffle), epoch
-        return self._perm_cache
+    def permutation(self, epoch: int) -> np.ndarray:
+        """Global row ids in the epoch's order."""
+        if self._perm is None or self._perm[0] != epoch:
+            self._perm = (epoch, row_order(self.rows.group_rows, self.seed, epoch, self.shuffle, self.order,
+                                           self.block_groups))
+        return self._perm[1]
+
+
+def row_order(group_rows: np.ndarray, seed: int, epoch: int, shuffle: bool, order: str, block: int) -> np.ndarray:
+    """The epoch's order of rows stored in row groups of `group_rows` rows: exact or block (see order.py)."""
+    if order == "block":
+        return block_permutation(group_rows, seed, epoch, shuffle, block)
+    return epoch_permutation(int(np.sum(group_rows)), seed, epoch, shuffle)
 
 
 class _Packed:
@@ -96,10 +118,12 @@ class _Packed:
         self._index: tuple[int, PackedIndex] | None = None
         self.num_samples = int(lengths.sum()) // self.window  # the same for every epoch
 
+    def doc_order(self, epoch: int) -> np.ndarray:
+        return epoch_permutation(len(self.doc_lengths), self.seed, epoch, self.shuffle)
+
     def index(self, epoch: int) -> PackedIndex:
         if self._index is None or self._index[0] != epoch:
-            order = epoch_permutation(len(self.doc_lengths), self.seed, epoch, self.shuffle)
-            self._index = (epoch, PackedIndex(self.doc_lengths, order, self.window))
+            self._index = (epoch, PackedIndex(self.doc_lengths, self.doc_order(epoch), self.window))
         return self._index[1]
 
     def sample(self, epoch: int, k: int) -> Sample:
@@ -110,26 +134,39 @@ class _Packed:
 
 
 class TokenListPacked(_Packed):
-    """`pretok-token-list`: token lists packed exactly like the on-the-fly padding-free baseline."""
+    """`pretok-token-list`: token lists packed exactly like the on-the-fly padding-free baseline. Document
+    lengths come from the part footers; tokens are read by row group into a bounded cache (`parquet_rows.py`).
+    `order`: "block" or "exact" (documents permuted by `order.block_permutation` / `epoch_permutation`)."""
 
     def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None,
-                 verify_on_open: bool = False):
-        """Every part is read, and checked, here: `verify_on_open` changes nothing."""
+                 verify_on_open: bool = False, order: str = "block", block_groups: int = BLOCK_GROUPS,
+                 cache_mb: float = CACHE_MB):
+        """`verify_on_open`: as for `PaddedRows`."""
         self.path, self.m = Path(path), open_checked(path, "token-list", tokenizer_fingerprint)
-        values, offsets, base = [], [np.zeros(1, np.int64)], 0
-        for f in self.m["files"]:
-            pqf.read_contract(self.path / f["path"], "token-list")
-            col = _read_table(self.path / f["path"], checksum.recorded(f)).column("input_ids").combine_chunks()
-            values.append(col.values.to_numpy())
-            offsets.append(col.offsets.to_numpy()[1:].astype(np.int64) + base)
-            base += len(values[-1])
-        self.values = np.concatenate(values) if values else np.zeros(0, np.int64)
-        self.offsets = np.concatenate(offsets)
-        super().__init__(np.diff(self.offsets), seq_len, seed, shuffle)
+        self.order, self.block_groups = _order_args(order, block_groups)
+        self.rows = ParquetRows(self.path, self.m, "token-list", cache_mb=cache_mb, verify_on_open=verify_on_open,
+                                min_groups=2 * self.block_groups + 1 if order == "block" else 2)
+        counts = self.m["counts"]
+        got = (self.rows.num_rows, int(self.rows.lengths.sum()))
+        if got != (counts["documents"], counts["tokens"]):
+            raise PretokError(f"holds {got[0]} documents of {got[1]} tokens, manifest.json says "
+                              f"{counts['documents']} of {counts['tokens']}", self.path)
+        super().__init__(self.rows.lengths, seq_len, seed, shuffle)
+        self.ahead = BlockReadAhead(self.rows, seed, shuffle, block_groups) if order == "block" else None
+
+    def sample(self, epoch: int, k: int) -> Sample:
+        index = self.index(epoch)
+        if self.ahead is not None:  # the document position where window k starts
+            self.ahead.at(epoch, int(np.searchsorted(index.ends, k * self.window, side="right")))
+        pieces = index.pieces(k)
+        slices = iter(self.rows.doc_slices(pieces))
+        return assemble(pieces, lambda d, a, b: next(slices))  # called once per piece, in order
+
+    def doc_order(self, epoch: int) -> np.ndarray:
+        return row_order(self.rows.group_rows, self.seed, epoch, self.shuffle, self.order, self.block_groups)
 
     def doc_tokens(self, doc: int, a: int, b: int) -> np.ndarray:
-        o = int(self.offsets[doc])
-        return self.values[o + a : o + b]
+        return self.rows.doc_tokens(doc, a, b)
 
 
 class MemmapPacked(_Packed):

@@ -74,6 +74,13 @@ def _write_stamp(candidates: list[Path], root: Path, expected: dict[str, str], b
                 pass
 
 
+def stamp_covers(path: str | os.PathLike, manifest: dict) -> bool:
+    """Whether a stamp says the dataset's data files passed a check and are unchanged since (no hashing)."""
+    root = Path(path)
+    expected = _expected(root, manifest)
+    return any(_stamp_ok(s, root, expected) for s in _stamp_paths(root))
+
+
 def verify_files(path: str | os.PathLike, manifest: dict) -> bool:
     """Check every data file of the dataset at `path` against `manifest` unless a stamp says these very files
     passed already. Returns True when the files were hashed now, False when the stamp covered them. Raises a

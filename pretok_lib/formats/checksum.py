@@ -37,13 +37,16 @@ def algorithm_of(expected: str) -> str:
 
 
 def of_file(path: str | os.PathLike, algorithm: str = ALGORITHM, chunk: int = 64 << 20) -> str:
-    """Checksum of a whole file, hashed in chunks straight from a read-only mapping (no copy through Python)."""
+    """Checksum of a whole file, hashed straight from read-only mappings (no copy through Python), one `chunk` at
+    a time: at most one chunk of the file is mapped (and so resident in this process) at once."""
     h = _NEW[algorithm]()
+    chunk = max(mmap.ALLOCATIONGRANULARITY, chunk // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY)
     with open(path, "rb") as fh:
-        if os.fstat(fh.fileno()).st_size:
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm, memoryview(mm) as view:
-                for i in range(0, len(view), chunk):
-                    h.update(view[i:i + chunk])
+        size = os.fstat(fh.fileno()).st_size
+        for off in range(0, size, chunk):
+            n = min(chunk, size - off)
+            with mmap.mmap(fh.fileno(), n, access=mmap.ACCESS_READ, offset=off) as mm, memoryview(mm) as view:
+                h.update(view)
     return f"{algorithm}:{h.hexdigest()}"
 
 

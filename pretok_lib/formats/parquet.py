@@ -6,8 +6,10 @@ key-value metadata under `pretok`, and are validated on open. See docs/FORMATS.m
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -24,6 +26,8 @@ PADDED, TOKEN_LIST = "padded", "token-list"
 PARQUET_VERSION = 1
 ROW_GROUP_TOKENS = 1 << 20  # about 1M token slots per row group: cheap random access, good compression
 CODECS = ("none", "snappy", "zstd", "gzip", "lz4", "brotli")
+DOC_LENGTHS_KEY = "pretok.doc_lengths"  # token-list footer: every row's length (see doc_lengths_of)
+ROW_LENGTHS_KEY = "pretok.row_lengths"  # padded footer: every row's real (unmasked) token count
 ARROW_IDS = {"uint16": pa.uint16(), "int32": pa.int32()}
 
 
@@ -87,7 +91,11 @@ def tokenlist_table(ids: np.ndarray, offsets: np.ndarray, schema: pa.Schema) -> 
 
 
 class ParquetPartWriter:
-    """Writes one part file through a temp name; rows are grouped into row groups of ~ROW_GROUP_TOKENS slots."""
+    """Writes one part file through a temp name; rows are grouped into row groups of ~ROW_GROUP_TOKENS slots.
+    Parts record every row's length in the footer (token list: `DOC_LENGTHS_KEY`; padded: real tokens per row,
+    `ROW_LENGTHS_KEY`) unless `record_doc_lengths` is False (how files written before the keys existed look)."""
+
+    record_doc_lengths = True
 
     def __init__(self, path: str | os.PathLike, schema: pa.Schema, compression: str):
         codec, level = parse_compression(compression)
@@ -96,9 +104,17 @@ class ParquetPartWriter:
                                        use_dictionary=False, write_statistics=False)
         self.pending: list[pa.Table] = []
         self.pending_tokens = 0
+        self.contract = json.loads(schema.metadata[b"pretok"])
+        self.lengths: list[np.ndarray] | None = [] if self.record_doc_lengths else None
 
     def write(self, table: pa.Table, tokens: int) -> None:
         self.pending.append(table)
+        if self.lengths is not None and self.contract["format"] == TOKEN_LIST:
+            col = table.column("input_ids").combine_chunks()
+            self.lengths.append(np.diff(col.offsets.to_numpy()).astype(np.int64))
+        elif self.lengths is not None:  # padded: masks are a prefix of ones; record its length
+            mask = table.column("attention_mask").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+            self.lengths.append(mask.reshape(-1, self.contract["row_length"]).sum(axis=1, dtype=np.int64))
         self.pending_tokens += tokens
         if self.pending_tokens >= ROW_GROUP_TOKENS:
             self._flush()
@@ -111,6 +127,9 @@ class ParquetPartWriter:
 
     def close(self) -> dict:
         self._flush()
+        if self.lengths is not None:
+            key = DOC_LENGTHS_KEY if self.contract["format"] == TOKEN_LIST else ROW_LENGTHS_KEY
+            self.writer.add_key_value_metadata({key: encode_lengths(self.lengths)})
         self.writer.close()
         size, digest = self.tmp.stat().st_size, checksum.of_file(self.tmp)
         os.replace(self.tmp, self.path)
@@ -125,7 +144,28 @@ class ParquetPartWriter:
         self.tmp.unlink(missing_ok=True)
 
 
+def encode_lengths(parts: list[np.ndarray]) -> str:
+    """Row lengths as the footer value: base64 of zlib-compressed little-endian int64."""
+    arr = np.concatenate(parts).astype("<i8") if parts else np.zeros(0, "<i8")
+    return base64.b64encode(zlib.compress(arr.tobytes(), 1)).decode("ascii")
+
+
 # ---------------------------------------------------------------- reading
+
+
+def doc_lengths_of(meta: pq.FileMetaData, path: str | os.PathLike, key: str = DOC_LENGTHS_KEY) -> np.ndarray | None:
+    """The row lengths a footer records under `key` (files written before the key existed: None), checked
+    against the file's row count."""
+    raw = (meta.metadata or {}).get(key.encode())
+    if raw is None:
+        return None
+    try:
+        lengths = np.frombuffer(zlib.decompress(base64.b64decode(raw, validate=True)), "<i8").astype(np.int64)
+    except (ValueError, zlib.error):
+        lengths = None
+    if lengths is None or len(lengths) != meta.num_rows or (lengths < 0).any():
+        raise PretokError(f"corrupt '{key}' footer metadata (not {meta.num_rows} row lengths)", path)
+    return lengths
 
 
 def read_contract(path: str | os.PathLike, expect_format: str | None = None) -> dict:

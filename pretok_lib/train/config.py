@@ -61,6 +61,10 @@ class DataConfig:
     verify_on_open: bool = False    # pretokenized data: check files against manifest checksums at open
     mixture: list[MixtureEntry] = field(default_factory=list)  # instead of path: weighted pretokenized datasets
     mixture_exhausted: str = "epoch"   # a mixture's dataset that runs out: epoch (wraps it) | stop (ends the epoch)
+    order: str | None = None        # block | exact; default: block for the parquet paths (row groups shuffled
+    #                                 block_groups at a time; exact on data of <= block_groups row groups), else exact
+    block_groups: int = 16          # row groups per window of the block order
+    cache_mb: float = 128           # parquet paths: decoded row groups kept per process (rank, DataLoader worker)
 
 
 @dataclass
@@ -259,6 +263,11 @@ def validate(cfg: Config, source: str = "config") -> None:
         bad(f"eval.kind '{cfg.eval.kind}' is not one of {', '.join(KINDS)}")
     if cfg.train.precision not in PRECISIONS:
         bad(f"train.precision '{cfg.train.precision}' is not one of {', '.join(PRECISIONS)}")
+    if cfg.data.order not in (None, "exact", "block"):
+        bad(f"data.order '{cfg.data.order}' is not exact or block")
+    if cfg.data.order == "block" and cfg.data.kind not in ("pretok-padded", "pretok-token-list"):
+        bad(f"data.order '{cfg.data.order}' applies to the parquet paths (pretok-padded, pretok-token-list), "
+            f"not data.kind '{cfg.data.kind}'")
     if cfg.train.schedule not in ("cosine", "constant"):
         bad(f"train.schedule '{cfg.train.schedule}' is not cosine or constant")
     m = cfg.model
@@ -312,6 +321,7 @@ LIMITS: dict[str, Limit] = {
     "model.intermediate_size": _ONE, "model.rope_theta": _POS, "model.vocab_size": _ONE,
     "model.vocab_multiple": _ONE, "model.init_std": _NONNEG,
     "data.seq_len": _ONE, "data.micro_batch": _ONE, "data.num_workers": _NONNEG, "data.mixture.weight": _POS,
+    "data.block_groups": _ONE, "data.cache_mb": _NONNEG,
     "train.steps": _ONE, "train.grad_accum": _ONE, "train.lr": _POS, "train.min_lr_ratio": Limit(0, 1),
     "train.warmup_steps": _NONNEG, "train.weight_decay": _NONNEG, "train.beta1": Limit(0, 1, hi_open=True),
     "train.beta2": Limit(0, 1, hi_open=True), "train.eps": _POS, "train.grad_clip": _NONNEG,

@@ -150,7 +150,8 @@ class Trainer:
         torch.manual_seed(c.run.seed)
         src_kw = dict(seed=c.run.seed, shuffle=c.data.shuffle, text_column=c.data.text_column,
                       tokenizer=c.data.tokenizer,   # baselines need it; pretokenized data is checked against it
-                      verify_on_open=c.data.verify_on_open)
+                      verify_on_open=c.data.verify_on_open, order=c.data.order, block_groups=c.data.block_groups,
+                      cache_mb=c.data.cache_mb)
         if c.data.mixture:
             del src_kw["text_column"]
             mix = open_mixture([(e.path, e.weight) for e in c.data.mixture], c.data.seq_len,
@@ -201,7 +202,7 @@ class Trainer:
         tok = c.data.tokenizer if c.eval.kind in ON_THE_FLY else None
         ds = make_dataset(c.eval.kind, c.eval.path, c.data.seq_len, micro_batch=c.data.micro_batch,
                           rank=d.rank, world=d.world, seed=c.run.seed, shuffle=False, tokenizer=tok,
-                          verify_on_open=c.data.verify_on_open)
+                          verify_on_open=c.data.verify_on_open, cache_mb=c.data.cache_mb)
         if source_tokenizer(ds.source)[1] != fingerprint:
             raise PretokError("eval data was tokenized with another tokenizer than the training data", c.eval.path)
         return ds

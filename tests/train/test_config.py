@@ -42,6 +42,9 @@ def test_yaml_and_overrides(tmp_path):
     (["train.steps=0"], "train.steps must be >= 1"),
     (["train.steps"], "is not of the form section.key=value"),
     (["train=3"], "train: expected a mapping"),
+    (["data.order=random"], "data.order 'random' is not exact or block"),
+    (["data.order=block"], "applies to the parquet paths"),  # the default kind is pretok-memmap
+    (["data.kind=pretok-padded", "data.block_groups=0"], "data.block_groups must be >= 1"),
 ])
 def test_bad_config_is_one_clear_line(override, message):
     with pytest.raises(PretokError) as e:
