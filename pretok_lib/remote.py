@@ -40,9 +40,8 @@ _retries = [0]  # transient errors retried by this process
 
 
 def is_url(spec: str | os.PathLike) -> bool:
-    """A URL of an fsspec filesystem (not `file://`, which is a local path)."""
-    m = _SCHEME.match(os.fspath(spec)) if isinstance(spec, (str, os.PathLike)) else None
-    return bool(m) and m.group(1).lower() not in ("file", "local")
+    """A URL of an fsspec filesystem (`file://` too: fsspec's local filesystem); a plain path is not one."""
+    return isinstance(spec, str) and _SCHEME.match(spec) is not None
 
 
 def retries() -> int:
