@@ -42,7 +42,7 @@ def _check_jsonl(path: str, kind: str, stop: int, key: str) -> None:
                 if key in rec:
                     return
                 objects += 1
-                keys.update(rec)
+                keys.update(rec.keys())  # the keys (update(dict) would add its values as counts)
             elif first_bad is None:
                 first_bad = f"byte {pos}: {why or 'a JSON ' + type(rec).__name__ + ', not an object'}"
             if lines >= SAMPLE_LINES:
