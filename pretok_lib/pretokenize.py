@@ -32,7 +32,7 @@ from .memmap_append import MemmapAppender
 from .outdir import committed_parts, output_lock, prepare_output, remove_output, resolve_output  # noqa: F401
 from .parts import PART_HASH_KEY, STATE, Job, part_files_intact
 from .progress import Progress
-from .remote import is_url, retries
+from .remote import is_url, retries, schemes
 from .sources import (InputFile, SourceOptions, Unit, estimate_text_bytes, expand_inputs, plan_units, sample_texts,
                       shard_units)
 from .tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
@@ -169,7 +169,8 @@ def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None) -
                 # The worker processes start first: their start-up (interpreter, imports, building the encoder)
                 # overlaps the planning and tokenizer loading below. Not when the output is complete already.
                 start = cfg.workers > 0 and (cfg.overwrite or not (out / "manifest.json").exists())
-                with Workers(cfg.tokenizer, cfg.backend, cfg.workers if start else 0) as workers:
+                n = cfg.workers if start else 0
+                with Workers(cfg.tokenizer, cfg.backend, n, schemes(cfg.inputs)) as workers:
                     restart = _run(cfg, t0, out, workers, rejected)
                 if restart is None:
                     return json.loads((out / "manifest.json").read_text())

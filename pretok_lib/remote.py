@@ -180,6 +180,22 @@ def _filesystem(protocol: str, pid: int):
     return fs
 
 
+def schemes(specs) -> tuple[str, ...]:
+    """The URL schemes among input specs (sorted, once each)."""
+    return tuple(sorted({_SCHEME.match(s).group(1).lower() for s in specs if is_url(s)}))
+
+
+def preload_filesystems(protocols: tuple[str, ...]) -> None:
+    """Import the fsspec implementations of `protocols` (before a fork: each worker then starts with them)."""
+    import fsspec
+
+    for p in protocols:
+        try:
+            fsspec.get_filesystem_class(p)
+        except Exception:  # reported, in one line, where the inputs are listed
+            pass
+
+
 def filesystem(url: str):
     """(fsspec filesystem, path within it) for a URL."""
     check_url(url)
