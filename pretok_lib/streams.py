@@ -101,7 +101,7 @@ def jsonl_lines(path: str, kind: str, start: int = 0, stop: int = 0) -> Iterator
     """(line, byte offset) of a JSONL file: bytes [start, stop) of a plain one, every line of a compressed one
     (offsets in the decompressed stream). A damaged compressed file raises `PretokError`."""
     if kind == "jsonl":
-        with open_input(path, end=stop) as fh:
+        with open_input(path, min(8 << 20, max(1 << 16, (stop - start) // 8)), end=stop) as fh:
             fh.seek(start)
             pos = start
             while pos < stop:

@@ -44,6 +44,7 @@ class FaultyProxy:
         self.upstream, self.fault, self.delay = upstream, fault or (lambda n, m, p: None), delay
         self.requests, self.faults, self.lock = 0, 0, threading.Lock()
         self.by_mode: dict[str, int] = {}
+        self.log: list[tuple[str, str, str | None]] = []  # (method, path, Range header) of every request
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -56,6 +57,7 @@ class FaultyProxy:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 with proxy.lock:
                     proxy.requests += 1
+                    proxy.log.append((self.command, self.path, self.headers.get("Range")))
                     mode = proxy.fault(proxy.requests, self.command, self.path)
                     proxy.faults += mode not in (None, "slow")
                     if mode is not None:

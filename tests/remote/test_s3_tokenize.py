@@ -184,3 +184,28 @@ def test_slurm_array_tasks_plan_the_same_units(s3_server, bucket):
     assert sorted({p for u in every_unit for p in u[1]}) == sorted(f"{bucket}/{n}" for n in
                                                                    ("a.txt", "b.txt", "docs.jsonl", "docs.jsonl.gz",
                                                                     "docs.jsonl.zst", "docs.parquet"))
+
+
+def test_objects_are_read_by_ranges_footer_first(s3_server, bucket, local_corpus, tmp_path):
+    """No object is downloaded whole: every GET of an object asks for a byte range of at most 8 MiB; a parquet
+    file's first read is its tail (the footer); a JSONL file's bytes are fetched about once by the units (plus
+    the planning's line-alignment probes and the 1 MB shape sample)."""
+    proxy = FaultyProxy(("127.0.0.1", s3_server.port))
+    try:
+        run_cli(*tokenize_args([f"{bucket}/docs.parquet", f"{bucket}/docs.jsonl"], tmp_path / "o", "--workers", "1"),
+                env=s3_server.env(proxy.url))
+        log = list(proxy.log)
+    finally:
+        proxy.close()
+    gets = [(path.split("?")[0], rng) for method, path, rng in log if method == "GET" and "list-type" not in path]
+    assert gets and all(rng is not None and rng.startswith("bytes=") for _, rng in gets), gets
+    spans = {}
+    for path, rng in gets:
+        a, b = map(int, rng[len("bytes="):].split("-"))
+        assert b - a + 1 <= 8 << 20
+        spans.setdefault(path, []).append((a, b))
+    size = {n: (local_corpus / n).stat().st_size for n in ("docs.parquet", "docs.jsonl")}
+    pq_first = spans[f"/{BUCKET}/c/docs.parquet"][0]
+    assert pq_first[1] == size["docs.parquet"] - 1 and pq_first[0] > 0  # the tail: footer first
+    fetched = sum(b - a + 1 for a, b in spans[f"/{BUCKET}/c/docs.jsonl"])
+    assert fetched <= size["docs.jsonl"] + (1 << 20) + 8 * 65536  # units once, the shape sample, 64 KB probes
