@@ -127,7 +127,8 @@ def describe(e: BaseException) -> str:
     if type(e).__name__ == "FileExpired" or code == "PreconditionFailed":
         return "changed while it was being read (its ETag no longer matches); rerun with --overwrite"
     if isinstance(e, FileNotFoundError) or status == 404:
-        what = "no such bucket" if "bucket" in detail.lower() else "no such object"
+        what = "no such bucket" if code == "NoSuchBucket" or "bucket does not exist" in detail.lower() \
+            else "no such object"
         return scrub(f"not found ({label}: {what})" if code or status else f"not found ({what})")
     if isinstance(e, PermissionError) or status in (401, 403):
         return scrub(f"access denied ({label}{': ' + detail if detail else ''}); check the credentials "
@@ -141,8 +142,8 @@ def call(url: str, fn: Callable[[], T], doing: str = "cannot read") -> T:
     for attempt in range(ATTEMPTS):
         try:
             return fn()
-        except PretokError:
-            raise
+        except (PretokError, TypeError, AttributeError, NameError, AssertionError):
+            raise  # made one line already, or a bug (a traceback)
         except Exception as e:
             if not is_transient(e):
                 raise PretokError(f"{doing}: {describe(e)}", url) from None

@@ -79,7 +79,7 @@ def test_faults_are_retried_counted_and_change_nothing(s3_server, bucket, local_
     """A proxy in front of the server answers 503 SlowDown to every 4th request and resets the connection on
     2 of every 7 (listing, footers, ranges, in the main process and the workers): the run retries each (with
     backoff), counts each in the manifest, and the bytes equal the local run's. (A reset of a reused keep-alive
-    connection is retried once by aiohttp itself, uncounted: each burst of 2 resets is counted at least once.)"""
+    connection is retried once by aiohttp itself, uncounted.)"""
     names = ["docs.parquet", "docs.jsonl", "*.txt"]
     ref = local_reference([str(local_corpus / n) for n in names], tmp_path / "local")
     slow, reset = every(4, "503", 6), every(7, "reset", 4, burst=2)
@@ -94,7 +94,9 @@ def test_faults_are_retried_counted_and_change_nothing(s3_server, bucket, local_
     assert by_mode == {"503": 6, "reset": 4}
     assert data_files(out) == ref
     counted = json.loads((out / "manifest.json").read_text())["run"]["remote_retries"]
-    assert 6 + 2 <= counted <= 10
+    # every 503 reaches pretok (counted once each); a reset may be absorbed by aiohttp's one silent retry of a
+    # reused connection (two workers' requests interleave, so which are is not fixed)
+    assert 6 <= counted <= 10
     assert_no_secret(out, p.stdout, p.stderr)
 
 
@@ -209,3 +211,33 @@ def test_objects_are_read_by_ranges_footer_first(s3_server, bucket, local_corpus
     assert pq_first[1] == size["docs.parquet"] - 1 and pq_first[0] > 0  # the tail: footer first
     fetched = sum(b - a + 1 for a, b in spans[f"/{BUCKET}/c/docs.jsonl"])
     assert fetched <= size["docs.jsonl"] + (1 << 20) + 8 * 65536  # units once, the shape sample, 64 KB probes
+
+
+def test_connection_resets_reach_the_retry_layer(s3_server, bucket, local_corpus, monkeypatch):
+    """In one process (requests in sequence), bursts of two connection resets: aiohttp's own silent retry of a
+    reused connection absorbs at most the first of each, so every burst is retried and counted by pretok at least
+    once; the documents read equal the local file's."""
+    from s3fs import S3FileSystem
+
+    from pretok_lib import remote
+    from pretok_lib.sources import SourceOptions, expand_inputs, plan_units, read_unit
+
+    opts = SourceOptions(part_bytes=300_000)
+    want = [t for u in plan_units(expand_inputs([str(local_corpus / "docs.jsonl")]), opts) for b in read_unit(u, opts)
+            for t in b.texts]
+    proxy = FaultyProxy(("127.0.0.1", s3_server.port), every(5, "reset", 6, burst=2))
+    for k, v in s3_server.env(proxy.url).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(remote, "BACKOFF_S", 0.01)
+    fresh = lambda: (remote._filesystem.cache_clear(), S3FileSystem.clear_instance_cache())  # noqa: E731
+    fresh()  # a filesystem made now reads the endpoint set above
+    try:
+        before = remote.retries()
+        units = plan_units(expand_inputs([f"{bucket}/docs.jsonl"]), opts)
+        got = [t for u in units for b in read_unit(u, opts) for t in b.texts]
+        counted = remote.retries() - before
+        bursts = proxy.by_mode.get("reset", 0) // 2
+    finally:
+        proxy.close()
+        fresh()
+    assert got == want and bursts == 3 and bursts <= counted <= 2 * bursts
