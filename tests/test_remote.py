@@ -189,7 +189,8 @@ def test_gave_up_after_the_last_try(monkeypatch):
         calls.append(1)
         raise TimeoutError("timed out")
 
-    with pytest.raises(PretokError, match=r"^s3://b/k: cannot read: TimeoutError: timed out \(gave up after 8 tries\)$"):
+    gave_up = r"^s3://b/k: cannot read: TimeoutError: timed out \(gave up after 8 tries\)$"
+    with pytest.raises(PretokError, match=gave_up):
         remote.call("s3://b/k", fail)
     assert len(calls) == remote.ATTEMPTS
 
