@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Sequence
 
 from .errors import PretokError
+from .remote import is_url
 from .streams import jsonl_lines, parse_jsonl_line, without_bom
 
 SAMPLE_LINES = 100  # non-blank lines of each JSONL file read at planning time
@@ -23,9 +24,16 @@ SAMPLE_BYTES = 1 << 20  # ... from at most about this many bytes of a plain file
 def check_shape(files: Sequence, text_column: str) -> None:
     """Fail fast on a JSONL input none of whose first lines is a JSON object, or none of whose first records
     has the key `text_column`; the error names what was found (the keys present, or the first bad line)."""
-    for f in files:
-        if f.kind.startswith("jsonl"):
-            _check_jsonl(f.path, f.kind, min(f.size, SAMPLE_BYTES), text_column)
+    jsonl = [f for f in files if f.kind.startswith("jsonl")]
+    check = lambda f: _check_jsonl(f.path, f.kind, min(f.size, SAMPLE_BYTES), text_column)  # noqa: E731
+    if sum(is_url(f.path) for f in jsonl) > 1:  # remote: 16 samples at a time; the first failing file in order
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(check, jsonl))
+        return
+    for f in jsonl:
+        check(f)
 
 
 def _check_jsonl(path: str, kind: str, stop: int, key: str) -> None:
@@ -42,7 +50,7 @@ def _check_jsonl(path: str, kind: str, stop: int, key: str) -> None:
                 if key in rec:
                     return
                 objects += 1
-                keys.update(rec)
+                keys.update(rec.keys())  # the keys (update(dict) would add its values as counts)
             elif first_bad is None:
                 first_bad = f"byte {pos}: {why or 'a JSON ' + type(rec).__name__ + ', not an object'}"
             if lines >= SAMPLE_LINES:

@@ -18,6 +18,7 @@ from .errors import PretokError, os_error
 from .formats import memmap as mm
 from .formats import parquet as pqf
 from .formats.manifest import atomic_write_json
+from .remote import is_url, retries, take_retries
 from .sources import SourceOptions, Unit, read_unit
 
 STATE = ".pretok"
@@ -149,6 +150,7 @@ def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int]
 def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int], None], writer) -> dict:
     counts = {"documents": 0, "tokens": 0, "padding": 0, "truncated": 0, "input_bytes": 0}
     skipped: dict[str, int] = {}
+    mark = retries()
     for batch in read_unit(unit, job.sources):
         for k, v in batch.skipped.items():
             skipped[k] = skipped.get(k, 0) + v
@@ -181,6 +183,8 @@ def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int],
               "files": [result] if job.fmt != "memmap" else [], "part": part_name(unit.index)}
     if job.fmt == "memmap":
         record[PART_HASH_KEY] = writer.hashes()
+    if any(is_url(p) for p in unit.paths):  # transient errors of the store retried while reading this unit
+        record["remote_retries"] = take_retries(mark)
     # the commit record; a memmap part is checked by its hashes on a rerun, so neither it nor its data is fsynced
     atomic_write_json(Path(job.out_dir) / STATE / "parts" / f"{part_name(unit.index)}.json", record,
                       fsync=job.fmt != "memmap")

@@ -30,7 +30,9 @@ from .memmap_append import MemmapAppender
 from .outdir import committed_parts, output_lock, prepare_output, remove_output, resolve_output  # noqa: F401
 from .parts import PART_HASH_KEY, STATE, Job, part_files_intact
 from .progress import Progress
-from .sources import SourceOptions, Unit, estimate_text_bytes, expand_inputs, plan_units, sample_texts, shard_units
+from .remote import is_url, retries, schemes
+from .sources import (InputFile, SourceOptions, Unit, estimate_text_bytes, expand_inputs, plan_units, sample_texts,
+                      shard_units)
 from .tokenize_config import FORMATS, TokenizeConfig  # noqa: F401  (the engine's API)
 from .tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
 from .workers import Stopped, Workers
@@ -116,6 +118,9 @@ def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None) -
         pqf.parse_compression(cfg.compression)
     if cfg.seq_len < 1:
         raise PretokError(f"--seq-len must be >= 1 (got {cfg.seq_len})")
+    if is_url(cfg.out):
+        raise PretokError("outputs must be on a POSIX file system (a local or mounted path): runs stay crash-safe "
+                          "by atomic renames, which object stores lack", cfg.out)
     t0 = time.time()
     out = resolve_output(cfg.out)
     rejected = dict(_rejected or {})
@@ -125,7 +130,8 @@ def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None) -
                 # The worker processes start first: their start-up (interpreter, imports, building the encoder)
                 # overlaps the planning and tokenizer loading below. Not when the output is complete already.
                 start = cfg.workers > 0 and (cfg.overwrite or not (out / "manifest.json").exists())
-                with Workers(cfg.tokenizer, cfg.backend, cfg.workers if start else 0) as workers:
+                n = cfg.workers if start else 0
+                with Workers(cfg.tokenizer, cfg.backend, n, schemes(cfg.inputs)) as workers:
                     restart = _run(cfg, t0, out, workers, rejected)
                 if restart is None:
                     return json.loads((out / "manifest.json").read_text())
@@ -145,7 +151,7 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
     mine = shard_units(units, cfg.num_shards, cfg.shard_index)
     info = load_tokenizer(cfg.tokenizer)
     policy = resolve_policy(info, cfg)
-    inputs = [{"path": f.path, "kind": f.kind, "size": f.size, "mtime_ns": f.mtime_ns} for f in files]
+    inputs = [f.record() for f in files]
     key = _output_key(cfg, sopts, info, policy, inputs, mine)
     if prepare_output(out, key, cfg.overwrite):
         return None
@@ -171,7 +177,7 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
     # is discarded and the run starts over with the checked backend.
     if workers.zygote is None:  # inline: build here first, so that the check sees what could not be built
         workers.backend(info, cfg.backend)
-    hasher = _InputHasher(sorted({p for u in mine for p in u.paths}))
+    hasher = _InputHasher(sorted({p for u in mine for p in u.paths if not is_url(p)}))  # URLs: their identity
     stop_check = threading.Event()
     remote = {b: e for b in backends_for(info) if (e := workers.encoder(b, stop_check)) is not None}
     check = _BackendCheck(info, lambda: sample_texts(mine, sopts), cfg.backend, remote)
@@ -194,6 +200,7 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
         return e.choice
     bar.close()
     hasher.join()
+    _check_unchanged(cfg.inputs, files)
     files = appender.finish() if appender is not None else None
     # where the wall time went: start-up until the first batch was tokenized, tokenizing, then finishing
     first = bar.first_update or last_record[0]
@@ -202,6 +209,21 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
     _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hasher.hashes, len(units), t0, files,
               timeline)
     return None
+
+
+def _check_unchanged(specs: list[str], planned: list[InputFile]) -> None:
+    """Refuse to finish a run whose remote inputs changed while it read them (a local file's change is caught by
+    its checksum): their listing now must match the one planned from."""
+    urls = [s for s in specs if is_url(s)]
+    if not urls:
+        return
+    now = {f.path: f.record() for f in expand_inputs(urls)} if urls else {}
+    for f in planned:
+        if is_url(f.path) and now.get(f.path) != f.record():
+            was = f"{f.size} bytes, {dict(f.version)}"
+            is_ = "gone" if f.path not in now else f"{now[f.path]['size']} bytes, {now[f.path]['version']}"
+            raise PretokError(f"changed while it was being read (planned from {was}; now {is_}); rerun with "
+                              "--overwrite", f.path)
 
 
 class _OtherBackend(Exception):
@@ -280,13 +302,22 @@ def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: Tokeni
                                "units": [mine[0].index, mine[-1].index + 1] if mine else [0, 0],
                                "total_units": total_units},
                               {"wall_seconds": round(time.time() - t0, 3), **timeline, "workers": cfg.workers,
-                               "worker_peak_rss_mb": max((r.get("peak_rss_mb", 0) for r in ordered), default=0)},
+                               "worker_peak_rss_mb": max((r.get("peak_rss_mb", 0) for r in ordered), default=0),
+                               **_retry_counts(inputs, ordered)},
                               {"text_column": cfg.text_column, "separator": cfg.separator,
                                "bad_docs": cfg.bad_docs, "max_bad_fraction": cfg.max_bad_fraction,
                                "part_bytes": sopts.part_bytes,
                                "batch_bytes": sopts.batch_bytes})
     write_manifest(out, manifest)
     return manifest
+
+
+def _retry_counts(inputs: list[dict], records: list[dict]) -> dict:
+    """Transient errors of remote stores retried: while planning and checking (this process) and while reading
+    each part (kept with its record across a resume). Absent for local inputs."""
+    if not any("version" in i for i in inputs):
+        return {}
+    return {"remote_retries": retries() + sum(r.get("remote_retries", 0) for r in records)}
 
 
 def build_manifest(fmt: str, tokenizer: dict, policy: dict, compression: str, records: list[dict], files: list,

@@ -22,6 +22,8 @@ from .arrow_text import INVALID, MISSING, as_string_array, decode_each, is_text_
 from .arrow_text import byte_lengths as _byte_lengths
 from .errors import PretokError
 from .input_checks import check_shape
+from .remote import expand as expand_url
+from .remote import is_url, open_input, read_bytes
 from .streams import jsonl_lines, parse_jsonl_line, without_bom
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
@@ -43,6 +45,13 @@ class InputFile:
     kind: str  # parquet | jsonl | jsonl.gz | jsonl.zst | txt | hf-disk
     size: int
     mtime_ns: int
+    version: tuple[tuple[str, str], ...] = ()  # a URL's version identity in its store (ETag, version id, ...)
+
+    def record(self) -> dict:
+        """The input as the manifest (and the output's config, for change detection) records it."""
+        if is_url(self.path):
+            return {"path": self.path, "kind": self.kind, "size": self.size, "version": dict(self.version)}
+        return {"path": self.path, "kind": self.kind, "size": self.size, "mtime_ns": self.mtime_ns}
 
 
 @dataclass(frozen=True)
@@ -78,13 +87,17 @@ class DocBatch:
 
 
 def _kind_of(path: Path) -> str:
-    name = path.name.lower()
     if path.is_dir():
         if (path / "state.json").exists() or (path / "dataset_info.json").exists():
             return "hf-disk"
         if (path / "dataset_dict.json").exists():
             raise PretokError("is a DatasetDict: pass one split's directory (e.g. DIR/train)", path)
         raise PretokError("is a directory but not an HF dataset saved with save_to_disk", path)
+    return _kind_of_name(path.name, path)
+
+
+def _kind_of_name(name: str, path: str | Path) -> str:
+    name = name.lower()
     if name.endswith(".parquet") or name.endswith(".pq"):
         return "parquet"
     for comp in (".gz", ".zst"):
@@ -101,6 +114,10 @@ def expand_inputs(inputs: Sequence[str]) -> list[InputFile]:
     """Expand globs and check every input exists; order is as given, globs sorted."""
     files: list[InputFile] = []
     for spec in inputs:
+        if is_url(spec):
+            files += [InputFile(url, _kind_of_name(url.rsplit("/", 1)[-1], url), size, 0, version)
+                      for url, size, version in expand_url(spec)]
+            continue
         matches = sorted(glob.glob(spec)) if glob.has_magic(spec) else [spec]
         if not matches:
             raise PretokError("no input matches this pattern", spec)
@@ -129,15 +146,29 @@ def expand_inputs(inputs: Sequence[str]) -> list[InputFile]:
 def _parquet_file(path: str):
     import pyarrow.parquet as pq
 
+    source = path
+    if is_url(path):  # read by range requests: the footer first, then only the column chunks asked for
+        from .remote import RemoteFile
+
+        source = RemoteFile(path)
     try:
-        return pq.ParquetFile(path, page_checksum_verification=True)  # checked where pages carry a CRC
+        return pq.ParquetFile(source, page_checksum_verification=True)  # checked where pages carry a CRC
+    except PretokError:
+        raise
     except Exception as e:  # pyarrow raises several types for corrupt files
         raise PretokError(f"not a readable parquet file ({type(e).__name__}: {str(e).splitlines()[0]})", path) from None
 
 
 def estimate_text_bytes(files: Sequence[InputFile], text_column: str) -> int:
     """About how many bytes of text the inputs hold: a parquet file's text column uncompressed (from its footer),
-    else the file size. Sizes parts by text, not by compressed bytes on disk."""
+    else the file size. Sizes parts by text, not by compressed bytes on disk. Remote footers are fetched 16 at a
+    time (one round trip each would add up over thousands of files)."""
+    remote_pq = [f for f in files if f.kind == "parquet" and is_url(f.path)]
+    if len(remote_pq) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda f: _row_groups(f, text_column), remote_pq))
     return sum(sum(size for _, size in _row_groups(f, text_column)) if f.kind == "parquet" else f.size
                for f in files)
 
@@ -194,7 +225,7 @@ def _plan_parquet(f: InputFile, opts: SourceOptions) -> list[tuple]:
 
 def _plan_jsonl(f: InputFile, opts: SourceOptions) -> list[tuple]:
     units, start = [], 0
-    with open(f.path, "rb") as fh:
+    with open_input(f.path, 1 << 16) as fh:
         while start < f.size:
             stop = start + opts.part_bytes
             if stop >= f.size:
@@ -409,7 +440,7 @@ def _read_txt(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
     UTF-8 BOM at the start of a file is dropped."""
     if c.opts.separator is None:  # one document per file
         for path in unit.paths:
-            data = Path(path).read_bytes()
+            data = read_bytes(path)
             try:
                 text = data.decode("utf-8-sig")
             except UnicodeDecodeError as e:
@@ -424,7 +455,7 @@ def _read_txt(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
     path, sep = unit.paths[0], compile_separator(c.opts.separator)
     utf8 = codecs.getincrementaldecoder("utf-8-sig")(errors="surrogateescape")
     carry = ""
-    with open(path, "rb") as fh:
+    with open_input(path) as fh:
         while True:
             block = fh.read(c.opts.batch_bytes)
             buf = carry + utf8.decode(block, final=not block)

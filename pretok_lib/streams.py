@@ -14,6 +14,7 @@ import zlib
 from typing import BinaryIO, Iterator
 
 from .errors import PretokError
+from .remote import is_url, open_input
 
 READ_BYTES = 1 << 16  # compressed bytes fed per step: bounds the output of one decompress call
 
@@ -67,10 +68,22 @@ class ZstdFrames(io.RawIOBase):
         super().close()
 
 
-def _open_compressed(path: str, kind: str) -> io.RawIOBase:
+class _GzipOf(gzip.GzipFile):
+    """gzip over a file object it owns (closes it too)."""
+
+    def close(self) -> None:
+        fh = self.fileobj
+        try:
+            super().close()
+        finally:
+            if fh is not None:
+                fh.close()
+
+
+def _open_compressed(path: str, kind: str, buffer_bytes: int = 8 << 20) -> io.RawIOBase:
     if kind == "jsonl.gz":
-        return gzip.open(path, "rb")
-    return ZstdFrames(open(path, "rb"))
+        return _GzipOf(fileobj=open_input(path, buffer_bytes), mode="rb") if is_url(path) else gzip.open(path, "rb")
+    return ZstdFrames(open_input(path, buffer_bytes))
 
 
 def _damage(e: BaseException) -> str | None:
@@ -88,7 +101,7 @@ def jsonl_lines(path: str, kind: str, start: int = 0, stop: int = 0) -> Iterator
     """(line, byte offset) of a JSONL file: bytes [start, stop) of a plain one, every line of a compressed one
     (offsets in the decompressed stream). A damaged compressed file raises `PretokError`."""
     if kind == "jsonl":
-        with open(path, "rb") as fh:
+        with open_input(path, min(8 << 20, max(1 << 16, stop - start)), end=stop) as fh:  # a unit: 1 request per 8 MB
             fh.seek(start)
             pos = start
             while pos < stop:
@@ -98,7 +111,7 @@ def jsonl_lines(path: str, kind: str, start: int = 0, stop: int = 0) -> Iterator
                 yield line, pos
                 pos += len(line)
         return
-    raw = _open_compressed(path, kind)
+    raw = _open_compressed(path, kind, min(8 << 20, max(1 << 16, stop)) if stop else 8 << 20)  # stop: a sample
     try:
         pos = 0
         for line in io.BufferedReader(raw, 1 << 20):

@@ -18,6 +18,7 @@ from .formats import parquet as pqf
 from .formats.manifest import read_manifest
 from .parts import add_special
 from .pretokenize import MEMMAP_PREFIX
+from .remote import is_url
 from .sources import SourceOptions, Unit, read_unit
 
 
@@ -139,7 +140,7 @@ def _source_docs(part: dict, m: dict, remap: dict[str, str]) -> Iterator[str]:
     u = dict(part["unit"])
     u["paths"] = tuple(remap.get(p, p) for p in u["paths"])
     for p in u["paths"]:
-        if not Path(p).exists():
+        if not is_url(p) and not Path(p).exists():  # a URL that is gone: one line when it is read
             raise PretokError("source input is missing: pass --source with its new location", p)
     s = m["source"]
     opts = SourceOptions(s["text_column"], s["separator"], s["bad_docs"], s["part_bytes"], s["batch_bytes"])

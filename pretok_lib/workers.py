@@ -41,9 +41,10 @@ class Stopped(BaseException):
 class Workers:
     """The zygote and its forked workers, or inline processing for `workers <= 0`."""
 
-    def __init__(self, spec: str, backend: str | None, workers: int):
+    def __init__(self, spec: str, backend: str | None, workers: int, preload: tuple[str, ...] = ()):
         """Start at once (the caller plans meanwhile); `backend`: the one to build before forking (None: the
-        fastest candidate for the tokenizer)."""
+        fastest candidate for the tokenizer); `preload`: URL schemes of the inputs, whose fsspec filesystems the
+        zygote imports before forking (s3fs: ~1 s each worker would pay)."""
         self.n, self.zygote, self.drained = max(workers, 0), None, False
         self.ready: Ready | None = None  # the zygote's build report (inline: this process's), once known
         self.inline: Encoder | None = None
@@ -54,7 +55,7 @@ class Workers:
             self.ready_conn, ready_child = ctx.Pipe(duplex=False)
             self.lock = threading.Lock()  # one encode request at a time on the pipe
             self.zygote = ctx.Process(target=run_zygote, args=(spec, backend, self.n, self.tasks, self.results, child,
-                                                                 ready_child),
+                                                                 ready_child, preload),
                                       name="pretok-zygote")
             saved = {k: os.environ.get(k) for k in SINGLE_THREADED}
             os.environ.update(SINGLE_THREADED)  # read by the spawned interpreter as it starts, before any import

@@ -142,13 +142,18 @@ def _prepare(spec: str, backend: str | None, build: threading.Thread, early: lis
         build.join()
 
 
-def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, ready_conn) -> None:
+def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, ready_conn,
+               preload: tuple[str, ...] = ()) -> None:
     """Load the tokenizer, build the first candidate backend that builds, report it (`Ready` on `ready_conn`),
     fork `n` workers, then supervise them and answer `encode` requests on `conn`."""
     _set_parent_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     build, early = _start_early_build(spec, backend)
     from . import parts, sources  # noqa: F401 — what the workers run, imported beside the build
+    if preload:
+        from .remote import preload_filesystems
+
+        preload_filesystems(preload)
     report = _prepare(spec, backend, build, early)
     ready_conn.send(report)
     ready_conn.close()

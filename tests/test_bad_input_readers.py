@@ -168,3 +168,15 @@ def test_damaged_hf_dataset_skips_the_document_or_is_one_line(tmp_path):
     arrow.write_bytes(raw[:mid])
     with pytest.raises(PretokError, match="hf: cannot load HF dataset"):
         plan_units(expand_inputs([str(tmp_path / "hf")]), opts)
+
+
+def test_wrong_key_with_null_or_unorderable_values_names_the_keys(tmp_path):
+    """Records without the text key whose values are null (or any value that does not order): the error names
+    the keys found (a Counter updated with the records themselves counted their values and raised TypeError)."""
+    from pretok_lib.input_checks import check_shape
+    from pretok_lib.sources import expand_inputs
+
+    p = tmp_path / "nulls.jsonl"
+    p.write_bytes(b'{"id": null, "meta": null}\n{"id": null, "meta": {"a": 1}}\n')
+    with pytest.raises(PretokError, match=r"no key 'text' in any of the first 2 records \(keys found: 'id', 'meta'\)"):
+        check_shape(expand_inputs([str(p)]), "text")

@@ -1,0 +1,323 @@
+"""Inputs given as URLs (`s3://`, `gs://`, `hf://`, `https://`, ...) through fsspec; local paths never come here.
+
+A thin layer under `sources`: listing (globs, sorted, so every process plans the same units), each object's
+size and version identity (ETag / version id / generation / last-modified) for the manifest and change
+detection, and a seekable reader that fetches exactly the byte ranges asked for (parquet: footer, then column
+chunks; JSONL: newline-aligned ranges), one request per read. Every request is retried on transient errors
+(connection reset, timeouts, 5xx / SlowDown / 429) with exponential backoff and counted (`retries()`); a
+permanent error (403, 404, a missing bucket) is one line naming the URL. The libraries' own retries are turned
+off where they can be (s3fs, botocore), so each retry is counted here once.
+
+Credentials come from each filesystem's standard places (environment, ~/.aws, fsspec config, HF token...);
+URLs carrying them (user:password@, signed query strings) are refused, and error text is scrubbed of the
+secret values found in the environment, so none reaches a manifest, a log or an error message.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import random
+import re
+import time
+from datetime import datetime, timezone
+from typing import Callable, TypeVar
+
+from .errors import PretokError
+
+T = TypeVar("T")
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_SIGNED_QUERY = re.compile(r"[?&](x-amz-|x-goog-|signature|sig=|token|key=|credential|access_token)", re.I)
+ATTEMPTS = 8  # tries per request (first + retries)
+BACKOFF_S, BACKOFF_MAX_S = 0.2, 10.0
+TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling",
+                   "ThrottlingException", "TooManyRequests", "RequestLimitExceeded", "500", "502", "503", "504"}
+_TRANSIENT_NAMES = ("Connection", "Timeout", "Disconnected", "Payload", "IncompleteRead", "ResponseParserError",
+                    "ProtocolError", "ReadError", "RemoteProtocolError")
+_SECRET_ENV = re.compile(r"(SECRET|TOKEN|PASSWORD|CREDENTIAL|ACCESS_KEY|API_KEY|PRIVATE)", re.I)
+_retries = [0]  # transient errors retried by this process
+
+
+def is_url(spec: str | os.PathLike) -> bool:
+    """A URL of an fsspec filesystem (`file://` too: fsspec's local filesystem); a plain path is not one."""
+    return isinstance(spec, str) and _SCHEME.match(spec) is not None
+
+
+def retries() -> int:
+    """Transient errors retried in this process (less those `take_retries` handed to a part's record)."""
+    return _retries[0]
+
+
+def take_retries(mark: int) -> int:
+    """The retries since `retries()` returned `mark`, moved out of this process's count (into a part's record,
+    so that the run's total counts each once, whether the part was made inline or by a worker)."""
+    n = max(0, _retries[0] - mark)
+    _retries[0] -= n
+    return n
+
+
+def scrub(text: str) -> str:
+    """`text` without the values of secret-looking environment variables (keys, tokens, passwords)."""
+    for k, v in os.environ.items():
+        if v and len(v) >= 4 and _SECRET_ENV.search(k) and v in text:
+            text = text.replace(v, "***")
+    return text
+
+
+def check_url(url: str) -> None:
+    """Refuse a URL that carries credentials: they would be recorded in the manifest and printed in errors."""
+    rest = url.split("://", 1)[1]
+    if "@" in rest.split("/", 1)[0]:
+        raise PretokError("a URL must not carry credentials (user:password@); use the filesystem's standard "
+                          "places (environment, config files)", _SCHEME.match(url).group(0) + "...")
+    if _SIGNED_QUERY.search(url):
+        raise PretokError("a signed URL (credentials in its query string) would be recorded in the manifest; "
+                          "use the filesystem's standard credentials instead", url.split("?", 1)[0] + "?...")
+
+
+# ---------------------------------------------------------------- errors: transient or permanent, one line
+
+
+def _chain(e: BaseException):
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _status(x: BaseException) -> tuple[str | None, int | None]:
+    """(error code, HTTP status) of a botocore / aiohttp / requests / httpx error, where it says."""
+    resp = getattr(x, "response", None)
+    if isinstance(resp, dict):  # botocore ClientError
+        return resp.get("Error", {}).get("Code"), resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    status = getattr(resp, "status_code", None) or getattr(x, "status", None) or getattr(x, "code", None)
+    return None, status if isinstance(status, int) and 100 <= status < 600 else None
+
+
+def is_transient(e: BaseException) -> bool:
+    """Worth retrying: a dropped connection, a timeout, a 5xx / 429 / SlowDown answer."""
+    for x in _chain(e):
+        code, status = _status(x)
+        if code is not None or status is not None:
+            return code in TRANSIENT_CODES or (status or 0) >= 500 or status == 429
+        if isinstance(x, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+            return False
+        if isinstance(x, (ConnectionError, TimeoutError)) or any(n in type(x).__name__ for n in _TRANSIENT_NAMES):
+            return True
+    return False
+
+
+def describe(e: BaseException) -> str:
+    """One line saying what went wrong, credentials scrubbed."""
+    code = status = None
+    detail = ""
+    for x in _chain(e):
+        c, s = _status(x)
+        if c or s:
+            code, status = c, s
+            err = getattr(x, "response", None)
+            detail = err.get("Error", {}).get("Message", "") if isinstance(err, dict) else ""
+            break
+    if not detail:
+        lines = str(e).strip().splitlines()
+        detail = lines[0] if lines else ""
+    label = " ".join(str(v) for v in (status, code) if v) or type(e).__name__
+    if type(e).__name__ == "FileExpired" or code == "PreconditionFailed":
+        return "changed while it was being read (its ETag no longer matches); rerun with --overwrite"
+    if isinstance(e, FileNotFoundError) or status == 404:
+        what = "no such bucket" if code == "NoSuchBucket" or "bucket does not exist" in detail.lower() \
+            else "no such object"
+        return scrub(f"not found ({label}: {what})" if code or status else f"not found ({what})")
+    if isinstance(e, PermissionError) or status in (401, 403):
+        return scrub(f"access denied ({label}{': ' + detail if detail else ''}); check the credentials "
+                     "(environment, ~/.aws, fsspec or hub config)")
+    return scrub(f"{label}: {detail}" if detail and detail != label else label)
+
+
+def call(url: str, fn: Callable[[], T], doing: str = "cannot read") -> T:
+    """`fn()`, retried with exponential backoff (and jitter) on transient errors, each counted; a permanent
+    error, or a transient one on the last try, becomes one line naming `url`."""
+    for attempt in range(ATTEMPTS):
+        try:
+            return fn()
+        except (PretokError, TypeError, AttributeError, NameError, AssertionError):
+            raise  # made one line already, or a bug (a traceback)
+        except Exception as e:
+            if not is_transient(e):
+                raise PretokError(f"{doing}: {describe(e)}", url) from None
+            if attempt == ATTEMPTS - 1:
+                raise PretokError(f"{doing}: {describe(e)} (gave up after {ATTEMPTS} tries)", url) from None
+            _retries[0] += 1
+            time.sleep(min(BACKOFF_MAX_S, BACKOFF_S * 2 ** attempt) * (0.5 + random.random() / 2))
+    raise AssertionError("unreachable")
+
+
+# ---------------------------------------------------------------- filesystems, listing, identity
+
+
+def _storage_options(protocol: str) -> dict:
+    if protocol in ("s3", "s3a"):  # botocore's own retries off: every retry is ours, counted
+        import fsspec.config
+
+        user = fsspec.config.conf.get(protocol, {}).get("config_kwargs", {})
+        return {"config_kwargs": {**user, "retries": {"total_max_attempts": 1, "mode": "standard"}}}
+    return {}
+
+
+@functools.lru_cache(maxsize=64)
+def _filesystem(protocol: str, pid: int):
+    import fsspec
+
+    try:
+        fs = fsspec.filesystem(protocol, **_storage_options(protocol))
+    except ImportError as e:
+        raise PretokError(f"{protocol}:// needs a package that is not installed ({scrub(str(e).splitlines()[0])})")
+    except ValueError as e:
+        raise PretokError(f"unsupported URL scheme {protocol}:// ({scrub(str(e).splitlines()[0])})") from None
+    if hasattr(fs, "retries"):
+        fs.retries = 1  # s3fs: its retry loop off too
+    return fs
+
+
+def schemes(specs) -> tuple[str, ...]:
+    """The URL schemes among input specs (sorted, once each)."""
+    return tuple(sorted({_SCHEME.match(s).group(1).lower() for s in specs if is_url(s)}))
+
+
+def preload_filesystems(protocols: tuple[str, ...]) -> None:
+    """Import the fsspec implementations of `protocols` (before a fork: each worker then starts with them)."""
+    import fsspec
+
+    for p in protocols:
+        try:
+            fsspec.get_filesystem_class(p)
+        except Exception:  # reported, in one line, where the inputs are listed
+            pass
+
+
+def filesystem(url: str):
+    """(fsspec filesystem, path within it) for a URL."""
+    check_url(url)
+    protocol = _SCHEME.match(url).group(1).lower()
+    fs = _filesystem(protocol, os.getpid())
+    return fs, fs._strip_protocol(url)
+
+
+def _iso(v) -> str:
+    if isinstance(v, datetime):
+        return (v if v.tzinfo else v.replace(tzinfo=timezone.utc)).astimezone(timezone.utc).isoformat()
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return datetime.fromtimestamp(v, timezone.utc).isoformat()
+    return str(v)
+
+
+_IDENTITY = (("VersionId", "version_id"), ("ETag", "etag"), ("etag", "etag"), ("generation", "generation"),
+             ("blob_id", "blob_id"), ("LastModified", "last_modified"), ("Last-Modified", "last_modified"),
+             ("updated", "last_modified"), ("mtime", "last_modified"), ("created", "last_modified"))
+
+
+def identity(info: dict) -> tuple[tuple[str, str], ...]:
+    """The store's version identity of an object, from its listing/HEAD info: version id, ETag, generation,
+    blob id, LFS sha256, last-modified (whichever the store gives)."""
+    out: dict[str, str] = {}
+    for key, name in _IDENTITY:
+        v = info.get(key)
+        if v not in (None, "", "null") and name not in out:
+            out[name] = _iso(v) if name == "last_modified" else str(v)
+    lfs = info.get("lfs")
+    if isinstance(lfs, dict) and lfs.get("sha256"):
+        out["sha256"] = str(lfs["sha256"])
+    return tuple(sorted(out.items()))
+
+
+def expand(spec: str) -> list[tuple[str, int, tuple]]:
+    """(URL, size, identity) of every object a URL names: itself, or a glob's matches sorted by URL (every
+    process, e.g. each task of a SLURM array, plans from the same order). Fresh: listing caches are dropped."""
+    fs, path = filesystem(spec)
+    fs.invalidate_cache()
+    if any(c in path for c in "*?["):
+        infos = call(spec, lambda: fs.glob(path, detail=True), "cannot list")
+        found = [i for i in infos.values() if i.get("type", "file") == "file"]
+        if not found:
+            raise PretokError("no input matches this pattern", spec)
+    else:
+        info = call(spec, lambda: fs.info(path))
+        if info.get("type") == "directory":
+            raise PretokError("is a directory (a prefix); give a glob such as URL/*.parquet", spec)
+        found = [info]
+    return sorted((fs.unstrip_protocol(i["name"]), int(i.get("size") or 0), identity(i)) for i in found)
+
+
+# ---------------------------------------------------------------- reading
+
+
+class RemoteFile(io.RawIOBase):
+    """A seekable, read-only object: each `read` is one range request (retried); nothing is prefetched beyond
+    what is asked for, nor past `end` (if given: the object reads as ending there). Wrap it in
+    `io.BufferedReader` for line reading."""
+
+    def __init__(self, url: str, end: int | None = None):
+        super().__init__()
+        self.url, self.pos = url, 0
+        fs, path = filesystem(url)
+        self._f = call(url, lambda: fs.open(path, "rb", cache_type="none", block_size=1 << 20))
+        self.size = self._f.size if end is None else min(end, self._f.size)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def _range(self, n: int) -> bytes:
+        def fetch() -> bytes:
+            self._f.seek(self.pos)
+            return self._f.read(n)
+
+        return call(self.url, fetch) if n > 0 else b""
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size - self.pos if n is None or n < 0 else min(n, max(0, self.size - self.pos))
+        data = self._range(n)
+        self.pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._f.close()
+        super().close()
+
+
+def open_input(path: str, buffer_bytes: int = 8 << 20, end: int | None = None) -> io.BufferedReader:
+    """A local file (`open(path, "rb")`, exactly as before) or a remote object read through range requests of
+    `buffer_bytes`, none past `end` (a remote unit's last byte: nothing beyond it is fetched)."""
+    if not is_url(path):
+        return open(path, "rb")
+    return io.BufferedReader(RemoteFile(path, end), buffer_bytes)
+
+
+def read_bytes(path: str) -> bytes:
+    """A whole input file (a text document)."""
+    if not is_url(path):
+        with open(path, "rb") as fh:
+            return fh.read()
+    with RemoteFile(path) as f:
+        return f.read()
