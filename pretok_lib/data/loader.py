@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ..errors import PretokError
 from .collate import collate
 from .order import Position, Shard, my_steps
+from .pretokenized import order_identity as parquet_order
 
 
 def dist_rank_world() -> tuple[int, int]:
@@ -108,10 +109,9 @@ class StatefulLoader:
         src = self.dataset.source
         extra = getattr(src, "order_identity", None)  # a mixture: its datasets, weights and policy
         ident = {"source": type(src).__name__, "window": src.window, "seed": src.seed, "shuffle": src.shuffle,
-                 "num_samples": getattr(src, "num_samples", None), "order": getattr(src, "order", "exact"),
-                 **(extra() if extra else {})}
-        if ident["order"] == "block":
-            ident["block_groups"] = src.block_groups
+                 "num_samples": getattr(src, "num_samples", None), "order": "exact", **(extra() if extra else {})}
+        if getattr(src, "order", None) is not None and hasattr(src, "rows"):  # parquet: block or exact
+            ident.update(parquet_order(src))
         return ident
 
     def state_dict(self) -> dict:

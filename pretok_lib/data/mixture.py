@@ -24,6 +24,7 @@ from ..datapaths import BY_NAME, KIND_OF_FORMAT, PARQUET_KINDS
 from ..errors import PretokError
 from ..formats.manifest import read_manifest
 from .blend import Blend
+from .pretokenized import order_identity as parquet_order
 from .packing import Sample
 
 EXHAUSTED = ("epoch", "stop")
@@ -78,7 +79,7 @@ class MixtureSource:
         """What makes this order this order (a loader state is refused on any other): every dataset by its
         manifest's own checksum (so a moved copy resumes) and size, the rational weights, the policy."""
         return {"mixture": [{"manifest": s.m.get("manifest_sha256"), "num_samples": n, "weight": [p, self.blend.Q],
-                             "order": getattr(s, "order", "exact"), "block_groups": getattr(s, "block_groups", None)}
+                             **(parquet_order(s) if hasattr(s, "rows") else {"order": "exact"})}
                             for s, n, p in zip(self.sources, self.sizes, self.blend.p)],
                 "mixture_exhausted": self.exhausted}
 

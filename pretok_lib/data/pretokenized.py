@@ -43,6 +43,14 @@ def _order_args(order: str, block_groups: int) -> tuple[str, int]:
     return order, block_groups
 
 
+def order_identity(src) -> dict:
+    """The order a parquet source serves, for loader states: the block order over at most `block_groups` row
+    groups is the exact permutation, so it resumes states of either (and of readers from before orders existed)."""
+    if src.order == "block" and len(src.rows.group_rows) > src.block_groups:
+        return {"order": "block", "block_groups": src.block_groups}
+    return {"order": "exact"}
+
+
 class BlockReadAhead:
     """Block order: when the stream enters a window of row groups, that window's and the next one's groups are
     decoded in a background thread (`ParquetRows.prefetch`). Changes timing only, never the samples."""
