@@ -344,11 +344,15 @@ def test_signals_at_random_moments_tokenize(corpus, refs, tmp_path, capsys):
     assert p.communicate(timeout=120)[1] == "" and p.returncode == 0
     took = time.time() - t0
     landed = 0
-    for i, sig in enumerate([signal.SIGKILL, signal.SIGTERM] * 3):
+    for i, sig in enumerate([signal.SIGKILL, signal.SIGTERM] * 5):  # until 3 landed: the calibration run's time
+        if i >= 6 and landed >= 3:                                   # varies with other load (a parallel test)
+            break
         out = tmp_path / f"k{i}"
         args = tok_args(corpus, out, "memmap", workers=2)
         rc, err = _signal_at(args, sig, rng.uniform(0.05, 1.0) * took)
-        landed += _check_signalled(rc, err, sig)
+        hit = _check_signalled(rc, err, sig)
+        landed += hit
+        took *= 1.0 if hit else 0.6  # the run finished before the signal: aim earlier
         no_manifest_or_valid(out)
         rc, err = cli(capsys, *tok_args(corpus, out, "memmap"))  # resumed inline (same bytes for any --workers)
         assert rc == 0, err
