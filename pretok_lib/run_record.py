@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-STATUSES = ("running", "completed", "interrupted", "failed")
+RECORD_STATUSES = ("running", "completed", "interrupted", "failed")  # the values of run.json's "status"
 FILE = "run.json"
 
 
@@ -32,7 +32,7 @@ def read_run_record(run_dir: str | os.PathLike, problems: list[str] | None = Non
 
 
 def run_status(run_dir: str | os.PathLike) -> str | None:
-    """`status` of the run's record (one of STATUSES), None if there is no readable record."""
+    """`status` of the run's record (one of RECORD_STATUSES), None if there is no readable record."""
     return (read_run_record(run_dir) or {}).get("status")
 
 

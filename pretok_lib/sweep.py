@@ -45,7 +45,7 @@ WORLD = "world"
 # How the keys above appear in a run id, in this order: sweep-pretok-memmap-w2-mb4-bf16-lr3e-4-s256
 _ID_PARTS = (("data.kind", ""), (WORLD, "w"), ("data.micro_batch", "mb"), ("train.precision", ""),
              ("train.lr", "lr"), ("data.seq_len", "s"))
-STATUSES = ("completed", "skipped", "failed")  # run_sweep: ran to completion now / completed before / did not
+POINT_OUTCOMES = ("completed", "skipped", "failed")  # run_sweep: ran to completion now / completed before / did not
 LAUNCHERS = ("local", "slurm")
 TRAIN_MODULE = "pretok_lib.train"
 SBATCH_SCRIPT = Path(__file__).resolve().parents[1] / "slurm" / "train.sbatch"

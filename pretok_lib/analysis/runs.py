@@ -20,7 +20,7 @@ import yaml
 from ..datapaths import global_batch
 from ..run_record import read_run_record
 
-STATUSES = ("completed", "failed", "incomplete")
+TABLE_STATUSES = ("completed", "failed", "incomplete")
 RUN_FILES = ("run.json", "metrics.jsonl", "launcher.json")  # launcher.json: `pretok_lib.sweep` tried to start it
 NOT_RUNS = {"checkpoints", "tb", ".pretok", "__pycache__"}
 

@@ -22,7 +22,7 @@ import torch
 
 from ..errors import PretokError, os_error
 from ..formats.manifest import atomic_write_json, environment
-from ..run_record import read_run_record
+from ..run_record import RECORD_STATUSES, read_run_record
 from . import distributed
 from .checkpoint import names_path
 from .config import Config, load_config, save_config
@@ -42,6 +42,7 @@ def _log(msg: str) -> None:
 
 def _run_info(run_id: str, d: distributed.Dist, status: str, started: str, error: str | None = None,
               trainer=None) -> dict:
+    assert status in RECORD_STATUSES, status
     env = environment()
     dev = d.device
     return {"version": RUN_VERSION, "run_id": run_id, "status": status, "error": error, "started": started,

@@ -10,7 +10,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from pretok_lib.procs import stop_tree
 from pretok_lib.study import NOTEBOOKS, run_study
 from pretok_lib.study.profiles import PROFILES
 from pretok_lib.study.run import KERNEL, NOTEBOOK_DIR, declared_parameters
@@ -197,12 +197,7 @@ def test_jupyterlab_lists_notebooks_and_kernel(tmp_path: Path) -> None:
         with pytest.raises(urllib.error.HTTPError):  # the token is required
             _get(f"{base}/api/contents/notebooks")
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+        stop_tree(proc, grace_s=15)
 
 
 def test_analysis_notebook_runs_on_an_empty_study(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ import gzip
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import GPT2_JSON, PYDOCS_JSONL, ROOT, SHAKESPEARE, WIKITEXT_VALID
+from pretok_lib.procs import stop_tree
 
 SECRET = "pretok-SECRET-marker-7f3a9c"  # AWS_SECRET_ACCESS_KEY of every run: must appear in no output
 KEY_ID = "pretokKEYIDmarker42"
@@ -72,12 +72,7 @@ def s3_server(tmp_path_factory) -> S3Server:
                 time.sleep(0.2)
         yield S3Server(endpoint, port)
     finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_tree(proc, grace_s=10)
 
 
 @pytest.fixture(scope="session")
