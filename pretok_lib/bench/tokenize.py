@@ -447,7 +447,7 @@ def targets(methods: dict[str, dict], n: int, scan: list[dict], rounds: list[dic
 
 def main(args: argparse.Namespace) -> dict:
     """Measure every method side by side, print the table and targets, write --json; returns the results."""
-    from ..formats.manifest import environment
+    from ..environment import environment
     from ..tokenizer import backends_for, load_tokenizer
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from .errors import PretokError
+from ..errors import PretokError
+from ..sources import Unit
+from ..tokenizer import (BackendUnavailable, Encoder, TokenizerInfo, backends_for, build_first, make_encoder,
+                         unbuildable)
 from .parts import Job, process_unit
-from .sources import Unit
-from .tokenizer import (BackendUnavailable, Encoder, TokenizerInfo, backends_for, build_first, make_encoder,
-                        unbuildable)
 from .zygote import DIED_BY_SIGNAL, DIED_EXIT, SINGLE_THREADED, Ready, run_zygote
 
 if TYPE_CHECKING:

@@ -13,13 +13,13 @@ from typing import Callable
 import numpy as np
 import xxhash
 
-from . import memory
-from .errors import PretokError, os_error
-from .formats import memmap as mm
-from .formats import parquet as pqf
-from .formats.manifest import atomic_write_json
-from .remote import is_url, retries, take_retries
-from .sources import SourceOptions, Unit, read_unit
+from .. import memory
+from ..atomic import atomic_write_json
+from ..errors import PretokError, os_error
+from ..formats import memmap as mm
+from ..formats import parquet as pqf
+from ..remote import is_url, retries, take_retries
+from ..sources import SourceOptions, Unit, read_unit
 
 STATE = ".pretok"
 PART_HASH_KEY = "part_xxh3_64"  # a memmap part record's [XXH3-64 of .bin, of .lens] (int digests)

@@ -18,10 +18,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .errors import PretokError, os_error
-from .formats.manifest import atomic_write_json, format_policy
+from ..atomic import atomic_write_json
+from ..errors import PretokError, os_error
+from ..formats.manifest import format_policy
+from ..sources import Unit
 from .parts import STATE, part_name
-from .sources import Unit
 
 
 def resolve_output(out: str | os.PathLike) -> Path:

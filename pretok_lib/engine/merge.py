@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .errors import PretokError, os_error
-from .formats import checksum
-from .formats import memmap as mm
-from .formats.manifest import read_manifest, write_manifest
+from ..errors import PretokError, os_error
+from ..formats import checksum
+from ..formats import memmap as mm
+from ..formats.manifest import read_manifest, write_manifest
 from .outdir import output_lock, remove_output, resolve_output
-from .pretokenize import MEMMAP_PREFIX, build_manifest
+from .run import MEMMAP_PREFIX, build_manifest
 
 AGREE = ("format", "format_version", "dtype", "policy", "compression")
 
