@@ -18,14 +18,15 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from .. import __version__
+from ..datapaths import window
 from ..environment import environment
 from ..errors import PretokError, os_error
 from ..formats import checksum
 from ..formats import parquet as pqf
-from ..formats.manifest import FORMAT_VERSIONS, format_policy, write_manifest
+from ..formats.manifest import FORMAT_VERSIONS, Policy, format_policy, write_manifest
 from ..input_checks import check_skipped
 from ..remote import is_url, retries, schemes
 from ..sources import (InputFile, SourceOptions, Unit, estimate_text_bytes, expand_inputs, plan_units, sample_texts,
@@ -34,14 +35,14 @@ from ..tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenize
 from .config import FORMATS, TokenizeConfig
 from .memmap_append import MemmapAppender
 from .outdir import committed_parts, output_lock, prepare_output, remove_output, resolve_output
-from .parts import PART_HASH_KEY, STATE, Job, part_files_intact
+from .parts import PART_HASH_KEY, STATE, Job, PartRecord, part_files_intact
 from .progress import Progress
 from .workers import Stopped, Workers
 
 MEMMAP_PREFIX = "data"
 
 
-def resolve_policy(info: TokenizerInfo, cfg: TokenizeConfig) -> dict:
+def resolve_policy(info: TokenizerInfo, cfg: TokenizeConfig) -> Policy:
     """The explicit BOS/EOS/padding/dtype policy recorded in the manifest and the output key; `seq_len` and
     `row_length` only for `padded`, the one format whose bytes depend on them."""
     def pick(flag: str, tok_id: int | None, name: str) -> int | None:
@@ -62,7 +63,7 @@ def resolve_policy(info: TokenizerInfo, cfg: TokenizeConfig) -> dict:
     pad = info.pad_id if info.pad_id is not None else (info.eos_id if info.eos_id is not None else 0)
     return format_policy(cfg.format, {
         "bos_id": bos, "eos_id": eos, "pad_id": pad, "dtype": dtype, "seq_len": cfg.seq_len,
-        "row_length": cfg.seq_len + 1, "truncation": "right (padded format only)",
+        "row_length": window(cfg.seq_len), "truncation": "right (padded format only)",
         "special_tokens_in_text": "encoded as ordinary text", "bad_docs": cfg.bad_docs})
 
 
@@ -72,7 +73,7 @@ def resolve_policy(info: TokenizerInfo, cfg: TokenizeConfig) -> dict:
 # ---------------------------------------------------------------- output directory: lock, config, resume
 
 
-def _output_key(cfg: TokenizeConfig, sopts: SourceOptions, info: TokenizerInfo, policy: dict, inputs: list,
+def _output_key(cfg: TokenizeConfig, sopts: SourceOptions, info: TokenizerInfo, policy: Policy, inputs: list,
                 units: list[Unit]) -> dict:
     return {"format": cfg.format, "tokenizer_fingerprint": info.fingerprint, "policy": policy,
             "compression": cfg.compression if cfg.format != "memmap" else None,
@@ -162,11 +163,10 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
         appender = MemmapAppender(out, out / STATE, MEMMAP_PREFIX, policy["dtype"], [u.index for u in mine])
         _resume_appends(appender, out, done)
     pending = [u for u in mine if u.index not in done]
-    job = Job(cfg.format, policy["dtype"], cfg.seq_len, policy["bos_id"], policy["eos_id"], policy["pad_id"],
-              cfg.compression, sopts, str(out), info.vocab_size, info.spec, info.fingerprint)
+    job = Job(cfg.format, policy, cfg.compression, sopts, str(out), info)
     records, last_record = dict(done), [t0]
 
-    def on_record(rec: dict) -> None:
+    def on_record(rec: PartRecord) -> None:
         last_record[0] = time.time()
         if appender is not None:
             appender.add(rec["unit"]["index"], out / STATE / "parts" / rec["part"], rec[PART_HASH_KEY])
@@ -265,7 +265,7 @@ class _BackendCheck:
         return self.choice
 
 
-def _resume_appends(appender: MemmapAppender, out: Path, done: dict[int, dict]) -> None:
+def _resume_appends(appender: MemmapAppender, out: Path, done: dict[int, PartRecord]) -> None:
     """Hand finished-but-unappended parts to the appender; forget parts whose data is gone or damaged (appended
     once but beyond the intact prefix after a crash, or part files failing their hashes) so they are tokenized
     again."""
@@ -284,17 +284,27 @@ def _resume_appends(appender: MemmapAppender, out: Path, done: dict[int, dict]) 
                 prefix.with_name(prefix.name + ext).unlink(missing_ok=True)
 
 
-def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: TokenizerInfo, choice, policy: dict,
-              mine: list[Unit], records: dict[int, dict], inputs: list, hashes: dict, total_units: int, t0: float,
+def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: TokenizerInfo, choice, policy: Policy,
+              mine: list[Unit], records: dict[int, PartRecord], inputs: list, hashes: dict, total_units: int, t0: float,
               files: list[dict] | None, timeline: dict) -> dict:
+    """Check the skipped-document budget, then write this run's manifest.json (last); returns it.
+
+    Args:
+        cfg, sopts: the run's settings and its source options.
+        out: the output directory.
+        info, choice: the tokenizer and the backend chosen for it (with the evidence).
+        policy: the resolved policy (`resolve_policy`).
+        mine, records: this shard's units and each one's committed part record, by unit index.
+        inputs, hashes: the input files' records and checksums (by path).
+        total_units: units of the whole input (all shards).
+        t0: when the run started (`time.time()`).
+        files: the memmap data files' records, or None for parquet (the parts' own files).
+        timeline: start-up, tokenize and finish seconds.
+    """
     ordered = [records[u.index] for u in mine]
     if mine:  # no manifest over an input read badly: too many documents skipped, or none read
-        skipped: dict[str, int] = {}
-        for r in ordered:
-            for k, v in r["skipped"].items():
-                skipped[k] = skipped.get(k, 0) + v
-        check_skipped(sum(r["documents"] for r in ordered), skipped, cfg.max_bad_fraction,
-                      cfg.inputs[0] if len(cfg.inputs) == 1 else None)
+        check_skipped(sum(r["documents"] for r in ordered), sum_skipped(r["skipped"] for r in ordered),
+                      cfg.max_bad_fraction, cfg.inputs[0] if len(cfg.inputs) == 1 else None)
     if files is None:
         files = [f for r in ordered for f in r["files"]]
     manifest = build_manifest(cfg.format, info.to_dict() | {"backend": choice.to_dict()}, policy,
@@ -313,7 +323,16 @@ def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: Tokeni
     return manifest
 
 
-def _retry_counts(inputs: list[dict], records: list[dict]) -> dict:
+def sum_skipped(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Skipped documents by reason, summed over parts or shards."""
+    total: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def _retry_counts(inputs: list[dict], records: list[PartRecord]) -> dict:
     """Transient errors of remote stores retried: while planning and checking (this process) and while reading
     each part (kept with its record across a resume). Absent for local inputs."""
     if not any("version" in i for i in inputs):
@@ -321,15 +340,25 @@ def _retry_counts(inputs: list[dict], records: list[dict]) -> dict:
     return {"remote_retries": retries() + sum(r.get("remote_retries", 0) for r in records)}
 
 
-def build_manifest(fmt: str, tokenizer: dict, policy: dict, compression: str, records: list[dict], files: list,
+def build_manifest(fmt: str, tokenizer: dict, policy: Policy, compression: str, records: list[PartRecord], files: list,
                    inputs: list, hashes: dict, command: list[str], shard: dict, run: dict, source: dict) -> dict:
-    """Assemble the manifest of a finished output (one shard or a merge of shards)."""
+    """Assemble the manifest of a finished output (one shard or a merge of shards).
+
+    Args:
+        fmt: the format.
+        tokenizer: the tokenizer's identity and the backend chosen (`TokenizerInfo.to_dict()` + `backend`).
+        policy: the resolved policy.
+        compression: the parquet codec (recorded as None for memmap).
+        records: the part records in unit order (their counts are summed; each is listed in `parts`).
+        files: the data files' records (path, size, checksum).
+        inputs, hashes: the input files' records and their checksums by path (missing: None).
+        command: the command line that made it.
+        shard: which units of how many this output holds.
+        run: timings and resources of the run.
+        source: how the inputs were read (text column, separator, bad documents, part and batch sizes).
+    """
     counts = {k: sum(r[k] for r in records) for k in ("documents", "tokens", "padding", "truncated", "input_bytes")}
-    skipped: dict[str, int] = {}
-    for r in records:
-        for k, v in r["skipped"].items():
-            skipped[k] = skipped.get(k, 0) + v
-    counts["skipped"] = skipped
+    counts["skipped"] = sum_skipped(r["skipped"] for r in records)
     first = 0
     parts = []
     for r in records:

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import TypedDict
 
 from ..atomic import atomic_write_json
 from ..errors import PretokError
@@ -19,13 +20,30 @@ REQUIRED = ("manifest_version", "format", "format_version", "tokenizer", "dtype"
             "inputs", "tool", "created", "command")
 
 
-def format_policy(fmt: str | None, policy: dict) -> dict:
+class _PolicyFields(TypedDict):
+    bos_id: int | None  # added before every document (None: none)
+    eos_id: int | None  # added after every document (None: none)
+    pad_id: int  # the padded format's filler (the tokenizer's pad, else EOS, else 0)
+    dtype: str  # uint16 | int32
+    truncation: str
+    special_tokens_in_text: str
+    bad_docs: str  # skip | fail
+
+
+class Policy(_PolicyFields, total=False):
+    """A manifest's `policy` (JSON): what decides the output's bytes besides the tokenizer and the format."""
+
+    seq_len: int  # padded only (manifest version 1 recorded it for every format)
+    row_length: int  # padded only: tokens per row, window(seq_len)
+
+
+def format_policy(fmt: str | None, policy: dict) -> Policy:
     """The policy fields that define `fmt`'s bytes: `seq_len`/`row_length` only for `padded` (token-list and
     memmap never cut or pad a document). Applied when a policy is made and when one is read, so an output of an
     earlier version that recorded them for every format compares, merges and prints as a current one."""
     if fmt == "padded":
-        return dict(policy)
-    return {k: v for k, v in policy.items() if k not in PADDED_ONLY_POLICY}
+        return Policy(**policy)
+    return Policy(**{k: v for k, v in policy.items() if k not in PADDED_ONLY_POLICY})
 
 
 def _canonical(data: dict) -> bytes:
