@@ -42,7 +42,7 @@ def _fraction(text: str) -> float:
 
 
 def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
-    """`pretok tokenize`'s options; every default is `TokenizeConfig`'s (tokenize_config.py), never restated."""
+    """`pretok tokenize`'s options; every default is `TokenizeConfig`'s (engine/config.py), never restated."""
     from .engine.config import FORMATS, default
 
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="parquet/jsonl(.gz,.zst)/txt files, globs, HF dataset dirs")
