@@ -42,8 +42,8 @@ def _fraction(text: str) -> float:
 
 
 def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
-    """`pretok tokenize`'s options; every default is `TokenizeConfig`'s (tokenize_config.py), never restated."""
-    from .tokenize_config import FORMATS, default
+    """`pretok tokenize`'s options; every default is `TokenizeConfig`'s (engine/config.py), never restated."""
+    from .engine.config import FORMATS, default
 
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="parquet/jsonl(.gz,.zst)/txt files, globs, HF dataset dirs")
     p.add_argument("--out", required=True, help="output directory (data files + manifest.json)")
@@ -82,7 +82,7 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
 
 
 def tokenize_config(a: argparse.Namespace):
-    from .tokenize_config import TokenizeConfig, default
+    from .engine.config import TokenizeConfig, default
 
     return TokenizeConfig(
         inputs=a.inputs, out=a.out, tokenizer=a.tokenizer, format=a.format, seq_len=a.seq_len, workers=a.workers,
@@ -102,29 +102,29 @@ def cmd_corpus(a: argparse.Namespace) -> None:
 
 def cmd_tokenize(a: argparse.Namespace) -> None:
     from .pretokenize import run_tokenize
-    from .verify import format_inspect, inspect
+    from .engine.verify import format_inspect, inspect
 
     run_tokenize(tokenize_config(a))
     print(format_inspect(inspect(a.out)))
 
 
 def cmd_merge(a: argparse.Namespace) -> None:
-    from .merge import merge_shards
-    from .verify import format_inspect, inspect
+    from .engine.merge import merge_shards
+    from .engine.verify import format_inspect, inspect
 
     merge_shards(a.shards, a.out, overwrite=a.overwrite)
     print(format_inspect(inspect(a.out)))
 
 
 def cmd_inspect(a: argparse.Namespace) -> None:
-    from .verify import format_inspect, inspect
+    from .engine.verify import format_inspect, inspect
 
     report = inspect(a.dir)
     print(json.dumps(report["stats"], indent=2) if a.json else format_inspect(report))
 
 
 def cmd_verify(a: argparse.Namespace) -> None:
-    from .verify import verify
+    from .engine.verify import verify
 
     rep = verify(a.dir, sources=a.source, sample=a.sample, seed=a.seed)
     print(f"{a.dir}: {rep.files_checked} files checksummed; {rep.documents_checked} sampled documents "

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .corpus import default_corpus_and_tokenizer
-from .pretokenize import FORMATS, TokenizeConfig, run_tokenize
-from .verify import format_inspect, inspect, verify
+from .pretokenize import FORMATS, TokenizeConfig, format_inspect, inspect, run_tokenize, verify
 
 
 def run_demo(out: Path, max_mb: float = 20.0, vocab_size: int = 8192, workers: int = 2) -> dict:

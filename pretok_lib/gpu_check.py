@@ -320,7 +320,7 @@ def run_check(a: argparse.Namespace) -> dict:
     v.run("study", lambda: run_study_check(out, world, a.timeout), study_skip)
     verdict = v.to_dict()
     text = json.dumps(verdict, indent=2, default=str) + "\n"
-    from .formats.manifest import atomic_write_text
+    from .atomic import atomic_write_text
 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "verdict.json", text)

@@ -12,13 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pretok_lib.engine.verify import verify
 from pretok_lib.errors import PretokError
 from pretok_lib.formats.manifest import read_manifest
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
-from pretok_lib.verify import verify
 
 from .conftest import CL100K_JSON, GPT2_JSON, PYDOCS_JSONL
-from .test_pretokenize import run_cli, stored_docs
+from .engine.test_pretokenize import run_cli, stored_docs
 
 
 def tok(inputs, out: Path, **kw) -> dict:
@@ -243,7 +243,7 @@ def test_killed_worker_fails_the_run_and_the_rerun_completes(tmp_path, shared_da
     import psutil
 
     from .conftest import ROOT
-    from .test_pretokenize import data_files
+    from .engine.test_pretokenize import data_files
 
     args = ["tokenize", str(PYDOCS_JSONL), "--tokenizer", str(GPT2_JSON), "--format", "memmap", "--part-mb", "0.1",
             "--batch-mb", "0.02", "--workers", "2", "--no-progress", "--out"]

@@ -18,7 +18,7 @@ from pretok_lib.sources import SourceOptions, expand_inputs, plan_units, read_un
 
 from .conftest import GPT2_JSON, PYDOCS_JSONL, SHAKESPEARE
 from .test_bad_input import fails, tok
-from .test_pretokenize import run_cli, stored_docs
+from .engine.test_pretokenize import run_cli, stored_docs
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,9 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from pretok_lib import remote
+from pretok_lib.engine.run import _check_unchanged
 from pretok_lib.errors import PretokError
-from pretok_lib.pretokenize import TokenizeConfig, _check_unchanged, run_tokenize
+from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 from pretok_lib.sources import SourceOptions, expand_inputs, plan_units, read_unit
 
 from .conftest import GPT2_JSON, PYDOCS_JSONL, SHAKESPEARE

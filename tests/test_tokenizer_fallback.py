@@ -17,7 +17,7 @@ from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 from pretok_lib.tokenizer import _tiktoken_constants
 
 from .conftest import GPT2_JSON, PYDOCS_JSONL, R50K_TIKTOKEN
-from .test_pretokenize import run_cli
+from .engine.test_pretokenize import run_cli
 
 
 @pytest.fixture(scope="module")

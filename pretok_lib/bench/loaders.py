@@ -292,7 +292,7 @@ def targets(res: dict[str, dict], workers: list[int]) -> list[dict]:
 
 def main(args: argparse.Namespace) -> dict:
     """Measure the references and every data path, then the compression variants; print, write --json."""
-    from ..formats.manifest import environment
+    from ..environment import environment
     from ..tokenizer import load_tokenizer
     from .tokenize import cached_corpus, resolve_tokenizer
 

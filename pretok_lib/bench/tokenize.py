@@ -168,8 +168,8 @@ def same_as_engine(ids: np.ndarray, offsets: np.ndarray, ref: dict | None) -> bo
     """Whether the engine's memmap output `ref` starts with exactly these documents (after its BOS/EOS policy)."""
     if ref is None:
         return None
+    from ..engine.parts import add_special
     from ..formats.memmap import MemmapDataset
-    from ..parts import add_special
 
     ds = MemmapDataset(Path(ref["out"]) / "data")
     want, want_off = add_special(np.asarray(ids, np.uint32), np.asarray(offsets, np.int64), ref["bos"], ref["eos"])
@@ -447,7 +447,7 @@ def targets(methods: dict[str, dict], n: int, scan: list[dict], rounds: list[dic
 
 def main(args: argparse.Namespace) -> dict:
     """Measure every method side by side, print the table and targets, write --json; returns the results."""
-    from ..formats.manifest import environment
+    from ..environment import environment
     from ..tokenizer import backends_for, load_tokenizer
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

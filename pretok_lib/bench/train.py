@@ -108,7 +108,7 @@ def targets(res: dict[str, dict]) -> list[dict]:
 
 
 def main(args: argparse.Namespace) -> dict:
-    from ..formats.manifest import environment
+    from ..environment import environment
     from .tokenize import cached_corpus, resolve_tokenizer
 
     work = Path(args.workdir)

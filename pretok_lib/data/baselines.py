@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..datapaths import window
-from ..parts import add_special
+from ..engine.parts import add_special
 from ..sources import SourceOptions, expand_inputs, plan_units, read_unit
 from ..tokenizer import backends_for, load_tokenizer, make_encoder
 from .order import epoch_permutation

@@ -5,13 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
-import socket
-import subprocess
-import sys
 from pathlib import Path
+from typing import TypedDict
 
-from ..errors import PretokError, os_error
+from ..atomic import atomic_write_json
+from ..errors import PretokError
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 2  # the version written; see docs/FORMATS.md "Manifest" for what each changed
@@ -20,44 +18,36 @@ FORMAT_VERSIONS = {"padded": 1, "token-list": 1, "memmap": 1}
 PADDED_ONLY_POLICY = ("seq_len", "row_length")  # the only policy fields the bytes of no other format depend on
 REQUIRED = ("manifest_version", "format", "format_version", "tokenizer", "dtype", "policy", "counts", "files",
             "inputs", "tool", "created", "command")
-PACKAGES = ("numpy", "pyarrow", "tokenizers", "fastokens", "tiktoken", "sentencepiece", "mistral-common",
-            "transformers", "datasets", "torch")
 
 
-def format_policy(fmt: str | None, policy: dict) -> dict:
+class _PolicyFields(TypedDict):
+    bos_id: int | None  # added before every document (None: none)
+    eos_id: int | None  # added after every document (None: none)
+    pad_id: int  # the padded format's filler (the tokenizer's pad, else EOS, else 0)
+    dtype: str  # uint16 | int32
+    truncation: str
+    special_tokens_in_text: str
+    bad_docs: str  # skip | fail
+
+
+class Policy(_PolicyFields, total=False):
+    """A manifest's `policy` (JSON): what decides the output's bytes besides the tokenizer and the format."""
+
+    seq_len: int  # padded only (manifest version 1 recorded it for every format)
+    row_length: int  # padded only: tokens per row, window(seq_len)
+
+
+def format_policy(fmt: str | None, policy: dict) -> Policy:
     """The policy fields that define `fmt`'s bytes: `seq_len`/`row_length` only for `padded` (token-list and
     memmap never cut or pad a document). Applied when a policy is made and when one is read, so an output of an
     earlier version that recorded them for every format compares, merges and prints as a current one."""
     if fmt == "padded":
-        return dict(policy)
-    return {k: v for k, v in policy.items() if k not in PADDED_ONLY_POLICY}
+        return Policy(**policy)
+    return Policy(**{k: v for k, v in policy.items() if k not in PADDED_ONLY_POLICY})
 
 
 def _canonical(data: dict) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
-
-
-def atomic_write_text(path: str | os.PathLike, text: str, fsync: bool = True) -> None:
-    """Write to a temp name, fsync (unless told not to), rename: readers never see a half-written file."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            if fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:  # e.g. disk full: leave no torn temp file behind (it would hold the space)
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):  # a failed write or close names no file: name it
-            raise os_error(e, path) from None
-        raise
-
-
-def atomic_write_json(path: str | os.PathLike, data: dict, fsync: bool = True) -> None:
-    """`data` as indented JSON, written atomically (see `atomic_write_text`)."""
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n", fsync)
 
 
 def write_manifest(out_dir: str | os.PathLike, data: dict) -> Path:
@@ -111,28 +101,3 @@ def check_sizes(out_dir: str | os.PathLike, manifest: dict) -> None:
         if p.stat().st_size != f["size"]:
             raise PretokError(f"size {p.stat().st_size} bytes, manifest.json says {f['size']} (truncated or edited)", p)
 
-
-def _git_commit() -> str | None:
-    try:
-        root = Path(__file__).resolve().parents[2]
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None
-    except Exception:
-        return None
-
-
-def environment() -> dict:
-    """Versions and machine facts recorded next to every output."""
-    import importlib.metadata  # here, not at import: ~15 ms that every worker would pay
-
-    versions = {}
-    for name in PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return {"python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
-            "hostname": socket.gethostname(), "cpus": len(os.sched_getaffinity(0)), "packages": versions,
-            "git_commit": _git_commit(),
-            "slurm": {k: v for k, v in os.environ.items() if k in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID",
-                                                                   "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")}}

@@ -192,14 +192,14 @@ def load_datasets(paths: StudyPaths) -> dict:
 
 def inspect_all(index: Mapping) -> dict[str, str]:
     """`pretok inspect` text of every dataset variant."""
-    from ..verify import format_inspect, inspect
+    from ..engine.verify import format_inspect, inspect
 
     return {name: format_inspect(inspect(v["path"])) for name, v in index["variants"].items()}
 
 
 def storage_table(index: Mapping) -> list[dict]:
     """One row per dataset variant: documents, tokens, MB on disk, bytes/token, padding share."""
-    from ..verify import inspect
+    from ..engine.verify import inspect
 
     rows = []
     for name, v in index["variants"].items():

@@ -358,6 +358,6 @@ def check_limits(cfg: Config, source: str = "config") -> None:
 
 
 def save_config(cfg: Config, path: Path) -> None:
-    from ..formats.manifest import atomic_write_text
+    from ..atomic import atomic_write_text
 
     atomic_write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -24,8 +24,9 @@ from typing import Callable
 
 import torch
 
+from ..atomic import atomic_write_json
 from ..errors import PretokError
-from ..formats.manifest import atomic_write_json, read_manifest
+from ..formats.manifest import read_manifest
 from . import checkpoint, hf_tokenizer
 from .config import Config, load_config
 from .model import build_model

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..formats.manifest import atomic_write_text
+from ..atomic import atomic_write_text
 from ..memory import peak_rss_mb
 
 

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import atomic_write_json
+from ..environment import environment
 from ..errors import PretokError, os_error
-from ..formats.manifest import atomic_write_json, environment
 from ..run_record import RECORD_STATUSES, read_run_record
 from . import distributed
 from .checkpoint import names_path

@@ -23,7 +23,7 @@ def batches(corpus, kind, seq_len, **kw):
 
 def test_reference_tokenization_matches_the_engine(corpus):
     """The reference documents (tokenized in the test) are what the engine stored: a sanity check of the oracle."""
-    from ..test_pretokenize import stored_docs
+    from ..engine.test_pretokenize import stored_docs
 
     stored = stored_docs(corpus.dirs["pretok-memmap"])
     ref = ref_docs(corpus.text)

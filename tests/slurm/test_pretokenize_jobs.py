@@ -17,7 +17,7 @@ from pretok_lib.formats.manifest import read_manifest
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
 from ..conftest import GPT2_JSON, PYDOCS_JSONL
-from ..test_pretokenize import data_files, stored_docs
+from ..engine.test_pretokenize import data_files, stored_docs
 from .helpers import SLURM, job_logs, run_script, scontrol_job, wait_ok
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]

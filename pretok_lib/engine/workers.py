@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from .errors import PretokError
-from .parts import Job, process_unit
-from .sources import Unit
-from .tokenizer import (BackendUnavailable, Encoder, TokenizerInfo, backends_for, build_first, make_encoder,
-                        unbuildable)
+from ..errors import PretokError
+from ..sources import Unit
+from ..tokenizer import (BackendUnavailable, Encoder, TokenizerInfo, backends_for, build_first, make_encoder,
+                         unbuildable)
+from .parts import Job, PartRecord, process_unit
 from .zygote import DIED_BY_SIGNAL, DIED_EXIT, SINGLE_THREADED, Ready, run_zygote
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ class Workers:
         self.zygote = None
 
     def run(self, pending: list[Unit], backend: str, job: Job, info: TokenizerInfo, bar: Progress,
-            on_record: Callable[[dict], None], keep_going: Callable[[], None] = lambda: None) -> None:
+            on_record: Callable[[PartRecord], None], keep_going: Callable[[], None] = lambda: None) -> None:
         """Process `pending` units; `on_record` gets each finished part's record in the main process. At most
         4 parts per worker are queued, which bounds what the main process buffers for in-order appending.
         `keep_going` is called between messages and may raise to stop the run."""

@@ -9,7 +9,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .sources import SourceOptions
+    from ..sources import SourceOptions
 
 FORMATS = ("padded", "token-list", "memmap")
 
@@ -49,7 +49,7 @@ class TokenizeConfig:
         return int(min(64e6, max(1e6, text_bytes / 32)))
 
     def source_options(self, text_bytes: int) -> SourceOptions:
-        from .sources import SourceOptions
+        from ..sources import SourceOptions
 
         return SourceOptions(self.text_column, self.separator, self.bad_docs,
                              self.part_bytes(text_bytes), int(self.batch_mb * 1e6))

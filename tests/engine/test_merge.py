@@ -15,7 +15,7 @@ import pytest
 from pretok_lib.cli import main
 from pretok_lib.formats.manifest import read_manifest
 
-from .conftest import GPT2_JSON, WIKI_EN
+from ..conftest import GPT2_JSON, WIKI_EN
 from .test_faults_tokenize import cli, one_line
 from .test_pretokenize import data_files
 

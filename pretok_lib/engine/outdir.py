@@ -18,10 +18,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .errors import PretokError, os_error
-from .formats.manifest import atomic_write_json, format_policy
-from .parts import STATE, part_name
-from .sources import Unit
+from ..atomic import atomic_write_json
+from ..errors import PretokError, os_error
+from ..formats.manifest import format_policy
+from ..sources import Unit
+from .parts import STATE, PartRecord, part_name
 
 
 def resolve_output(out: str | os.PathLike) -> Path:
@@ -142,7 +143,7 @@ def prepare_output(out: Path, key: dict, overwrite: bool) -> bool:
     return (out / "manifest.json").exists()
 
 
-def committed_parts(out: Path, units: Sequence[Unit]) -> dict[int, dict]:
+def committed_parts(out: Path, units: Sequence[Unit]) -> dict[int, PartRecord]:
     """Records of parts already committed; removes the leftovers of uncommitted ones (temp files, half parts)."""
     parts = out / STATE / "parts"
     done = {}

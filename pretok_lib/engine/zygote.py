@@ -57,7 +57,7 @@ def _set_parent_death_signal() -> None:
 
 def _encoder(backend: str):
     """The encoder of `backend`, built once; a backend whose build failed raises that same error again."""
-    from .tokenizer import BackendUnavailable, make_encoder
+    from ..tokenizer import BackendUnavailable, make_encoder
 
     if backend in _FAILED:
         raise _FAILED[backend]
@@ -113,7 +113,7 @@ def _prepare(spec: str, backend: str | None, build: threading.Thread, early: lis
     """Identify the tokenizer while `build` runs `_early_fastokens` (result in `early`), adopt that build (or its
     failure) if identify found that very file an hf-json tokenizer to be run by fastokens, then build the first
     candidate (or `backend`) that can be built."""
-    from .tokenizer import BackendUnavailable, _reason, backends_for, fastokens_encoder, identify
+    from ..tokenizer import BackendUnavailable, _reason, backends_for, fastokens_encoder, identify
 
     try:
         _INFO.append(identify(spec))
@@ -145,13 +145,24 @@ def _prepare(spec: str, backend: str | None, build: threading.Thread, early: lis
 def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, ready_conn,
                preload: tuple[str, ...] = ()) -> None:
     """Load the tokenizer, build the first candidate backend that builds, report it (`Ready` on `ready_conn`),
-    fork `n` workers, then supervise them and answer `encode` requests on `conn`."""
+    fork `n` workers, then supervise them and answer `encode` requests on `conn`.
+
+    Args:
+        spec: the tokenizer (path or name).
+        backend: the backend to build (None: the fastest candidate that builds).
+        n: workers to fork.
+        tasks, results: the queues the workers take units from and send records and progress to.
+        conn: the backend check's `encode` requests from the main process.
+        ready_conn: where `Ready` (or the failure) is sent once the encoder is built.
+        preload: URL schemes whose filesystems are imported before forking.
+    """
     _set_parent_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     build, early = _start_early_build(spec, backend)
-    from . import parts, sources  # noqa: F401 — what the workers run, imported beside the build
+    from .. import sources  # noqa: F401 — what the workers run, imported beside the build
+    from . import parts
     if preload:
-        from .remote import preload_filesystems
+        from ..remote import preload_filesystems
 
         preload_filesystems(preload)
     report = _prepare(spec, backend, build, early)
@@ -191,8 +202,8 @@ def _answer(conn) -> bool:
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:  # sent as an error the main process can unpickle (not e.g. a Rust PanicException)
-        from .errors import PretokError
-        from .tokenizer import _reason
+        from ..errors import PretokError
+        from ..tokenizer import _reason
 
         conn.send(e if isinstance(e, PretokError) else RuntimeError(_reason(e)))
     return True
@@ -200,9 +211,9 @@ def _answer(conn) -> bool:
 
 def _worker(slot: int, tasks, results, zygote_pid: int) -> None:
     """Take units until None; each becomes one committed part, its record sent back."""
-    from .errors import PretokError
+    from ..errors import PretokError
+    from ..tokenizer import limit_threads_to_one_cpu
     from .parts import process_unit
-    from .tokenizer import limit_threads_to_one_cpu
 
     _set_parent_death_signal()
     if os.getppid() != zygote_pid:  # the zygote was killed before the death signal was set: nobody to serve
@@ -212,9 +223,9 @@ def _worker(slot: int, tasks, results, zygote_pid: int) -> None:
     while (task := tasks.get()) is not None:
         _, unit, backend, job = task
         try:
-            if not _INFO or _INFO[0].fingerprint != job.tokenizer_fingerprint:
+            if not _INFO or _INFO[0].fingerprint != job.tokenizer.fingerprint:
                 raise PretokError("the tokenizer file could not be read or changed while the run was starting",
-                                  job.tokenizer_spec)
+                                  job.tokenizer.spec)
             results.put(("done", process_unit(unit, _encoder(backend), job, report)))
         except Exception as e:
             results.put(("error", e))

@@ -28,7 +28,7 @@ import pytest
 from pretok_lib.cli import main
 from pretok_lib.formats.manifest import read_manifest
 
-from .conftest import GPT2_JSON, PYDOCS_JSONL, ROOT, WIKI_EN
+from ..conftest import GPT2_JSON, PYDOCS_JSONL, ROOT, WIKI_EN
 from .test_pretokenize import data_files
 
 ENOSPC_TEXT = "No space left on device"

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from pretok_lib import tokenize_config as tc
 from pretok_lib.cli import build_parser, tokenize_config
+from pretok_lib.engine import config as tc
 
-from .conftest import ROOT
+from ..conftest import ROOT
 
 REQUIRED = ["tokenize", "in.jsonl", "--out", "o", "--tokenizer", "t"]
 
@@ -38,8 +38,8 @@ def test_a_changed_dataclass_default_reaches_the_command_line(monkeypatch, name,
 
 def test_the_config_module_is_light():
     """Read by the parser of every command: it must not pull in the engine (pyarrow, numpy, the tokenizers)."""
-    code = ("import sys; import pretok_lib.tokenize_config as t; t.default('workers'); "
-            "print(sorted(m for m in ('pyarrow', 'numpy', 'pretok_lib.pretokenize', 'pretok_lib.sources') "
-            "if m in sys.modules))")
+    code = ("import sys; import pretok_lib.engine.config as t; t.default('workers'); "
+            "print(sorted(m for m in ('pyarrow', 'numpy', 'pretok_lib.pretokenize', 'pretok_lib.engine.run', "
+            "'pretok_lib.sources') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True, timeout=60)
     assert out.stdout.strip() == "[]"

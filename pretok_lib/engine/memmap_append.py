@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from .errors import os_error
-from .formats import checksum
-from .formats import memmap as mm
-from .formats.manifest import atomic_write_json
+from ..atomic import atomic_write_json
+from ..errors import os_error
+from ..formats import checksum
+from ..formats import memmap as mm
 
 COMMIT_EVERY_S = 1.0  # commit appends at most once a second (a crash redoes at most ~1 s of appending)
 SYNC_EVERY_BYTES = 64 << 20  # fdatasync the .bin in a background thread every ~64 MB appended

@@ -8,7 +8,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pretok_lib.parts import PART_HASH_KEY, _ChecksummedPart, add_special, part_files_intact
+from pretok_lib.engine.parts import PART_HASH_KEY, _ChecksummedPart, add_special, part_files_intact
 
 
 def reference(docs: list[list[int]], bos: int | None, eos: int | None) -> list[list[int]]:

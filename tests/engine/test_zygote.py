@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pretok_lib import tokenizer, zygote
+from pretok_lib import tokenizer
+from pretok_lib.engine import zygote
 from pretok_lib.tokenizer import identify, make_encoder
 from tests.conftest import GPT2_JSON, MISTRAL_SP, R50K_TIKTOKEN, TEKKEN
 

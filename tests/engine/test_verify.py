@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pretok_lib.cli import main
-from pretok_lib.verify import format_inspect, inspect
+from pretok_lib.engine.verify import format_inspect, inspect
 
-from .conftest import GPT2_JSON, WIKI_EN
+from ..conftest import GPT2_JSON, WIKI_EN
 from .test_faults_tokenize import cli, one_line
 
 

@@ -12,14 +12,14 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .errors import PretokError, os_error
-from .formats import memmap as mm
-from .formats import parquet as pqf
-from .formats.manifest import read_manifest
+from ..errors import PretokError, os_error
+from ..formats import memmap as mm
+from ..formats import parquet as pqf
+from ..formats.manifest import read_manifest
+from ..remote import is_url
+from ..sources import SourceOptions, Unit, read_unit
 from .parts import add_special
-from .pretokenize import MEMMAP_PREFIX
-from .remote import is_url
-from .sources import SourceOptions, Unit, read_unit
+from .run import MEMMAP_PREFIX
 
 
 MIN_TIMED_SECONDS = 0.1  # a rate is printed only from a phase at least this long (timings are rounded to 1 ms)
@@ -151,8 +151,8 @@ def _source_docs(part: dict, m: dict, remap: dict[str, str]) -> Iterator[str]:
 def verify(out_dir: str | os.PathLike, sources: Sequence[str] | None = None, sample: int = 64,
            seed: int = 0) -> VerifyReport:
     """Check checksums and structure, then re-tokenize a sample of documents from the source and compare."""
-    from .formats import checksum
-    from .tokenizer import backends_for, load_tokenizer, make_encoder
+    from ..formats import checksum
+    from ..tokenizer import backends_for, load_tokenizer, make_encoder
 
     out, rep = Path(out_dir), VerifyReport()
     m = read_manifest(out)

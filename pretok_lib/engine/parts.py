@@ -8,18 +8,22 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, TypedDict
 
 import numpy as np
 import xxhash
 
-from . import memory
-from .errors import PretokError, os_error
-from .formats import memmap as mm
-from .formats import parquet as pqf
-from .formats.manifest import atomic_write_json
-from .remote import is_url, retries, take_retries
-from .sources import SourceOptions, Unit, read_unit
+from .. import memory
+from ..atomic import atomic_write_json
+from ..errors import PretokError, os_error
+from ..formats import memmap as mm
+from ..formats import parquet as pqf
+from ..formats.manifest import Policy
+from ..remote import is_url, retries, take_retries
+from ..sources import SourceOptions, Unit, read_unit
+
+if TYPE_CHECKING:
+    from ..tokenizer import TokenizerInfo
 
 STATE = ".pretok"
 PART_HASH_KEY = "part_xxh3_64"  # a memmap part record's [XXH3-64 of .bin, of .lens] (int digests)
@@ -27,20 +31,36 @@ PART_HASH_KEY = "part_xxh3_64"  # a memmap part record's [XXH3-64 of .bin, of .l
 
 @dataclass(frozen=True)
 class Job:
-    """What a worker needs to turn a unit into a committed part (picklable)."""
+    """What a worker needs to turn a unit into a committed part (picklable): the format and its policy, how to
+    read the unit, where to write, and the tokenizer (checked by a worker against the one its zygote built)."""
 
     fmt: str
-    dtype: str
-    seq_len: int
-    bos_id: int | None
-    eos_id: int | None
-    pad_id: int
-    compression: str
+    policy: Policy  # dtype, BOS/EOS/pad ids; seq_len and row_length for `padded` only
+    compression: str  # the parquet formats' codec
     sources: SourceOptions
     out_dir: str
-    vocab_size: int
-    tokenizer_spec: str
-    tokenizer_fingerprint: str  # checked by a worker against the tokenizer its zygote built
+    tokenizer: TokenizerInfo
+
+
+class _PartRecordFields(TypedDict):
+    unit: dict  # the Unit's fields
+    part: str  # its name, `part-NNNNNN`
+    documents: int
+    tokens: int  # tokens stored (padded: the kept ones, without padding)
+    padding: int
+    truncated: int
+    input_bytes: int  # text bytes read
+    skipped: dict[str, int]  # documents skipped, by reason
+    peak_rss_mb: float  # of the worker that wrote it
+    files: list[dict]  # parquet: the part's data file record; memmap: none (appended to `data.bin`)
+
+
+class PartRecord(_PartRecordFields, total=False):
+    """A committed part's record, `.pretok/parts/part-NNNNNN.json` (JSON; its presence commits the part): written
+    by the worker, read back on a resume, summed into the manifest."""
+
+    part_xxh3_64: list[int]  # memmap only (PART_HASH_KEY): XXH3-64 of the part's .bin and .lens
+    remote_retries: int  # remote inputs only: transient errors of the store retried while reading the unit
 
 
 # ---------------------------------------------------------------- policy: BOS/EOS, dtype
@@ -106,7 +126,7 @@ class _ChecksummedPart(mm.PartWriter):
         return [self._hash_bin.intdigest(), self._hash_lens.intdigest()]
 
 
-def part_files_intact(prefix: Path, record: dict, itemsize: int) -> bool:
+def part_files_intact(prefix: Path, record: PartRecord, itemsize: int) -> bool:
     """Whether a memmap part's files exist with the sizes and XXH3-64 hashes its record states."""
     hashes = record.get(PART_HASH_KEY)
     if not isinstance(hashes, list) or len(hashes) != 2:
@@ -122,12 +142,13 @@ def part_files_intact(prefix: Path, record: dict, itemsize: int) -> bool:
 def _open_part(job: Job, unit: Unit):
     name = part_name(unit.index)
     if job.fmt == "memmap":
-        return _ChecksummedPart(Path(job.out_dir) / STATE / "parts" / name, job.dtype)
-    schema = pqf.schema_for(job.fmt, job.dtype, job.seq_len, job.pad_id)
+        return _ChecksummedPart(Path(job.out_dir) / STATE / "parts" / name, job.policy["dtype"])
+    pol = job.policy  # token-list rows have no fixed length: its schema ignores seq_len
+    schema = pqf.schema_for(job.fmt, pol["dtype"], pol.get("seq_len", 0), pol["pad_id"])
     return pqf.ParquetPartWriter(Path(job.out_dir) / f"{name}.parquet", schema, job.compression)
 
 
-def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int], None]) -> dict:
+def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int], None]) -> PartRecord:
     """Read, tokenize and write one unit as a part, committed by its record (`.pretok/parts/part-N.json`).
     Memmap parts are then appended in order to the one `.bin` by the main process (`MemmapAppender`). A failure
     removes the part's temp files; an OSError of the output side (disk full, ...) becomes one line naming it."""
@@ -147,10 +168,11 @@ def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int]
         raise
 
 
-def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int], None], writer) -> dict:
+def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int], None], writer) -> PartRecord:
     counts = {"documents": 0, "tokens": 0, "padding": 0, "truncated": 0, "input_bytes": 0}
     skipped: dict[str, int] = {}
     mark = retries()
+    pol, vocab_size = job.policy, job.tokenizer.vocab_size
     for batch in read_unit(unit, job.sources):
         for k, v in batch.skipped.items():
             skipped[k] = skipped.get(k, 0) + v
@@ -159,10 +181,10 @@ def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int],
             report(batch.text_bytes, 0, 0)
             continue
         ids, offsets = encoder.encode_batch(batch.texts)
-        if ids.size and int(ids.max()) >= job.vocab_size:
-            raise PretokError(f"tokenizer produced id {int(ids.max())} >= vocab size {job.vocab_size}", unit.paths[0])
-        ids, offsets = add_special(ids, offsets, job.bos_id, job.eos_id,
-                                   writer.dtype if job.fmt == "memmap" else np.dtype(job.dtype))
+        if ids.size and int(ids.max()) >= vocab_size:
+            raise PretokError(f"tokenizer produced id {int(ids.max())} >= vocab size {vocab_size}", unit.paths[0])
+        ids, offsets = add_special(ids, offsets, pol["bos_id"], pol["eos_id"],
+                                   writer.dtype if job.fmt == "memmap" else np.dtype(pol["dtype"]))
         n, t = len(offsets) - 1, int(offsets[-1])
         if job.fmt == "memmap":
             writer.add(ids, np.diff(offsets))
@@ -170,7 +192,7 @@ def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int],
             writer.write(pqf.tokenlist_table(ids, offsets, writer.writer.schema), t)
         else:
             table, st = pqf.padded_table(ids, offsets, writer.writer.schema)
-            writer.write(table, n * (job.seq_len + 1))
+            writer.write(table, n * pol["row_length"])
             counts["padding"] += st.padding
             counts["truncated"] += st.truncated
             t -= st.truncated  # padded rows store the kept tokens only
@@ -179,8 +201,8 @@ def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int],
         report(batch.text_bytes, n, t)
     result = writer.close()
     peak_rss_mb = memory.peak_rss_mb()
-    record = {"unit": asdict(unit), **counts, "skipped": skipped, "peak_rss_mb": round(peak_rss_mb, 1),
-              "files": [result] if job.fmt != "memmap" else [], "part": part_name(unit.index)}
+    record = PartRecord(unit=asdict(unit), **counts, skipped=skipped, peak_rss_mb=round(peak_rss_mb, 1),
+                        files=[result] if job.fmt != "memmap" else [], part=part_name(unit.index))
     if job.fmt == "memmap":
         record[PART_HASH_KEY] = writer.hashes()
     if any(is_url(p) for p in unit.paths):  # transient errors of the store retried while reading this unit

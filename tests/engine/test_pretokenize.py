@@ -18,14 +18,15 @@ import pytest
 import tokenizers
 import xxhash
 
+from pretok_lib.engine.merge import merge_shards
+from pretok_lib.engine.outdir import prepare_output, remove_output
+from pretok_lib.engine.verify import format_inspect, inspect, verify
 from pretok_lib.formats import parquet as pqf
 from pretok_lib.formats.manifest import read_manifest
 from pretok_lib.formats.memmap import MemmapDataset
-from pretok_lib.merge import merge_shards
-from pretok_lib.pretokenize import TokenizeConfig, prepare_output, remove_output, run_tokenize
-from pretok_lib.verify import format_inspect, inspect, verify
+from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
-from .conftest import GPT2_JSON, PYDOCS_JSONL, ROOT, WIKI_EN, WIKITEXT_VALID
+from ..conftest import GPT2_JSON, PYDOCS_JSONL, ROOT, WIKI_EN, WIKITEXT_VALID
 
 GPT2_EOT = 50256
 
@@ -249,7 +250,7 @@ def test_text_with_separator_regex(tmp_path):
 def test_memmap_resume_redoes_parts_damaged_on_disk(corpus, tmp_path, monkeypatch):
     """A crash after 3 committed parts, then part 1's bytes damaged (as a power cut before writeback would):
     the rerun detects it by the per-part checksum, redoes parts 1.., and the output is identical."""
-    from pretok_lib.memmap_append import MemmapAppender
+    from pretok_lib.engine.memmap_append import MemmapAppender
 
     ref = tmp_path / "ref"
     tok(corpus, ref, part_mb=0.3)
@@ -261,7 +262,7 @@ def test_memmap_resume_redoes_parts_damaged_on_disk(corpus, tmp_path, monkeypatc
             raise KeyboardInterrupt("simulated crash")
         real_add(self, *a)
 
-    monkeypatch.setattr("pretok_lib.memmap_append.COMMIT_EVERY_S", 0.0)  # commit every append
+    monkeypatch.setattr("pretok_lib.engine.memmap_append.COMMIT_EVERY_S", 0.0)  # commit every append
     monkeypatch.setattr(MemmapAppender, "add", crashing_add)
     with pytest.raises(KeyboardInterrupt):
         tok(corpus, out, part_mb=0.3)
@@ -281,7 +282,7 @@ def test_memmap_resume_redoes_parts_damaged_on_disk(corpus, tmp_path, monkeypatc
 def test_memmap_resume_checks_unappended_parts(corpus, tmp_path, monkeypatch):
     """Finished parts are not fsynced: after a crash before they were appended, a part whose bytes were damaged
     and a part whose commit record was torn (as a power cut could leave them) are redone; the output is identical."""
-    from pretok_lib.memmap_append import MemmapAppender
+    from pretok_lib.engine.memmap_append import MemmapAppender
 
     ref = tmp_path / "ref"
     tok(corpus, ref, part_mb=0.3)
@@ -315,7 +316,7 @@ def test_memmap_resume_checks_unappended_parts(corpus, tmp_path, monkeypatch):
 def test_optimistic_backend_restarts_when_the_check_disagrees(corpus, tmp_path, monkeypatch):
     """Workers start with the fastest candidate; if the check (beside them) picks another backend, the output
     made so far is dropped and the run redone with the checked one."""
-    import pretok_lib.pretokenize as engine
+    import pretok_lib.engine.run as engine
     from pretok_lib.tokenizer import BackendChoice
 
     ref = tok(corpus, tmp_path / "ref", workers=2)

@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .errors import PretokError, os_error
-from .formats import checksum
-from .formats import memmap as mm
-from .formats.manifest import read_manifest, write_manifest
+from ..errors import PretokError, os_error
+from ..formats import checksum
+from ..formats import memmap as mm
+from ..formats.manifest import read_manifest, write_manifest
 from .outdir import output_lock, remove_output, resolve_output
-from .pretokenize import MEMMAP_PREFIX, build_manifest
+from .run import MEMMAP_PREFIX, build_manifest, sum_skipped
 
 AGREE = ("format", "format_version", "dtype", "policy", "compression")
 
@@ -154,11 +154,7 @@ def _merge(shards: list[tuple[Path, dict]], out: Path, overwrite: bool, t0: floa
                               ref["source"])
     for k in ("padding", "truncated", "input_bytes"):  # per-part records of shards do not carry these
         manifest["counts"][k] = sum(m["counts"][k] for _, m in shards)
-    skipped: dict[str, int] = {}
-    for _, m in shards:
-        for k, v in m["counts"]["skipped"].items():
-            skipped[k] = skipped.get(k, 0) + v
-    manifest["counts"]["skipped"] = skipped
+    manifest["counts"]["skipped"] = sum_skipped(m["counts"]["skipped"] for _, m in shards)
     manifest["inputs"] = _merged_inputs([m for _, m in shards])
     write_manifest(out, manifest)
     shutil.rmtree(out / ".pretok", ignore_errors=True)

@@ -14,16 +14,16 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from pretok_lib.engine.merge import merge_shards
+from pretok_lib.engine.verify import format_inspect, inspect, verify
 from pretok_lib.errors import PretokError
 from pretok_lib.formats.manifest import _canonical, read_manifest
-from pretok_lib.merge import merge_shards
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
-from pretok_lib.verify import format_inspect, inspect, verify
 
-from .conftest import GPT2_JSON
+from ..conftest import GPT2_JSON
 from .test_pretokenize import data_files
 
-FIXTURES = Path(__file__).parent / "formats" / "fixtures" / "manifest_v1"  # written by pretok at eb5ca8f
+FIXTURES = Path(__file__).parents[1] / "formats" / "fixtures" / "manifest_v1"  # written by pretok at eb5ca8f
 INPUT = FIXTURES / "input.jsonl"  # 24 documents of 6..169 tokens, 4 units at part_mb 0.002
 FORMATS = ("memmap", "token-list", "padded")
 SEQ_LEN_PAIRS = ((16, 16), (16, 512), (2048, 1024))  # equal; truncating vs padding; both past the longest document
@@ -55,7 +55,7 @@ def refused_in_one_line(exc: pytest.ExceptionInfo) -> str:
 
 def interrupt_after_first_part(out: Path, fmt: str, seq_len: int, monkeypatch, **kw) -> None:
     """A run stopped (as by a crash) after its first part was committed: no manifest, state left to resume."""
-    import pretok_lib.workers as workers
+    import pretok_lib.engine.workers as workers
 
     real, calls = workers.process_unit, []
 

@@ -1,0 +1,373 @@
+"""The engine: input units → worker pool (tokenize, write one part each) → committed parts → final files + manifest.
+
+Read top to bottom: `run_tokenize` plans units, prepares the output directory (refusing a different config,
+resuming the same one), checks the tokenizer backend on a sample of the real input, tokenizes pending units in
+worker processes and finally assembles the format's files and writes manifest.json last.
+
+Crash safety: a part is written through temp names and *committed* by an atomically renamed
+`.pretok/parts/part-NNNNNN.json`; anything without a commit record is deleted on the next run. Because units are
+planned independently of the worker count and each part depends only on its unit, the final bytes are identical
+for any number of workers, any interruption, and any sharding followed by `pretok merge`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable
+
+from .. import __version__
+from ..datapaths import window
+from ..environment import environment
+from ..errors import PretokError, os_error
+from ..formats import checksum
+from ..formats import parquet as pqf
+from ..formats.manifest import FORMAT_VERSIONS, Policy, format_policy, write_manifest
+from ..input_checks import check_skipped
+from ..remote import is_url, retries, schemes
+from ..sources import (InputFile, SourceOptions, Unit, estimate_text_bytes, expand_inputs, plan_units, sample_texts,
+                       shard_units)
+from ..tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
+from .config import FORMATS, TokenizeConfig
+from .memmap_append import MemmapAppender
+from .outdir import committed_parts, output_lock, prepare_output, remove_output, resolve_output
+from .parts import PART_HASH_KEY, STATE, Job, PartRecord, part_files_intact
+from .progress import Progress
+from .workers import Stopped, Workers
+
+MEMMAP_PREFIX = "data"
+
+
+def resolve_policy(info: TokenizerInfo, cfg: TokenizeConfig) -> Policy:
+    """The explicit BOS/EOS/padding/dtype policy recorded in the manifest and the output key; `seq_len` and
+    `row_length` only for `padded`, the one format whose bytes depend on them."""
+    def pick(flag: str, tok_id: int | None, name: str) -> int | None:
+        if flag == "no":
+            return None
+        if tok_id is None and flag == "yes":
+            raise PretokError(f"--{name} yes, but tokenizer {info.spec} defines no {name.upper()} token")
+        return tok_id
+
+    bos, eos = pick(cfg.bos, info.bos_id, "bos"), pick(cfg.eos, info.eos_id, "eos")
+    needed = id_dtype_for(info.vocab_size)
+    dtype = needed if cfg.dtype == "auto" else cfg.dtype
+    if dtype not in ("uint16", "int32"):
+        raise PretokError(f"unknown --dtype {dtype} (auto, uint16 or int32)")
+    if dtype == "uint16" and needed != "uint16":
+        raise PretokError(f"--dtype uint16 cannot hold the ids of {info.spec} (vocab {info.vocab_size} > 65536); "
+                          "use --dtype int32 or auto")
+    pad = info.pad_id if info.pad_id is not None else (info.eos_id if info.eos_id is not None else 0)
+    return format_policy(cfg.format, {
+        "bos_id": bos, "eos_id": eos, "pad_id": pad, "dtype": dtype, "seq_len": cfg.seq_len,
+        "row_length": window(cfg.seq_len), "truncation": "right (padded format only)",
+        "special_tokens_in_text": "encoded as ordinary text", "bad_docs": cfg.bad_docs})
+
+
+# ---------------------------------------------------------------- one unit → one committed part (worker side)
+
+
+# ---------------------------------------------------------------- output directory: lock, config, resume
+
+
+def _output_key(cfg: TokenizeConfig, sopts: SourceOptions, info: TokenizerInfo, policy: Policy, inputs: list,
+                units: list[Unit]) -> dict:
+    return {"format": cfg.format, "tokenizer_fingerprint": info.fingerprint, "policy": policy,
+            "compression": cfg.compression if cfg.format != "memmap" else None,
+            "text_column": cfg.text_column, "separator": cfg.separator, "part_bytes": sopts.part_bytes,
+            "batch_mb": cfg.batch_mb, "inputs": inputs, "num_shards": cfg.num_shards,
+            "shard_index": cfg.shard_index, "units": [u.index for u in units]}
+
+
+# ---------------------------------------------------------------- the run
+
+
+class _InputHasher(threading.Thread):
+    """Checksums of the input files beside the workers; `stop()` ends it between chunks (no thread left running
+    in C code at interpreter exit)."""
+
+    def __init__(self, paths: list[str]):
+        super().__init__(daemon=True)
+        self.paths, self.hashes, self.stopped = paths, {}, threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        for p in self.paths:
+            files = sorted(q for q in Path(p).rglob("*") if q.is_file()) if os.path.isdir(p) else [Path(p)]
+            h = checksum.hasher()
+            for f in files:
+                with open(f, "rb") as fh:
+                    while not self.stopped.is_set() and (block := fh.read(8 << 20)):
+                        h.update(block)
+            if self.stopped.is_set():
+                return
+            self.hashes[p] = checksum.value(h)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
+
+
+def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None) -> dict:
+    """Pretokenize `cfg.inputs` into `cfg.out`; returns the manifest. Resumes an interrupted identical run.
+    `_rejected`: why a restart's earlier run rejected other backends (kept in the manifest)."""
+    if cfg.format not in FORMATS:
+        raise PretokError(f"unknown --format {cfg.format} (choose from {', '.join(FORMATS)})")
+    if cfg.format != "memmap":
+        pqf.parse_compression(cfg.compression)
+    if cfg.seq_len < 1:
+        raise PretokError(f"--seq-len must be >= 1 (got {cfg.seq_len})")
+    if is_url(cfg.out):
+        raise PretokError("outputs must be on a POSIX file system (a local or mounted path): runs stay crash-safe "
+                          "by atomic renames, which object stores lack", cfg.out)
+    t0 = time.time()
+    out = resolve_output(cfg.out)
+    rejected = dict(_rejected or {})
+    try:
+        with output_lock(out):  # before anything under `out` is read or changed; held across an --overwrite
+            while True:
+                # The worker processes start first: their start-up (interpreter, imports, building the encoder)
+                # overlaps the planning and tokenizer loading below. Not when the output is complete already.
+                start = cfg.workers > 0 and (cfg.overwrite or not (out / "manifest.json").exists())
+                n = cfg.workers if start else 0
+                with Workers(cfg.tokenizer, cfg.backend, n, schemes(cfg.inputs)) as workers:
+                    restart = _run(cfg, t0, out, workers, rejected)
+                if restart is None:
+                    return json.loads((out / "manifest.json").read_text())
+                remove_output(out)  # the fast guess failed the check: drop what it made, rerun with the checked one
+                rejected = {**rejected, **restart.rejected}
+                cfg = TokenizeConfig(**{**cfg.__dict__, "backend": restart.backend})
+    except OSError as e:  # disk full, read-only file system, ...: one line naming the file (else the output)
+        raise os_error(e, out) from None
+
+
+def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: dict[str, str]):
+    """Plan, prepare the output, tokenize what is pending and finalize; returns None when the output is complete,
+    else the check's BackendChoice to restart with (it rejected the backend the workers started with)."""
+    files = expand_inputs(cfg.inputs)
+    sopts = cfg.source_options(estimate_text_bytes(files, cfg.text_column))
+    units = plan_units(files, sopts)
+    mine = shard_units(units, cfg.num_shards, cfg.shard_index)
+    info = load_tokenizer(cfg.tokenizer)
+    policy = resolve_policy(info, cfg)
+    inputs = [f.record() for f in files]
+    key = _output_key(cfg, sopts, info, policy, inputs, mine)
+    if prepare_output(out, key, cfg.overwrite):
+        return None
+    done = committed_parts(out, mine)
+    appender = None
+    if cfg.format == "memmap":
+        appender = MemmapAppender(out, out / STATE, MEMMAP_PREFIX, policy["dtype"], [u.index for u in mine])
+        _resume_appends(appender, out, done)
+    pending = [u for u in mine if u.index not in done]
+    job = Job(cfg.format, policy, cfg.compression, sopts, str(out), info)
+    records, last_record = dict(done), [t0]
+
+    def on_record(rec: PartRecord) -> None:
+        last_record[0] = time.time()
+        if appender is not None:
+            appender.add(rec["unit"]["index"], out / STATE / "parts" / rec["part"], rec[PART_HASH_KEY])
+        records[rec["unit"]["index"]] = rec
+
+    # Optimistic start: workers tokenize with the fastest candidate that could be built (by the zygote, before
+    # it forked; a failed build is recorded, never retried elsewhere) while the check of that choice on a sample
+    # of this input runs beside them; if the check picks another backend, everything made with the first one
+    # is discarded and the run starts over with the checked backend.
+    if workers.zygote is None:  # inline: build here first, so that the check sees what could not be built
+        workers.backend(info, cfg.backend)
+    hasher = _InputHasher(sorted({p for u in mine for p in u.paths if not is_url(p)}))  # URLs: their identity
+    stop_check = threading.Event()
+    remote = {b: e for b in backends_for(info) if (e := workers.encoder(b, stop_check)) is not None}
+    check = _BackendCheck(info, lambda: sample_texts(mine, sopts), cfg.backend, remote)
+    bar = Progress(sum(u.est_bytes for u in pending), f"{cfg.format} {len(pending)}/{len(mine)} parts",
+                   enabled=cfg.progress)
+    try:
+        guess = check.guess = workers.backend(info, cfg.backend)  # one-line error if none can be built
+        workers.run(pending, guess, job, info, bar, on_record, check.raise_if_other)
+        choice = check.result()
+        choice.rejected = {**rejected, **choice.rejected}
+    except BaseException as e:
+        hasher.stop()
+        stop_check.set()
+        check.thread.join()  # select_backend runs in C: let it end before any interpreter exit
+        bar.close(ok=False)
+        if appender is not None:
+            appender.close()
+        if not isinstance(e, _OtherBackend):
+            raise
+        return e.choice
+    bar.close()
+    hasher.join()
+    _check_unchanged(cfg.inputs, files)
+    files = appender.finish() if appender is not None else None
+    # where the wall time went: start-up until the first batch was tokenized, tokenizing, then finishing
+    first = bar.first_update or last_record[0]
+    timeline = {"startup_seconds": round(first - t0, 3), "tokenize_seconds": round(last_record[0] - first, 3),
+                "finish_seconds": round(time.time() - last_record[0], 3)}
+    _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hasher.hashes, len(units), t0, files,
+              timeline)
+    return None
+
+
+def _check_unchanged(specs: list[str], planned: list[InputFile]) -> None:
+    """Refuse to finish a run whose remote inputs changed while it read them (a local file's change is caught by
+    its checksum): their listing now must match the one planned from."""
+    urls = [s for s in specs if is_url(s)]
+    if not urls:
+        return
+    now = {f.path: f.record() for f in expand_inputs(urls)} if urls else {}
+    for f in planned:
+        if is_url(f.path) and now.get(f.path) != f.record():
+            was = f"{f.size} bytes, {dict(f.version)}"
+            is_ = "gone" if f.path not in now else f"{now[f.path]['size']} bytes, {now[f.path]['version']}"
+            raise PretokError(f"changed while it was being read (planned from {was}; now {is_}); rerun with "
+                              "--overwrite", f.path)
+
+
+class _OtherBackend(Exception):
+    def __init__(self, choice):
+        self.choice = choice
+
+
+class _BackendCheck:
+    """`select_backend` in a thread beside the workers; `raise_if_other` stops the run if it picks another."""
+
+    def __init__(self, info: TokenizerInfo, sample: Callable[[], list[str]], force: str | None,
+                 remote: dict[str, Callable]):
+        """`remote`: candidates' encode_batch run by the zygote (no second build in this process; one whose build
+        failed there raises that failure). `guess`, the backend the workers run, is set once the zygote tells it."""
+        self.guess, self.choice, self.error = None, None, None
+        self.encoders = remote
+        self.thread = threading.Thread(target=self._run, args=(info, sample, force), daemon=True)
+        self.thread.start()
+
+    def _run(self, info, sample, force) -> None:
+        try:
+            self.choice = select_backend(info, sample(), force, self.encoders)
+        except BaseException as e:  # re-raised in the main thread
+            self.error = e
+
+    def raise_if_other(self) -> None:
+        if self.error is not None and not isinstance(self.error, Stopped):  # Stopped: the pool's own failure,
+            raise self.error  # which the run reports itself
+        if self.choice is not None and self.choice.backend != self.guess:
+            raise _OtherBackend(self.choice)
+
+    def result(self):
+        self.thread.join()
+        self.raise_if_other()
+        if self.choice is None:
+            raise PretokError("the tokenizer backend check could not finish (its worker process died); rerun the "
+                              "same command to resume")
+        return self.choice
+
+
+def _resume_appends(appender: MemmapAppender, out: Path, done: dict[int, PartRecord]) -> None:
+    """Hand finished-but-unappended parts to the appender; forget parts whose data is gone or damaged (appended
+    once but beyond the intact prefix after a crash, or part files failing their hashes) so they are tokenized
+    again."""
+    appended = set(appender.committed_units())
+    for i in sorted(done):
+        prefix = out / STATE / "parts" / done[i]["part"]
+        if i in appended:  # a crash between the append commit and the deletion of the part's files
+            for ext in (".bin", ".lens"):
+                prefix.with_name(prefix.name + ext).unlink(missing_ok=True)
+            continue
+        if part_files_intact(prefix, done[i], appender.itemsize):  # parts are not fsynced: check them
+            appender.add(i, prefix, done[i][PART_HASH_KEY])
+        else:
+            (out / STATE / "parts" / f"{done.pop(i)['part']}.json").unlink()
+            for ext in (".bin", ".lens"):
+                prefix.with_name(prefix.name + ext).unlink(missing_ok=True)
+
+
+def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: TokenizerInfo, choice, policy: Policy,
+              mine: list[Unit], records: dict[int, PartRecord], inputs: list, hashes: dict, total_units: int, t0: float,
+              files: list[dict] | None, timeline: dict) -> dict:
+    """Check the skipped-document budget, then write this run's manifest.json (last); returns it.
+
+    Args:
+        cfg, sopts: the run's settings and its source options.
+        out: the output directory.
+        info, choice: the tokenizer and the backend chosen for it (with the evidence).
+        policy: the resolved policy (`resolve_policy`).
+        mine, records: this shard's units and each one's committed part record, by unit index.
+        inputs, hashes: the input files' records and checksums (by path).
+        total_units: units of the whole input (all shards).
+        t0: when the run started (`time.time()`).
+        files: the memmap data files' records, or None for parquet (the parts' own files).
+        timeline: start-up, tokenize and finish seconds.
+    """
+    ordered = [records[u.index] for u in mine]
+    if mine:  # no manifest over an input read badly: too many documents skipped, or none read
+        check_skipped(sum(r["documents"] for r in ordered), sum_skipped(r["skipped"] for r in ordered),
+                      cfg.max_bad_fraction, cfg.inputs[0] if len(cfg.inputs) == 1 else None)
+    if files is None:
+        files = [f for r in ordered for f in r["files"]]
+    manifest = build_manifest(cfg.format, info.to_dict() | {"backend": choice.to_dict()}, policy,
+                              cfg.compression, ordered, files, inputs, hashes, cfg.command,
+                              {"num_shards": cfg.num_shards, "shard_index": cfg.shard_index,
+                               "units": [mine[0].index, mine[-1].index + 1] if mine else [0, 0],
+                               "total_units": total_units},
+                              {"wall_seconds": round(time.time() - t0, 3), **timeline, "workers": cfg.workers,
+                               "worker_peak_rss_mb": max((r.get("peak_rss_mb", 0) for r in ordered), default=0),
+                               **_retry_counts(inputs, ordered)},
+                              {"text_column": cfg.text_column, "separator": cfg.separator,
+                               "bad_docs": cfg.bad_docs, "max_bad_fraction": cfg.max_bad_fraction,
+                               "part_bytes": sopts.part_bytes,
+                               "batch_bytes": sopts.batch_bytes})
+    write_manifest(out, manifest)
+    return manifest
+
+
+def sum_skipped(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Skipped documents by reason, summed over parts or shards."""
+    total: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def _retry_counts(inputs: list[dict], records: list[PartRecord]) -> dict:
+    """Transient errors of remote stores retried: while planning and checking (this process) and while reading
+    each part (kept with its record across a resume). Absent for local inputs."""
+    if not any("version" in i for i in inputs):
+        return {}
+    return {"remote_retries": retries() + sum(r.get("remote_retries", 0) for r in records)}
+
+
+def build_manifest(fmt: str, tokenizer: dict, policy: Policy, compression: str, records: list[PartRecord], files: list,
+                   inputs: list, hashes: dict, command: list[str], shard: dict, run: dict, source: dict) -> dict:
+    """Assemble the manifest of a finished output (one shard or a merge of shards).
+
+    Args:
+        fmt: the format.
+        tokenizer: the tokenizer's identity and the backend chosen (`TokenizerInfo.to_dict()` + `backend`).
+        policy: the resolved policy.
+        compression: the parquet codec (recorded as None for memmap).
+        records: the part records in unit order (their counts are summed; each is listed in `parts`).
+        files: the data files' records (path, size, checksum).
+        inputs, hashes: the input files' records and their checksums by path (missing: None).
+        command: the command line that made it.
+        shard: which units of how many this output holds.
+        run: timings and resources of the run.
+        source: how the inputs were read (text column, separator, bad documents, part and batch sizes).
+    """
+    counts = {k: sum(r[k] for r in records) for k in ("documents", "tokens", "padding", "truncated", "input_bytes")}
+    counts["skipped"] = sum_skipped(r["skipped"] for r in records)
+    first = 0
+    parts = []
+    for r in records:
+        parts.append({"part": r["part"], "unit": r["unit"], "first_document": first, "documents": r["documents"],
+                      "tokens": r["tokens"], "files": [f["path"] for f in r["files"]]})
+        first += r["documents"]
+    return {"format": fmt, "format_version": FORMAT_VERSIONS[fmt], "dtype": policy["dtype"], "policy": policy,
+            "compression": compression if fmt != "memmap" else None, "tokenizer": tokenizer, "counts": counts,
+            "files": files, "parts": parts, "shard": shard, "source": source,
+            "inputs": [dict(i, checksum=hashes.get(i["path"])) for i in inputs],
+            "tool": {"name": "pretok", "version": __version__}, "created": datetime.now(timezone.utc).isoformat(),
+            "command": command, "run": run, "environment": environment()}
