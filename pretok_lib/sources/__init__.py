@@ -18,6 +18,6 @@ from .plan import (SPLIT_ROW_GROUP_BYTES, _parquet_file, _text_column_index, est
                    shard_units)
 from .read import BAD_DOC_KINDS, Reader, _byte_lengths, read_unit, sample_texts
 
-__all__ = ["BAD_DOC_KINDS", "JSONL_SUFFIXES", "SPLIT_ROW_GROUP_BYTES", "TEXT_SUFFIXES", "DocBatch", "InputFile", "Reader",
-           "SourceOptions", "Unit", "compile_separator", "estimate_text_bytes", "expand_inputs", "plan_units",
+__all__ = ["BAD_DOC_KINDS", "JSONL_SUFFIXES", "SPLIT_ROW_GROUP_BYTES", "TEXT_SUFFIXES", "DocBatch", "InputFile",
+           "Reader", "SourceOptions", "Unit", "compile_separator", "estimate_text_bytes", "expand_inputs", "plan_units",
            "read_unit", "sample_texts", "shard_units"]

@@ -7,7 +7,6 @@ and from the repository root (papermill, `pretok study`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -211,26 +210,17 @@ def storage_table(index: Mapping) -> list[dict]:
     return rows
 
 
-def _bench_args(add_args: Callable[[argparse.ArgumentParser], None], argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    add_args(p)
-    return p.parse_args(argv)
-
-
 def bench_tokenize(paths: StudyPaths, index: Mapping, workers: int = 2, loop_mb: float = 2.0,
                    formats: Sequence[str] = FORMATS, skip: Sequence[str] = ("rss-scan",), repeat: int = 1) -> dict:
     """`pretok bench tokenize` on the study corpus and tokenizer: per-document loop and datasets.map (the
     on-the-fly cost, on the first `loop_mb` MB) vs the in-memory ceiling vs the engine; JSON in
     `bench/tokenize.json`."""
-    from ..bench.tokenize import add_args, main
+    from ..bench.tokenize import TokenizeBench, run
 
-    out = paths.bench / "tokenize.json"
-    argv = ["--corpus", index["corpus"], "--tokenizer", index["tokenizer"], "--workdir", str(paths.bench / "tokenize"),
-            "--workers", str(workers), "--loop-mb", str(loop_mb), "--rss-scan", "", "--formats", *formats,
-            "--repeat", str(repeat), "--json", str(out)]
-    if skip:
-        argv += ["--skip", *skip]
-    return main(_bench_args(add_args, argv))
+    return run(TokenizeBench(corpus=index["corpus"], tokenizer=index["tokenizer"],
+                             workdir=str(paths.bench / "tokenize"), workers=workers, loop_mb=loop_mb, rss_scan="",
+                             formats=list(formats), skip=list(skip), repeat=repeat,
+                             json=str(paths.bench / "tokenize.json")))
 
 
 # ---------------------------------------------------------------- 02: loaders
@@ -241,16 +231,14 @@ def bench_loaders(paths: StudyPaths, index: Mapping, micro_batch: int = 8, worke
     """`pretok bench loaders` on the study's datasets (reused from notebook 01: same directory layout): the five
     data paths at each DataLoader worker count vs the raw-memmap ceiling, then the parquet codecs; JSON in
     `bench/loaders.json`."""
-    from ..bench.loaders import add_args, main
+    from ..bench.loaders import LoadersBench, run
 
     comps = [v["compression"] for v in index["variants"].values() if v["compression"]]
     comps = list(dict.fromkeys(comps)) if compressions is None else list(compressions)
-    argv = ["--corpus", index["corpus"], "--tokenizer", index["tokenizer"], "--workdir", str(paths.data),
-            "--seq-len", str(index["seq_len"]), "--micro-batch", str(micro_batch), "--workers", workers,
-            "--batches", str(batches), "--slow-batches", str(slow_batches), "--repeats", str(repeats),
-            "--read-repeats", str(max(1, repeats)), "--compressions", ",".join(comps),
-            "--json", str(paths.bench / "loaders.json")]
-    return main(_bench_args(add_args, argv))
+    return run(LoadersBench(corpus=index["corpus"], tokenizer=index["tokenizer"], workdir=str(paths.data),
+                            seq_len=index["seq_len"], micro_batch=micro_batch, workers=workers, batches=batches,
+                            slow_batches=slow_batches, repeats=repeats, read_repeats=max(1, repeats),
+                            compressions=",".join(comps), json=str(paths.bench / "loaders.json")))
 
 
 # ---------------------------------------------------------------- 03, 04: training runs
