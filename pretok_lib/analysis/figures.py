@@ -22,8 +22,9 @@ from .runs import Run
 
 __all__ = ["LAYOUT", "PALETTE", "PATH_COLORS", "PERCENT", "STATUS_FILL", "STATUS_SYMBOLS", "TABLE_COLUMNS", "VARYING",
            "all_figures", "data_stall_figure", "empty_figure", "loss_curves_figure", "mfu_figure", "padding_figure",
-           "path_color", "precision_figure", "scaling_figure", "stall_prediction_figure", "status_table_figure", "storage_figure",
-           "throughput_figure", "time_to_target_figure", "tokenization_speedup_figure", "val_loss_by_batch_figure"]
+           "path_color", "precision_figure", "scaling_figure", "stall_prediction_figure", "status_table_figure",
+           "storage_figure", "throughput_figure", "time_to_target_figure", "tokenization_speedup_figure",
+           "val_loss_by_batch_figure"]
 
 
 def throughput_figure(runs: Iterable[Run], skip: int | None = None, baseline: str = "padded") -> go.Figure:
