@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ..errors import PretokError
 from .collate import collate
 from .order import Position, Shard, my_steps
-from .source import Source
+from .source import IndexedSource, StreamingSource
 
 
 def dist_rank_world() -> tuple[int, int]:
@@ -29,8 +29,8 @@ def dist_rank_world() -> tuple[int, int]:
 class ShardedBatches(IterableDataset):
     """This rank's micro-batches of `source`, from `position` to the end of the epoch."""
 
-    def __init__(self, source: Source, micro_batch: int, rank: int | None = None, world: int | None = None,
-                 doc_aware: bool = False):
+    def __init__(self, source: IndexedSource | StreamingSource, micro_batch: int, rank: int | None = None,
+                 world: int | None = None, doc_aware: bool = False):
         if (rank is None) != (world is None):
             raise ValueError("give both rank and world, or neither (then torch.distributed decides)")
         if rank is None or world is None:
