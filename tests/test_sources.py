@@ -27,7 +27,7 @@ def fr_docs() -> list[str]:
 
 @pytest.mark.parametrize("part_bytes", [1 << 14, 100_000, 1 << 30])
 def test_parquet_row_ranges_cover_every_row_once(tmp_path, fr_docs, part_bytes, monkeypatch):
-    monkeypatch.setattr("pretok_lib.sources.SPLIT_ROW_GROUP_BYTES", 50_000)  # exercise splitting on small data
+    monkeypatch.setattr("pretok_lib.sources.plan.SPLIT_ROW_GROUP_BYTES", 50_000)  # exercise splitting on small data
     p = tmp_path / "fr.parquet"
     pq.write_table(pa.table({"text": fr_docs, "id": list(range(len(fr_docs)))}), p, row_group_size=700)
     assert read_all([p], part_bytes=part_bytes, batch_bytes=10_000) == fr_docs

@@ -7,128 +7,24 @@ given nothing to show returns a figure saying "no runs with ..." instead of rais
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
-import numpy as np
 import plotly.graph_objects as go
-from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from .metrics import (RunMetrics, all_metrics, format_value, path_rank, precision_groups, resolve_target_loss,
-                      scaling_efficiency, storage_rows, summary_table, tokenization_speedups)
+from .metrics import (all_metrics, format_value, precision_groups, resolve_target_loss, scaling_efficiency,
+                      storage_rows, summary_table, tokenization_speedups)
+from .plotting import (LAYOUT, PALETTE, PATH_COLORS, PERCENT, STATUS_FILL, STATUS_SYMBOLS, VARYING, _add_bars,
+                       _category, _mean_std, _ordered_categories, _path_bars, _path_of, _swap_path, _varying,
+                       empty_figure, path_color)
 from .runs import Run
 
-PATH_COLORS = {"padded": "#d62728", "padding-free": "#ff7f0e", "pretok-padded": "#9467bd",
-               "pretok-token-list": "#2ca02c", "pretok-memmap": "#1f77b4"}
-STATUS_SYMBOLS = {"completed": "circle", "failed": "x", "incomplete": "diamond-open"}
-STATUS_FILL = {"completed": "#ffffff", "failed": "#fde0dd", "incomplete": "#fff3cd"}
-PALETTE = qualitative.Plotly + qualitative.D3
-VARYING = ("world_size", "global_batch", "seq_len", "precision")
-LAYOUT = dict(template="plotly_white", height=460, margin=dict(l=70, r=30, t=70, b=70))
-PERCENT = {"mfu", "data_stall", "padding_frac", "masked_frac"}
-
-
-def path_color(kind: str | None, i: int = 0) -> str:
-    """The fixed color of a data path (others: palette by index)."""
-    return PATH_COLORS.get(kind or "", PALETTE[i % len(PALETTE)])
-
-
-def empty_figure(title: str, message: str) -> go.Figure:
-    """A figure with only a centered message, for groups with no data."""
-    fig = go.Figure(layout=dict(title=title, **LAYOUT))
-    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=16))
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
-    return fig
-
-
-def _varying(ms: list[RunMetrics], fields: Iterable[str] = VARYING) -> list[str]:
-    return [f for f in fields if len({getattr(m, f) for m in ms}) > 1]
-
-
-def _category(m: RunMetrics, varying: list[str]) -> str:
-    fmt = {"world_size": "N={}", "global_batch": "B={}", "seq_len": "L={}", "precision": "{}"}
-    return " · ".join([m.data_kind or "?"] + [fmt[f].format(getattr(m, f)) for f in varying])
-
-
-def _path_of(category: str) -> str:
-    return category.split(" · ")[0]
-
-
-def _swap_path(category: str, path: str) -> str:
-    """The category with the same settings on another data path."""
-    return " · ".join([path] + category.split(" · ")[1:])
-
-
-def _ordered_categories(ms: list[RunMetrics], cat: Callable[[RunMetrics], str]) -> list[str]:
-    key = {cat(m): (path_rank(m.data_kind), [str(getattr(m, f)) for f in VARYING]) for m in ms}
-    return sorted(key, key=lambda c: key[c])
-
-
-def _mean_std(vals: list[float]) -> tuple[float | None, float | None]:
-    if not vals:
-        return None, None
-    return float(np.mean(vals)), float(np.std(vals, ddof=1)) if len(vals) > 1 else None
-
-
-def _ratio_text(v: float | None, base: float | None) -> str:
-    return "" if v is None or not base else f"x{v / base:.3g}"
-
-
-def _add_bars(fig: go.Figure, ms: list[RunMetrics], cats: list[str], cat: Callable[[RunMetrics], str], key: str,
-              name: str, color: str | list[str], *, row: int | None = None, col: int | None = None,
-              texts: list[str] | None = None, showlegend: bool = True, points_legend: bool = False,
-              group: str | None = None) -> None:
-    """One bar per category (mean of `key` over its runs, std error bar) plus one marker per run; bars and
-    markers share the offset group `group` (default: `key`)."""
-    group = group or key
-    by: dict[str, list[RunMetrics]] = defaultdict(list)
-    for m in ms:
-        if getattr(m, key) is not None and math.isfinite(getattr(m, key)):
-            by[cat(m)].append(m)
-    stats = [_mean_std([getattr(m, key) for m in by[c]]) for c in cats]
-    pos = dict(row=row, col=col) if row else {}
-    fig.add_trace(go.Bar(x=cats, y=[s[0] for s in stats], name=name, marker_color=color, offsetgroup=group,
-                         legendgroup=group, showlegend=showlegend, text=texts, textposition="outside",
-                         error_y=dict(type="data", array=[s[1] or 0 for s in stats], visible=True),
-                         hovertemplate="%{x}<br>" + name + ": %{y:.4g}<extra></extra>"), **pos)
-    pts = [m for c in cats for m in by[c]]
-    fig.add_trace(go.Scatter(x=[cat(m) for m in pts], y=[getattr(m, key) for m in pts], mode="markers",
-                             offsetgroup=group, name="runs", legendgroup="runs", showlegend=points_legend,
-                             marker=dict(color="#222", size=7, symbol=[STATUS_SYMBOLS.get(m.status) for m in pts]),
-                             hovertext=[f"{m.run_id} ({m.status})" for m in pts],
-                             hovertemplate="%{hovertext}<br>" + name + ": %{y:.4g}<extra></extra>"), **pos)
-
-
-def _path_bars(runs: Iterable[Run], series: list[tuple[str, str]], title: str, ytitle: str, what: str,
-               skip: int | None, ratio_to: str | None = None) -> go.Figure:
-    """Grouped bars per data path (x: path + any setting that varies) of the given (metric, name) series.
-    `ratio_to`: label the last series' bars with their ratio to that path's bar of the same other settings."""
-    ms = [m for m in all_metrics(runs, skip) if any(getattr(m, k) is not None for k, _ in series)]
-    if not ms:
-        return empty_figure(title, f"no runs with {what}")
-    var = _varying(ms)
-    cat = lambda m: _category(m, var)  # noqa: E731
-    cats = _ordered_categories(ms, cat)
-    fig = go.Figure(layout=dict(title=title, barmode="group", scattermode="group", yaxis_title=ytitle, **LAYOUT))
-    for i, (key, name) in enumerate(series):
-        texts = None
-        if ratio_to and i == len(series) - 1:
-            means = {c: _mean_std([getattr(m, key) for m in ms if cat(m) == c and getattr(m, key) is not None])[0]
-                     for c in cats}
-            texts = [_ratio_text(means[c], means.get(_swap_path(c, ratio_to))) for c in cats]
-        color = [path_color(_path_of(c)) for c in cats] if len(series) == 1 else PALETTE[i % len(PALETTE)]
-        _add_bars(fig, ms, cats, cat, key, name, color, texts=texts, showlegend=len(series) > 1,
-                  points_legend=i == 0)
-    if all(k in PERCENT for k, _ in series):
-        fig.update_yaxes(tickformat=".0%")
-    if ratio_to and any(m.data_kind == ratio_to for m in ms):
-        fig.add_annotation(text=f"labels: ratio to {ratio_to} with the same settings", x=1, y=1.08, xref="paper",
-                           yref="paper", showarrow=False, xanchor="right", font=dict(size=11))
-    return fig
+__all__ = ["LAYOUT", "PALETTE", "PATH_COLORS", "PERCENT", "STATUS_FILL", "STATUS_SYMBOLS", "TABLE_COLUMNS", "VARYING",
+           "all_figures", "data_stall_figure", "empty_figure", "loss_curves_figure", "mfu_figure", "padding_figure",
+           "path_color", "precision_figure", "scaling_figure", "stall_prediction_figure", "status_table_figure",
+           "storage_figure", "throughput_figure", "time_to_target_figure", "tokenization_speedup_figure",
+           "val_loss_by_batch_figure"]
 
 
 def throughput_figure(runs: Iterable[Run], skip: int | None = None, baseline: str = "padded") -> go.Figure:

@@ -27,7 +27,7 @@ NOT_RUNS = {"checkpoints", "tb", ".pretok", "__pycache__"}
 # Where each key setting may live in config.yaml: dotted keys tried in order, then a unique key with the same leaf.
 SETTING_KEYS: dict[str, tuple[str, ...]] = {
     "data_kind": ("data.kind", "data_kind"),
-    "seq_len": ("data.seq_len", "model.seq_len", "train.seq_len", "seq_len", "model.block_size"),
+    "seq_len": ("data.seq_len",),  # the one spelling the trainer has written since its first version
     "micro_batch": ("train.micro_batch", "data.micro_batch", "micro_batch", "train.micro_batch_size"),
     "global_batch": ("train.global_batch", "data.global_batch", "global_batch", "train.global_batch_size"),
     "grad_accum": ("train.grad_accum", "grad_accum", "train.gradient_accumulation_steps"),

@@ -11,9 +11,9 @@ How each number is measured is printed under the tables (NOTES).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -23,6 +23,8 @@ import torch
 from ..datapaths import FORMAT_OF, KINDS, ON_THE_FLY, PACKED
 from ..errors import PretokError
 from . import fmt_num
+from .common import (BenchConfig, add_common_args, add_output_args, check_targets, corpus_and_tokenizer, environment,
+                     from_args, offline, write_json)
 
 SLOW = ON_THE_FLY  # tokenize on the fly: measured over --slow-batches
 COMPRESSIONS = ("none", "snappy", "zstd:3", "zstd:22")
@@ -48,28 +50,49 @@ Compression: every part file read with pq.read_table + to numpy (all columns), b
     tokenizer check: setup = open + load into memory + first batch."""
 
 
+@dataclass
+class LoadersBench(BenchConfig):
+    """`pretok bench loaders`: the batch shape, the worker counts, how long each row is timed, the codecs; with
+    `memory`, only the bounded-vs-in-RAM memory benchmark on those outputs (`loaders_memory.py`)."""
+
+    workdir: str = "runs/bench/loaders"
+    seq_len: int = 1024
+    micro_batch: int = 8
+    workers: str = "0,2"  # DataLoader worker counts, comma-separated
+    batches: int = 500  # timed batches per measurement
+    slow_batches: int = 20  # timed batches for the on-the-fly paths
+    warmup: int = 5  # untimed batches before timing starts
+    compressions: str = ",".join(COMPRESSIONS)  # parquet codecs to read ('' = skip)
+    read_repeats: int = 3  # reads per compression variant (best is kept)
+    repeats: int = 3  # measurements per row; the fastest is kept
+    seed: int = 0
+    memory: list[str] = field(default_factory=list)  # KIND=DIR outputs for the memory benchmark
+    memory_world: int = 4  # ranks simulated (rank 0 is measured)
+    memory_batches: int = 8000  # timed batches (in-ram, block)
+    memory_exact_batches: int = 100  # timed batches (exact order)
+    cache_mb: float | None = None  # decoded row-group cache per process
+    block_groups: int | None = None  # row groups per block-order window
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
-    """Arguments of `pretok bench loaders`."""
-    p.add_argument("--corpus", default=None, help="parquet/jsonl input (default: build the embedded corpus of --mb MB)")
-    p.add_argument("--mb", type=float, default=20.0, help="size of the embedded default corpus to build")
-    p.add_argument("--tokenizer", default=None,
-                   help="tokenizer.json (default: ../shared/data GPT-2 if present, else the trained default)")
-    p.add_argument("--workdir", default="runs/bench/loaders", help="corpus cache and pretokenized outputs")
-    p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--workers", default="0,2", help="DataLoader worker counts, comma-separated")
-    p.add_argument("--batches", type=int, default=500, help="timed batches per measurement")
-    p.add_argument("--slow-batches", type=int, default=20, help="timed batches for padded / padding-free")
-    p.add_argument("--warmup", type=int, default=5, help="untimed batches before timing starts")
-    p.add_argument("--compressions", default=",".join(COMPRESSIONS), help="parquet codecs to read ('' = skip)")
-    p.add_argument("--read-repeats", type=int, default=3, help="reads per compression variant (best is kept)")
-    p.add_argument("--repeats", type=int, default=3, help="measurements per row; the fastest is kept")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, metavar="OUT", help="write all results here")
-    p.add_argument("--check", action="store_true", help="exit 1 if a target fails")
+    """Arguments of `pretok bench loaders` (defaults: `LoadersBench`)."""
+    d = LoadersBench()
+    add_common_args(p, d, "corpus cache and pretokenized outputs")
+    p.add_argument("--seq-len", type=int, default=d.seq_len)
+    p.add_argument("--micro-batch", type=int, default=d.micro_batch)
+    p.add_argument("--workers", default=d.workers, help="DataLoader worker counts, comma-separated")
+    p.add_argument("--batches", type=int, default=d.batches, help="timed batches per measurement")
+    p.add_argument("--slow-batches", type=int, default=d.slow_batches, help="timed batches for padded / padding-free")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="untimed batches before timing starts")
+    p.add_argument("--compressions", default=d.compressions, help="parquet codecs to read ('' = skip)")
+    p.add_argument("--read-repeats", type=int, default=d.read_repeats,
+                   help="reads per compression variant (best is kept)")
+    p.add_argument("--repeats", type=int, default=d.repeats, help="measurements per row; the fastest is kept")
+    p.add_argument("--seed", type=int, default=d.seed)
+    add_output_args(p)
     from .loaders_memory import add_args as add_memory_args
 
-    add_memory_args(p)
+    add_memory_args(p, d)
 
 
 def variant_dir(fmt: str, compression: str) -> str:
@@ -141,7 +164,7 @@ def rates(r: dict) -> dict:
     return r
 
 
-def bench_path(kind: str, src: str, tok: str | None, a: argparse.Namespace, workers: int, n: int) -> dict:
+def bench_path(kind: str, src: str, tok: str | None, a: LoadersBench, workers: int, n: int) -> dict:
     """One data path at one worker count: construction (timed apart), then `measure`. A pretokenized path given
     `tok` checks the output's tokenizer fingerprint on construction (loads the tokenizer), as training would."""
     from ..data import make_dataset, make_loader
@@ -204,7 +227,7 @@ def read_parquet_files(out: Path, m: dict) -> tuple[float, int]:
     return time.perf_counter() - t0, nbytes
 
 
-def bench_compression(corpus: str, tok: str, a: argparse.Namespace, work: Path) -> list[dict]:
+def bench_compression(corpus: str, tok: str, a: LoadersBench, work: Path) -> list[dict]:
     """Write padded and token-list with each codec; time warm reads and the pretok loader's first load."""
     rows = []
     for fmt, kind in (("padded", "pretok-padded"), ("token-list", "pretok-token-list")):
@@ -266,7 +289,7 @@ def compression_table(rows: list[dict]) -> str:
 
 
 def targets(res: dict[str, dict], workers: list[int]) -> list[dict]:
-    """The issue's targets on tokens/s. Primary (what --check uses): pretok-memmap with 0 workers, in-process like
+    """The targets on tokens/s. Primary (what --check uses): pretok-memmap with 0 workers, in-process like
     the ceiling, and each path at its fastest worker count vs padded. With workers, informational: every batch then
     crosses a process boundary, a cost the in-process ceiling does not pay (see the "via DataLoader" reference)."""
     out = []
@@ -291,30 +314,26 @@ def targets(res: dict[str, dict], workers: list[int]) -> list[dict]:
 
 
 def main(args: argparse.Namespace) -> dict:
-    """Measure the references and every data path, then the compression variants; print, write --json."""
-    from ..environment import environment
-    from ..tokenizer import load_tokenizer
-    from .tokenize import cached_corpus, resolve_tokenizer
+    """`pretok bench loaders`: `run` with the command line's config."""
+    return run(from_args(LoadersBench, args))
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+def run(args: LoadersBench) -> dict:
+    """Measure the references and every data path, then the compression variants; print, write `args.json`."""
+    from ..tokenizer import load_tokenizer
+
+    offline()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # DataLoader workers fork after the tokenizer ran
     if args.memory:  # bounded vs in-RAM parquet readers on given outputs, nothing else
         from .loaders_memory import main as memory_main
 
         rows = memory_main(args)
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps({"memory": rows, "args": {k: v for k, v in vars(args).items()
-                                                                             if k != "fn"}}, indent=2, default=str))
-        if args.check and not all(r["rss_pass"] for r in rows if r["impl"] != "in-ram"):
-            raise PretokError("benchmark targets failed (see above)")
+        write_json(args.json, {"memory": rows, "args": args.record()})
+        check_targets(args, not all(r["rss_pass"] for r in rows if r["impl"] != "in-ram"))
         return {"memory": rows}
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
+    work, corpus, tok = corpus_and_tokenizer(args)
     workers = [int(w) for w in str(args.workers).split(",") if w.strip()]
-    tok = resolve_tokenizer(args.tokenizer, work)
     info = load_tokenizer(tok)
-    corpus = str(Path(args.corpus).resolve()) if args.corpus else str(cached_corpus(work, args.mb).resolve())
     pre = work / f"pretok-s{args.seq_len}"
     outs, manifests = {}, {}
     for kind, fmt in FORMAT_OF.items():
@@ -368,10 +387,7 @@ def main(args: argparse.Namespace) -> dict:
     result = {"corpus": {"path": corpus, "documents": mm["counts"]["documents"], "tokens": mm["counts"]["tokens"]},
               "tokenizer": {"spec": tok, "info": info.to_dict()}, "seq_len": L, "micro_batch": B,
               "workers": workers, "load_average": load, "outputs": outs, "loaders": res, "compression": comp,
-              "targets": tg, "environment": environment(), "args": {k: v for k, v in vars(args).items() if k != "fn"}}
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
-    if args.check and any(t["pass"] is False for t in tg if t["primary"]):
-        raise PretokError("benchmark targets failed (see above)")
+              "targets": tg, "environment": environment(), "args": args.record()}
+    write_json(args.json, result)
+    check_targets(args, any(t["pass"] is False for t in tg if t["primary"]))
     return result

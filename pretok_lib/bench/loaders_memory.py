@@ -15,8 +15,12 @@ import json
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from . import fmt_num
+
+if TYPE_CHECKING:
+    from .loaders import LoadersBench
 
 IMPLS = ("in-ram", "exact", "block")
 RSS_GOAL_MB, SPEED_GOAL = 1024.0, 0.5
@@ -30,15 +34,17 @@ tokens/s: input slots of collated batches (B x seq_len) over {n} batches ({ne} f
     outgrows the cache). same stream: digest of the first {d} batches equals the in-RAM reader's (exact order only)."""
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--memory", action="append", default=[], metavar="KIND=DIR",
+def add_args(p: argparse.ArgumentParser, d: LoadersBench) -> None:
+    """The --memory options of `pretok bench loaders`, with the defaults of `d`."""
+    p.add_argument("--memory", action="append", default=list(d.memory), metavar="KIND=DIR",
                    help="only the memory benchmark, on this output (pretok-padded=DIR, pretok-token-list=DIR)")
-    p.add_argument("--memory-world", type=int, default=4, help="ranks simulated (rank 0 is measured)")
-    p.add_argument("--memory-batches", type=int, default=8000,
+    p.add_argument("--memory-world", type=int, default=d.memory_world, help="ranks simulated (rank 0 is measured)")
+    p.add_argument("--memory-batches", type=int, default=d.memory_batches,
                    help="timed batches (in-ram, block): several block windows, so read-ahead is amortised")
-    p.add_argument("--memory-exact-batches", type=int, default=100, help="timed batches (exact order)")
-    p.add_argument("--cache-mb", type=float, default=None, help="decoded row-group cache per process")
-    p.add_argument("--block-groups", type=int, default=None, help="row groups per block-order window")
+    p.add_argument("--memory-exact-batches", type=int, default=d.memory_exact_batches,
+                   help="timed batches (exact order)")
+    p.add_argument("--cache-mb", type=float, default=d.cache_mb, help="decoded row-group cache per process")
+    p.add_argument("--block-groups", type=int, default=d.block_groups, help="row groups per block-order window")
 
 
 def _hwm() -> int:
@@ -80,7 +86,7 @@ def one(spec: dict) -> dict:
             "decoded": getattr(getattr(src, "rows", None), "decoded", None)}
 
 
-def main(a: argparse.Namespace) -> list[dict]:
+def main(a: LoadersBench) -> list[dict]:
     """Every KIND=DIR x reader in its own process; print the table and targets."""
     rows = []
     for item in a.memory:

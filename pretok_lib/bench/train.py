@@ -12,38 +12,54 @@ the pretokenized paths' data stall < 1%.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..datapaths import KINDS, ON_THE_FLY, PACKED
 from ..errors import PretokError
 from . import fmt_num
+from .common import (BenchConfig, add_common_args, add_output_args, check_targets, corpus_and_tokenizer, environment,
+                     from_args, write_json)
 from .loaders import FORMAT_OF, pretokenize, render, variant_dir
 
 PRETOK = ("pretok-padded", "pretok-token-list", "pretok-memmap")
 
 
+@dataclass
+class TrainBench(BenchConfig):
+    """`pretok bench train`: the training runs, one per data path, and their shared settings."""
+
+    mb: float = 5.0
+    workdir: str = "runs/bench/train"
+    config: str | None = None  # base training config (None: configs/tiny.yaml values)
+    steps: int = 30
+    skip: int = 5  # warm-up steps left out of the means
+    seq_len: int = 512
+    micro_batch: int = 8
+    num_workers: int = 0  # DataLoader workers of every path
+    precision: str = "auto"
+    paths: str = ",".join(KINDS)  # data paths to run, comma-separated
+    set: list[str] = field(default_factory=list)  # more training overrides, KEY=VALUE
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--corpus", default=None, help="parquet/jsonl input (default: the embedded corpus of --mb MB)")
-    p.add_argument("--mb", type=float, default=5.0, help="size of the embedded default corpus to build")
-    p.add_argument("--tokenizer", default=None,
-                   help="tokenizer.json (default: ../shared/data GPT-2 if present, else the trained default)")
-    p.add_argument("--workdir", default="runs/bench/train", help="corpus cache, pretokenized data, the runs")
-    p.add_argument("--config", default=None, help="base training config (default: configs/tiny.yaml values)")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--skip", type=int, default=5, help="warm-up steps left out of the means")
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers of every path")
-    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+    """Arguments of `pretok bench train` (defaults: `TrainBench`)."""
+    d = TrainBench()
+    add_common_args(p, d, "corpus cache, pretokenized data, the runs")
+    p.add_argument("--config", default=d.config, help="base training config (default: configs/tiny.yaml values)")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--skip", type=int, default=d.skip, help="warm-up steps left out of the means")
+    p.add_argument("--seq-len", type=int, default=d.seq_len)
+    p.add_argument("--micro-batch", type=int, default=d.micro_batch)
+    p.add_argument("--num-workers", type=int, default=d.num_workers, help="DataLoader workers of every path")
+    p.add_argument("--precision", default=d.precision, choices=("auto", "fp32", "bf16", "fp16"),
                    help="auto: bf16 where the hardware computes it natively, else fp32 (see run.json)")
-    p.add_argument("--paths", default=",".join(KINDS), help="data paths to run, comma-separated")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more training overrides")
-    p.add_argument("--json", default=None, metavar="OUT", help="write all results here")
-    p.add_argument("--check", action="store_true", help="exit 1 if a target fails")
+    p.add_argument("--paths", default=d.paths, help="data paths to run, comma-separated")
+    p.add_argument("--set", nargs="*", default=list(d.set), metavar="KEY=VALUE", help="more training overrides")
+    add_output_args(p)
 
 
 def measure_run(run_dir: Path, skip: int) -> dict:
@@ -62,7 +78,7 @@ def measure_run(run_dir: Path, skip: int) -> dict:
             **{k: mean_after(run.train[k], skip) for k in ("step_time_s", "data_wait_s")}}
 
 
-def run_path(kind: str, data_path: str, tok: str, a: argparse.Namespace, runs: Path) -> dict:
+def run_path(kind: str, data_path: str, tok: str, a: TrainBench, runs: Path) -> dict:
     overrides = [f"run.dir={runs}", f"run.id={kind}", "run.overwrite=true", f"data.kind={kind}",
                  f"data.path={data_path}", f"data.tokenizer={tok}", f"data.seq_len={a.seq_len}",
                  f"data.micro_batch={a.micro_batch}", f"data.num_workers={a.num_workers}",
@@ -108,13 +124,13 @@ def targets(res: dict[str, dict]) -> list[dict]:
 
 
 def main(args: argparse.Namespace) -> dict:
-    from ..environment import environment
-    from .tokenize import cached_corpus, resolve_tokenizer
+    """`pretok bench train`: `run` with the command line's config."""
+    return run(from_args(TrainBench, args))
 
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    tok = resolve_tokenizer(args.tokenizer, work)
-    corpus = str(Path(args.corpus).resolve()) if args.corpus else str(cached_corpus(work, args.mb).resolve())
+
+def run(args: TrainBench) -> dict:
+    """Pretokenize what the paths need, train once per path, print the table and targets, write `args.json`."""
+    work, corpus, tok = corpus_and_tokenizer(args)
     kinds = [k.strip() for k in args.paths.split(",") if k.strip()]
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
@@ -137,12 +153,10 @@ def main(args: argparse.Namespace) -> dict:
     tg = targets(res)
     for t in tg:
         print(f"{'PASS' if t['pass'] else 'FAIL'}  {t['target']}: {t['value']:.3g}")
-    out = {"corpus": corpus, "tokenizer": tok, "args": vars(args), "results": res, "targets": tg,
+    out = {"corpus": corpus, "tokenizer": tok, "args": args.record(), "results": res, "targets": tg,
            "environment": environment()}
+    write_json(args.json, out)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2, default=str))
         print(f"wrote {args.json}")
-    if args.check and not all(t["pass"] for t in tg):
-        raise SystemExit(1)
+    check_targets(args, not all(t["pass"] for t in tg))
     return out

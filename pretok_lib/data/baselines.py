@@ -23,10 +23,13 @@ from ..sources import SourceOptions, expand_inputs, plan_units, read_unit
 from ..tokenizer import backends_for, load_tokenizer, make_encoder
 from .order import epoch_permutation
 from .packing import Sample
+from .source import EXACT
 
 
 class _TextDocs:
     """All documents of the inputs (loaded as Python strings once) and the tokenizer with the engine's policy."""
+
+    streaming = False
 
     def __init__(self, inputs: Sequence[str], tokenizer: str, text_column: str = "text", bos: str = "auto",
                  eos: str = "no", backend: str | None = None, separator: str | None = None):
@@ -49,6 +52,9 @@ class _TextDocs:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_encoder": None}
+
+    def order_identity(self) -> dict:
+        return dict(EXACT)
 
 
 class PaddedText(_TextDocs):

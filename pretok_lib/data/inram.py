@@ -13,12 +13,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..datapaths import window
 from ..errors import PretokError
 from ..formats import checksum
 from ..formats import parquet as pqf
 from .order import epoch_permutation
 from .packing import Sample
 from .pretokenized import _Packed, open_checked
+from .source import EXACT
 
 
 def _read_table(path: Path, expected: str | None = None):
@@ -34,9 +36,11 @@ def _read_table(path: Path, expected: str | None = None):
 class InRamPaddedRows:
     """`pretok-padded` loaded whole: one document per row, `seq_len + 1` slots; the order permutes rows."""
 
+    streaming = False
+
     def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None):
         self.path, self.m = Path(path), open_checked(path, "padded", tokenizer_fingerprint)
-        self.window, self.seed, self.shuffle = seq_len + 1, seed, shuffle
+        self.window, self.seed, self.shuffle = window(seq_len), seed, shuffle
         self.num_samples = self.m["counts"]["documents"]
         rows, masks = [], []
         for f in self.m["files"]:
@@ -48,6 +52,9 @@ class InRamPaddedRows:
         self.rows = np.concatenate(rows)[:, : self.window] if rows else np.zeros((0, self.window), np.int64)
         self.masks = (np.concatenate(masks)[:, : self.window] != 0) if masks else np.zeros((0, self.window), bool)
         self._perm = (None, None)
+
+    def order_identity(self) -> dict:
+        return dict(EXACT)
 
     def sample(self, epoch: int, k: int) -> Sample:
         if self._perm[0] != epoch:

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ..errors import PretokError
 from .collate import collate
 from .order import Position, Shard, my_steps
-from .pretokenized import order_identity as parquet_order
+from .source import IndexedSource, StreamingSource
 
 
 def dist_rank_world() -> tuple[int, int]:
@@ -29,8 +29,8 @@ def dist_rank_world() -> tuple[int, int]:
 class ShardedBatches(IterableDataset):
     """This rank's micro-batches of `source`, from `position` to the end of the epoch."""
 
-    def __init__(self, source, micro_batch: int, rank: int | None = None, world: int | None = None,
-                 doc_aware: bool = False):
+    def __init__(self, source: IndexedSource | StreamingSource, micro_batch: int, rank: int | None = None,
+                 world: int | None = None, doc_aware: bool = False):
         if (rank is None) != (world is None):
             raise ValueError("give both rank and world, or neither (then torch.distributed decides)")
         if rank is None or world is None:
@@ -51,7 +51,7 @@ class ShardedBatches(IterableDataset):
 
     def __iter__(self) -> Iterator[dict]:
         shard, pos = self.shard(), self.position
-        if getattr(self.source, "streaming", False):
+        if self.source.streaming:
             yield from self._stream(shard, pos)
             return
         for step, first, last in my_steps(self.source.num_samples, pos, shard):
@@ -89,10 +89,10 @@ class StatefulLoader:
     def __len__(self) -> int:
         from .order import steps_left
 
-        n = getattr(self.dataset.source, "num_samples", None)
-        if n is None:
+        src = self.dataset.source
+        if src.streaming:
             raise TypeError("a streaming source does not know its length before it is read")
-        return steps_left(n, self.position, self.dataset.global_batch)
+        return steps_left(src.num_samples, self.position, self.dataset.global_batch)
 
     def __iter__(self) -> Iterator[dict]:
         start = self.position
@@ -107,12 +107,9 @@ class StatefulLoader:
 
     def _identity(self) -> dict:
         src = self.dataset.source
-        extra = getattr(src, "order_identity", None)  # a mixture: its datasets, weights and policy
-        ident = {"source": type(src).__name__, "window": src.window, "seed": src.seed, "shuffle": src.shuffle,
-                 "num_samples": getattr(src, "num_samples", None), "order": "exact", **(extra() if extra else {})}
-        if getattr(src, "order", None) is not None and hasattr(src, "rows"):  # parquet: block or exact
-            ident.update(parquet_order(src))
-        return ident
+        size = None if src.streaming else src.num_samples
+        return {"source": type(src).__name__, "window": src.window, "seed": src.seed, "shuffle": src.shuffle,
+                "num_samples": size, **src.order_identity()}
 
     def state_dict(self) -> dict:
         """The position, and what it is a position in (checked on load; the global batch may change)."""

@@ -24,8 +24,8 @@ from ..datapaths import BY_NAME, KIND_OF_FORMAT, PARQUET_KINDS
 from ..errors import PretokError
 from ..formats.manifest import read_manifest
 from .blend import Blend
-from .pretokenized import order_identity as parquet_order
 from .packing import Sample
+from .source import EXACT, PretokenizedSource
 
 EXHAUSTED = ("epoch", "stop")
 # format -> "packed" or "padded": padded rows cannot be batched with packed windows
@@ -33,9 +33,11 @@ FAMILY = {f: "packed" if BY_NAME[k].packed else "padded" for f, k in KIND_OF_FOR
 
 
 class MixtureSource:
-    """Sources (each with num_samples, window, seed, shuffle, sample(epoch, k), m) blended by `weights`."""
+    """Pretokenized sources (`source.PretokenizedSource`) blended by `weights`; itself an indexed source."""
 
-    def __init__(self, sources: Sequence, weights: Sequence[float], exhausted: str = "epoch",
+    streaming = False
+
+    def __init__(self, sources: Sequence[PretokenizedSource], weights: Sequence[float], exhausted: str = "epoch",
                  names: Sequence[str] | None = None):
         if exhausted not in EXHAUSTED:
             raise PretokError(f"data.mixture_exhausted '{exhausted}' is not one of {', '.join(EXHAUSTED)}")
@@ -50,7 +52,7 @@ class MixtureSource:
         except ValueError as e:
             raise PretokError(str(e)) from None
         self.sources, self.weights, self.exhausted = list(sources), [float(w) for w in weights], exhausted
-        self.names = list(names) if names is not None else [str(getattr(s, "path", i)) for i, s in enumerate(sources)]
+        self.names = list(names) if names is not None else [str(s.path) for s in sources]
         self.sizes = [int(s.num_samples) for s in sources]
         self.window, self.seed, self.shuffle = first.window, first.seed, first.shuffle
         self.m = first.m  # tokenizer facts (vocab, fingerprint): the same for every dataset, checked on open
@@ -78,8 +80,8 @@ class MixtureSource:
     def order_identity(self) -> dict:
         """What makes this order this order (a loader state is refused on any other): every dataset by its
         manifest's own checksum (so a moved copy resumes) and size, the rational weights, the policy."""
-        return {"mixture": [{"manifest": s.m.get("manifest_sha256"), "num_samples": n, "weight": [p, self.blend.Q],
-                             **(parquet_order(s) if hasattr(s, "rows") else {"order": "exact"})}
+        return {**EXACT, "mixture": [{"manifest": s.m.get("manifest_sha256"), "num_samples": n,
+                                      "weight": [p, self.blend.Q], **s.order_identity()}
                             for s, n, p in zip(self.sources, self.sizes, self.blend.p)],
                 "mixture_exhausted": self.exhausted}
 

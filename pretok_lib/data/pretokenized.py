@@ -14,12 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..datapaths import window
 from ..errors import PretokError
 from ..formats.manifest import read_manifest
 from ..formats.memmap import MemmapDataset
 from .order import ORDERS, block_permutation, block_windows, epoch_permutation
 from .packing import PackedIndex, Sample, assemble, boundaries
 from .parquet_rows import ParquetRows
+from .source import EXACT
 from .verify_open import verify_files
 
 CACHE_MB = 128  # decoded row groups kept per process (parquet formats; at least 2 block windows)
@@ -43,12 +45,19 @@ def _order_args(order: str, block_groups: int) -> tuple[str, int]:
     return order, block_groups
 
 
-def order_identity(src) -> dict:
-    """The order a parquet source serves, for loader states: the block order over at most `block_groups` row
-    groups is the exact permutation, so it resumes states of either (and of readers from before orders existed)."""
-    if src.order == "block" and len(src.rows.group_rows) > src.block_groups:
-        return {"order": "block", "block_groups": src.block_groups}
-    return {"order": "exact"}
+class _ParquetOrder:
+    """The order identity of the parquet sources (`rows`, `order`, `block_groups`)."""
+
+    rows: ParquetRows
+    order: str
+    block_groups: int
+
+    def order_identity(self) -> dict:
+        """The order served, for loader states: the block order over at most `block_groups` row groups is the
+        exact permutation, so it resumes states of either (and of readers from before orders existed)."""
+        if self.order == "block" and len(self.rows.group_rows) > self.block_groups:
+            return {"order": "block", "block_groups": self.block_groups}
+        return dict(EXACT)
 
 
 class BlockReadAhead:
@@ -71,11 +80,13 @@ class BlockReadAhead:
             self.rows.prefetch(self.groups[w * self.block : (w + 2) * self.block])
 
 
-class PaddedRows:
+class PaddedRows(_ParquetOrder):
     """`pretok-padded`: one document per row, `seq_len + 1` slots; the order permutes rows. Rows are read by
     row group into a bounded cache (`parquet_rows.py`); `order`: "block" (`order.block_permutation` over
     `block_groups` row groups at a time) or "exact" (`order.epoch_permutation`: about one row-group decode per
     sample once the data outgrows the cache)."""
+
+    streaming = False
 
     def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None,
                  verify_on_open: bool = False, order: str = "block", block_groups: int = BLOCK_GROUPS,
@@ -84,11 +95,11 @@ class PaddedRows:
         instead of each part when this process first reads it."""
         self.path, self.m = Path(path), open_checked(path, "padded", tokenizer_fingerprint)
         self.order, self.block_groups = _order_args(order, block_groups)
-        row = self.m["policy"]["row_length"]
-        if seq_len + 1 > row:
-            raise PretokError(f"seq_len {seq_len} needs rows of {seq_len + 1} tokens; this file holds {row} "
+        row, self.window = self.m["policy"]["row_length"], window(seq_len)
+        if self.window > row:
+            raise PretokError(f"seq_len {seq_len} needs rows of {self.window} tokens; this file holds {row} "
                               f"(pretokenized with --seq-len {row - 1})", self.path)
-        self.window, self.seed, self.shuffle = seq_len + 1, seed, shuffle
+        self.seed, self.shuffle = seed, shuffle
         self.num_samples = self.m["counts"]["documents"]
         self.rows = ParquetRows(self.path, self.m, "padded", cache_mb=cache_mb, verify_on_open=verify_on_open,
                                 min_groups=2 * self.block_groups + 1 if order == "block" else 2)
@@ -121,8 +132,10 @@ def row_order(group_rows: np.ndarray, seed: int, epoch: int, shuffle: bool, orde
 class _Packed:
     """Shared by token lists and memmap: documents in the epoch's order, cut into windows of seq_len + 1."""
 
+    streaming = False
+
     def __init__(self, lengths: np.ndarray, seq_len: int, seed: int, shuffle: bool):
-        self.doc_lengths, self.window, self.seed, self.shuffle = lengths, seq_len + 1, seed, shuffle
+        self.doc_lengths, self.window, self.seed, self.shuffle = lengths, window(seq_len), seed, shuffle
         self._index: tuple[int, PackedIndex] | None = None
         self.num_samples = int(lengths.sum()) // self.window  # the same for every epoch
 
@@ -140,8 +153,11 @@ class _Packed:
     def doc_tokens(self, doc: int, a: int, b: int) -> np.ndarray:
         raise NotImplementedError
 
+    def order_identity(self) -> dict:
+        return dict(EXACT)
 
-class TokenListPacked(_Packed):
+
+class TokenListPacked(_ParquetOrder, _Packed):
     """`pretok-token-list`: token lists packed exactly like the on-the-fly padding-free baseline. Document
     lengths come from the part footers; tokens are read by row group into a bounded cache (`parquet_rows.py`).
     `order`: "block" or "exact" (documents permuted by `order.block_permutation` / `epoch_permutation`)."""

@@ -7,7 +7,6 @@ and from the repository root (papermill, `pretok study`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -15,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..datapaths import KIND_OF_FORMAT, ON_THE_FLY, PRETOKENIZED
+from ..datapaths import KIND_OF_FORMAT, ON_THE_FLY
 from ..errors import PretokError
+from .results import bench_figures, findings, png_available, read_bench, select_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 FORMATS = ("memmap", "token-list", "padded")
@@ -211,26 +211,17 @@ def storage_table(index: Mapping) -> list[dict]:
     return rows
 
 
-def _bench_args(add_args: Callable[[argparse.ArgumentParser], None], argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    add_args(p)
-    return p.parse_args(argv)
-
-
 def bench_tokenize(paths: StudyPaths, index: Mapping, workers: int = 2, loop_mb: float = 2.0,
                    formats: Sequence[str] = FORMATS, skip: Sequence[str] = ("rss-scan",), repeat: int = 1) -> dict:
     """`pretok bench tokenize` on the study corpus and tokenizer: per-document loop and datasets.map (the
     on-the-fly cost, on the first `loop_mb` MB) vs the in-memory ceiling vs the engine; JSON in
     `bench/tokenize.json`."""
-    from ..bench.tokenize import add_args, main
+    from ..bench.tokenize import TokenizeBench, run
 
-    out = paths.bench / "tokenize.json"
-    argv = ["--corpus", index["corpus"], "--tokenizer", index["tokenizer"], "--workdir", str(paths.bench / "tokenize"),
-            "--workers", str(workers), "--loop-mb", str(loop_mb), "--rss-scan", "", "--formats", *formats,
-            "--repeat", str(repeat), "--json", str(out)]
-    if skip:
-        argv += ["--skip", *skip]
-    return main(_bench_args(add_args, argv))
+    return run(TokenizeBench(corpus=index["corpus"], tokenizer=index["tokenizer"],
+                             workdir=str(paths.bench / "tokenize"), workers=workers, loop_mb=loop_mb, rss_scan="",
+                             formats=list(formats), skip=list(skip), repeat=repeat,
+                             json=str(paths.bench / "tokenize.json")))
 
 
 # ---------------------------------------------------------------- 02: loaders
@@ -241,16 +232,14 @@ def bench_loaders(paths: StudyPaths, index: Mapping, micro_batch: int = 8, worke
     """`pretok bench loaders` on the study's datasets (reused from notebook 01: same directory layout): the five
     data paths at each DataLoader worker count vs the raw-memmap ceiling, then the parquet codecs; JSON in
     `bench/loaders.json`."""
-    from ..bench.loaders import add_args, main
+    from ..bench.loaders import LoadersBench, run
 
     comps = [v["compression"] for v in index["variants"].values() if v["compression"]]
     comps = list(dict.fromkeys(comps)) if compressions is None else list(compressions)
-    argv = ["--corpus", index["corpus"], "--tokenizer", index["tokenizer"], "--workdir", str(paths.data),
-            "--seq-len", str(index["seq_len"]), "--micro-batch", str(micro_batch), "--workers", workers,
-            "--batches", str(batches), "--slow-batches", str(slow_batches), "--repeats", str(repeats),
-            "--read-repeats", str(max(1, repeats)), "--compressions", ",".join(comps),
-            "--json", str(paths.bench / "loaders.json")]
-    return main(_bench_args(add_args, argv))
+    return run(LoadersBench(corpus=index["corpus"], tokenizer=index["tokenizer"], workdir=str(paths.data),
+                            seq_len=index["seq_len"], micro_batch=micro_batch, workers=workers, batches=batches,
+                            slow_batches=slow_batches, repeats=repeats, read_repeats=max(1, repeats),
+                            compressions=",".join(comps), json=str(paths.bench / "loaders.json")))
 
 
 # ---------------------------------------------------------------- 03, 04: training runs
@@ -324,102 +313,7 @@ def require_completed(results: Sequence[tuple[Any, str]], paths: StudyPaths) -> 
         raise PretokError(f"{len(bad)} run(s) failed: {', '.join(p.run_id for p in bad)}\n{logs}")
 
 
-# ---------------------------------------------------------------- 05: analysis
-
-
-def select_runs(runs: Sequence[Any], prefix: str = "") -> list:
-    """The runs whose id starts with `prefix-` (all of them for an empty prefix)."""
-    return [r for r in runs if not prefix or r.run_id.startswith(f"{prefix}-")]
-
-
-def png_available() -> bool:
-    """Whether PNGs can be written (kaleido needs a Chromium); says why not."""
-    from ..analysis.report import find_chromium
-
-    try:
-        find_chromium()
-        return True
-    except RuntimeError as e:
-        print(f"no PNGs: {e}")
-        return False
-
-
-def read_bench(paths: StudyPaths, name: str) -> dict | None:
-    """`bench/<name>.json` (tokenize, loaders) if notebook 01/02 wrote it."""
-    try:
-        return json.loads((paths.bench / f"{name}.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def bench_figures(paths: StudyPaths) -> dict:
-    """The benchmark figures of notebooks 01 and 02, by file name (for `save_figures`)."""
-    from . import plots
-
-    figs = {}
-    if tok := read_bench(paths, "tokenize"):
-        figs["tokenize_throughput"] = plots.tokenize_bench_figure(tok)
-    if ld := read_bench(paths, "loaders"):
-        figs["loader_throughput"] = plots.loader_bench_figure(ld)
-        figs["compression"] = plots.compression_figure(ld)
-    return figs
-
-
-def _x(v: float | None) -> str:
-    return "-" if v is None else f"x{v:.3g}"
-
-
-def findings(runs: Sequence[Any], paths: StudyPaths) -> str:
-    """The study's answer in numbers (markdown): tokenization and loading in isolation, then in training
-    (effective tokens/s per data path relative to the on-the-fly padded baseline, and the data-stall share)."""
-    from ..analysis import all_metrics, path_speedups
-
-    out = ["### Findings", ""]
-    tok, ld = read_bench(paths, "tokenize"), read_bench(paths, "loaders")
-    if tok:
-        m = tok["methods"]
-        loop = next((r for k, r in m.items() if k.startswith("(a)")), None)
-        eng = max((r for k, r in m.items() if k.startswith("(d) engine memmap")), key=lambda r: r["mb_per_s"],
-                  default=None)
-        if loop and eng:
-            out.append(f"- **Tokenizing** (isolated): the engine writes memmap at {eng['mb_per_s']:.3g} MB/s, the "
-                       f"per-document on-the-fly loop runs at {loop['mb_per_s']:.3g} MB/s "
-                       f"({_x(eng['mb_per_s'] / loop['mb_per_s'])}).")
-    if ld:
-        r = ld["loaders"]
-        best = {k: max((v for n, v in r.items() if v.get("kind") == k), key=lambda v: v["tokens_per_s"], default=None)
-                for k in ("padded", "padding-free", "pretok-memmap")}
-        ceil = next((v for n, v in r.items() if n.startswith("ref: raw memmap")), None)
-        if best["pretok-memmap"] and best["padded"]:
-            out.append(f"- **Loading** (isolated, best worker count): pretok-memmap "
-                       f"{best['pretok-memmap']['tokens_per_s'] / 1e6:.3g} M tokens/s, "
-                       f"{_x(best['pretok-memmap']['tokens_per_s'] / best['padded']['tokens_per_s'])} the on-the-fly "
-                       f"padded path" + (f", {_x(best['pretok-memmap']['tokens_per_s'] / ceil['tokens_per_s'])} "
-                                         "nanoGPT's raw-memmap get_batch" if ceil else "") + ".")
-    ms = [m for m in all_metrics(runs) if m.status == "completed"]
-    if ms:
-        rows = path_speedups(runs, "padded", "effective_tokens_per_s")
-        stall = {m.run_id: m.data_stall for m in ms}
-        groups = dict.fromkeys(r["group"] for r in rows if r["baseline_value"] is not None)  # comparable groups
-        out += ["", ("**In training** (effective tokens/s: labels that count, per second; data stall: share of the "
-                     "step spent waiting for batches):"), "",
-                "| runs | data path | effective tokens/s | x padded | data stall |", "|---|---|---:|---:|---:|"]
-        for g in groups:
-            for r in (r for r in rows if r["group"] == g):
-                st = [stall[i] for i in r["runs"] if stall.get(i) is not None]
-                value = "-" if r["value"] is None else f"{r['value']:,.0f}"
-                stalled = "-" if not st else f"{sum(st) / len(st):.1%}"
-                out.append(f"| {g or '-'} | {r['data_kind']} | {value} | {_x(r['speedup'])} | {stalled} |")
-        worst = max((m.data_stall for m in ms if m.data_stall is not None and m.data_kind and
-                     m.data_kind in PRETOKENIZED), default=None)
-        otf = max((m.data_stall for m in ms if m.data_stall is not None and m.data_kind in ON_THE_FLY),
-                  default=None)
-        if worst is not None:
-            verdict = "is not" if worst < 0.05 else "may be"
-            out += ["", f"With pretokenized data the data path **{verdict}** the bottleneck here: at most "
-                        f"{worst:.1%} of a step waits for data" + (f" (on-the-fly paths: up to {otf:.1%})."
-                                                                   if otf is not None else ".")]
-    failed = [r.run_id for r in runs if r.status != "completed"]
-    if failed:
-        out += ["", f"Not completed ({len(failed)}): {', '.join(failed)} (see the runs table)."]
-    return "\n".join(out) if len(out) > 2 else "No benchmark results or runs yet."
+__all__ = ["ROOT", "StudyPaths", "bench_figures", "bench_loaders", "bench_tokenize", "data_paths", "dataset_dirs",
+           "findings", "inspect_all", "load_datasets", "notebook_setup", "png_available", "prepare_corpus",
+           "pretokenize_all", "read_bench", "require_completed", "resolve", "run_overrides", "run_study_sweep",
+           "select_runs", "storage_table", "study_grid", "study_paths", "train_one", "variant_name"]

@@ -250,7 +250,7 @@ class _Numbered:
     window, seed, shuffle, m = 3, 0, True, {"manifest_sha256": None}
 
     def __init__(self, ident: int, n: int):
-        self.ident, self.num_samples = ident, n
+        self.ident, self.num_samples, self.path = ident, n, f"numbered-{ident}"
 
     def sample(self, epoch: int, i: int):
         from pretok_lib.data.packing import Sample

@@ -1,0 +1,133 @@
+"""The inputs as given (files, globs, URLs, HF dataset directories) and the options documents are read with."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import PretokError
+from ..remote import expand as expand_url
+from ..remote import is_url
+
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input as given: a file, or an HF dataset directory."""
+
+    path: str
+    kind: str  # parquet | jsonl | jsonl.gz | jsonl.zst | txt | hf-disk
+    size: int
+    mtime_ns: int
+    version: tuple[tuple[str, str], ...] = ()  # a URL's version identity in its store (ETag, version id, ...)
+
+    def record(self) -> dict:
+        """The input as the manifest (and the output's config, for change detection) records it."""
+        if is_url(self.path):
+            return {"path": self.path, "kind": self.kind, "size": self.size, "version": dict(self.version)}
+        return {"path": self.path, "kind": self.kind, "size": self.size, "mtime_ns": self.mtime_ns}
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A deterministic slice of the input, tokenized into one numbered output part."""
+
+    index: int
+    kind: str
+    paths: tuple[str, ...]
+    start: int = 0  # row (parquet row group, hf row) or byte offset
+    stop: int = 0
+    est_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """How documents are read from the inputs."""
+
+    text_column: str = "text"
+    separator: str | None = None  # txt: a Python `re.split` pattern; None = one document per file
+    bad_docs: str = "skip"  # skip (and count) | fail
+    part_bytes: int = 64 << 20
+    batch_bytes: int = 1_000_000
+
+
+@dataclass
+class DocBatch:
+    """A batch of documents in input order, with counts of what was skipped."""
+
+    texts: list[str]
+    text_bytes: int
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+def _kind_of(path: Path) -> str:
+    if path.is_dir():
+        if (path / "state.json").exists() or (path / "dataset_info.json").exists():
+            return "hf-disk"
+        if (path / "dataset_dict.json").exists():
+            raise PretokError("is a DatasetDict: pass one split's directory (e.g. DIR/train)", path)
+        raise PretokError("is a directory but not an HF dataset saved with save_to_disk", path)
+    return _kind_of_name(path.name, path)
+
+
+def _kind_of_name(name: str, path: str | Path) -> str:
+    name = name.lower()
+    if name.endswith(".parquet") or name.endswith(".pq"):
+        return "parquet"
+    for comp in (".gz", ".zst"):
+        if name.endswith(comp) and name[: -len(comp)].endswith(JSONL_SUFFIXES):
+            return "jsonl" + comp
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    if name.endswith(TEXT_SUFFIXES):
+        return "txt"
+    raise PretokError("unknown input type (expected .parquet, .jsonl[.gz|.zst], .txt, or an HF dataset dir)", path)
+
+
+def expand_inputs(inputs: Sequence[str]) -> list[InputFile]:
+    """Expand globs and check every input exists; order is as given, globs sorted."""
+    files: list[InputFile] = []
+    for spec in inputs:
+        if is_url(spec):
+            files += [InputFile(url, _kind_of_name(url.rsplit("/", 1)[-1], url), size, 0, version)
+                      for url, size, version in expand_url(spec)]
+            continue
+        matches = sorted(glob.glob(spec)) if glob.has_magic(spec) else [spec]
+        if not matches:
+            raise PretokError("no input matches this pattern", spec)
+        for m in matches:
+            p = Path(m)
+            try:
+                st = p.stat()
+            except OSError as e:
+                why = "no such file or directory" if not p.is_symlink() else "a symlink to a missing file"
+                raise PretokError(why if isinstance(e, FileNotFoundError) else e.strerror or str(e), p) from None
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                raise PretokError("not a regular file (a FIFO, socket or device); give a file or a directory", p)
+            kind = _kind_of(p)
+            size = st.st_size if kind != "hf-disk" else sum(f.stat().st_size for f in p.glob("*.arrow"))
+            if kind != "hf-disk" and not os.access(p, os.R_OK):
+                raise PretokError("permission denied", p)
+            files.append(InputFile(str(p), kind, size, st.st_mtime_ns))
+    if not files:
+        raise PretokError("no inputs given")
+    return files
+
+
+def compile_separator(pattern: str) -> "re.Pattern":
+    """The `--separator` regex, refused in one line when invalid or when it matches the empty string (which would
+    split between every character)."""
+    try:
+        sep = re.compile(pattern)
+    except re.error as e:
+        raise PretokError(f"invalid --separator regex {pattern!r}: {e}") from None
+    if sep.fullmatch(""):
+        raise PretokError(f"--separator {pattern!r} matches the empty string; use e.g. '\\n\\n+'")
+    return sep

@@ -1,0 +1,247 @@
+"""Reading: a unit's documents in order, in batches of about `batch_bytes`, bad documents skipped and counted.
+
+Every input kind has one reader (`Reader`), which feeds a `_Collector` (the bad-document policy and batching).
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+from typing import Iterator, Protocol, Sequence
+
+from ..arrow_text import INVALID, MISSING, as_string_array, decode_each, is_text_type, utf8_valid
+from ..arrow_text import byte_lengths as _byte_lengths
+from ..errors import PretokError
+from ..remote import open_input, read_bytes
+from ..streams import jsonl_lines, parse_jsonl_line, without_bom
+from .inputs import DocBatch, SourceOptions, Unit, compile_separator
+from .plan import _load_hf, _parquet_file, _text_column_index
+
+# Kinds of skipped (damaged or unusable) documents: text null / key missing / not a string / empty / invalid
+# (bad UTF-8, a lone surrogate, a line that is not JSON).
+BAD_DOC_KINDS = ("null", "missing", "nonstring", "empty", "invalid")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSONL line that may decode to a lone surrogate
+
+
+def _has_surrogate(text: str) -> bool:
+    """Whether the text holds a lone surrogate (from a JSON escape or undecodable bytes): no tokenizer encodes
+    one. Strict UTF-8 encoding fails on exactly those, and is ~10x faster than a regex search."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+class _Collector:
+    """Applies the bad-document policy and cuts documents into batches of about `batch_bytes`."""
+
+    def __init__(self, opts: SourceOptions):
+        self.opts, self.texts, self.bytes = opts, [], 0
+        self.skipped = dict.fromkeys(BAD_DOC_KINDS, 0)
+
+    def bad(self, kind: str, where: str, detail: str) -> None:
+        if self.opts.bad_docs == "fail":
+            raise PretokError(f"{detail} (use --bad-docs skip to skip and count such documents)", where)
+        self.skipped[kind] += 1
+
+    def add(self, text, where: str, nbytes: int | None = None, check_surrogates: bool = False) -> None:
+        """Add one document or count it as skipped; `check_surrogates`: the text may hold lone surrogates (from
+        JSON escapes or undecodable bytes), which no tokenizer can encode."""
+        if text is None:
+            return self.bad("null", where, f"null '{self.opts.text_column}'")
+        if text is MISSING:
+            return self.bad("missing", where, f"no key '{self.opts.text_column}'")
+        if text is INVALID:
+            return self.bad("invalid", where, "invalid UTF-8")
+        if not isinstance(text, str):
+            return self.bad("nonstring", where, f"'{self.opts.text_column}' is {type(text).__name__}, not a string")
+        if not text:
+            return self.bad("empty", where, "empty document")
+        if check_surrogates and _has_surrogate(text):
+            return self.bad("invalid", where, "a lone surrogate (invalid UTF-8 bytes or a JSON \\ud8xx escape)")
+        self.texts.append(text)
+        self.bytes += len(text) if nbytes is None else nbytes
+
+    def add_arrow(self, arr, where: str) -> Iterator[DocBatch]:
+        """Add a string array: bulk when it has no nulls or empty strings (the common case), else per document.
+        Yields full batches, cut at document boundaries near `batch_bytes`."""
+        import numpy as np
+
+        arr = as_string_array(arr)
+        lens = _byte_lengths(arr)
+        valid = utf8_valid(arr)
+        if arr.null_count or (len(lens) and lens.min() == 0) or not valid:
+            for text, nb in zip(arr.to_pylist() if valid else decode_each(arr), lens.tolist()):
+                self.add(text, where, nb)
+                if self.full():
+                    yield self.take()
+            return
+        ends = np.cumsum(lens)
+        start = 0
+        while start < len(arr):
+            room = self.opts.batch_bytes - self.bytes + (int(ends[start - 1]) if start else 0)
+            stop = max(start + 1, int(np.searchsorted(ends, room, side="right")))
+            self.texts.extend(arr.slice(start, stop - start).to_pylist())
+            self.bytes += int(ends[stop - 1] - (ends[start - 1] if start else 0))
+            start = stop
+            if self.full():
+                yield self.take()
+
+    def full(self) -> bool:
+        return self.bytes >= self.opts.batch_bytes
+
+    def take(self) -> DocBatch:
+        out = DocBatch(self.texts, self.bytes, {k: v for k, v in self.skipped.items() if v})
+        self.texts, self.bytes, self.skipped = [], 0, dict.fromkeys(BAD_DOC_KINDS, 0)
+        return out
+
+
+class Reader(Protocol):
+    """The contract of an input kind's reader: the unit's documents, in order, added to the collector (which
+    applies the bad-document policy); yields each batch as the collector fills."""
+
+    def __call__(self, unit: Unit, c: _Collector) -> Iterator[DocBatch]:
+        ...
+
+
+def _read_parquet(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
+    path = unit.paths[0]
+    pf = _parquet_file(path)
+    col = _text_column_index(pf, path, c.opts.text_column)
+    meta, first = pf.metadata, 0
+    try:
+        for rg in range(meta.num_row_groups):
+            rgm = meta.row_group(rg)
+            lo, hi = max(unit.start, first), min(unit.stop, first + rgm.num_rows)
+            if lo < hi:
+                yield from _read_row_group(pf, rg, rgm, col, lo - first, hi - first, c, f"{path} (row group {rg})")
+            first += rgm.num_rows
+            if first >= unit.stop:
+                break
+    except PretokError:
+        raise
+    except Exception as e:
+        raise PretokError(f"corrupt parquet data ({type(e).__name__}: {str(e).splitlines()[0]})", path) from None
+
+
+def _read_row_group(pf, rg: int, rgm, col: int, lo: int, hi: int, c: _Collector, where: str) -> Iterator[DocBatch]:
+    """Rows [lo, hi) of one row group: read whole if small (fast), streamed in batches if big (bounded memory)."""
+    name = c.opts.text_column
+    if rgm.column(col).total_uncompressed_size <= 4 * c.opts.batch_bytes:
+        arr = pf.read_row_group(rg, columns=[name], use_threads=False).column(0).combine_chunks()
+        yield from c.add_arrow(arr.slice(lo, hi - lo), where)
+        return
+    avg = max(1, rgm.total_byte_size // max(rgm.num_rows, 1))
+    pos = 0
+    for batch in pf.iter_batches(batch_size=max(1, c.opts.batch_bytes // avg), row_groups=[rg], columns=[name],
+                                   use_threads=False):
+        a, b = max(lo - pos, 0), min(hi - pos, batch.num_rows)
+        pos += batch.num_rows
+        if a < b:
+            yield from c.add_arrow(batch.column(0).slice(a, b - a), where)
+        if pos >= hi:
+            break
+
+
+def _read_jsonl(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
+    path, key = unit.paths[0], c.opts.text_column
+    for line, pos in jsonl_lines(path, unit.kind, unit.start, unit.stop):
+        line = without_bom(line, pos)
+        if not line.strip():
+            continue
+        where = f"{path} (byte {pos})"
+        rec, why = parse_jsonl_line(line, pos)
+        if why is not None:
+            c.bad("invalid", where, why)
+            continue
+        text = rec.get(key, MISSING) if isinstance(rec, dict) else MISSING
+        c.add(text, where, len(line), check_surrogates=_SURROGATE_ESCAPE.search(line) is not None)
+        if c.full():
+            yield c.take()
+
+
+def _read_txt(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
+    """Text files: one document per file, or split by the separator. Invalid UTF-8 damages only the document
+    holding it (bytes are decoded with surrogateescape, documents holding an escape are skipped as invalid); a
+    UTF-8 BOM at the start of a file is dropped."""
+    if c.opts.separator is None:  # one document per file
+        for path in unit.paths:
+            data = read_bytes(path)
+            try:
+                text = data.decode("utf-8-sig")
+            except UnicodeDecodeError as e:
+                c.bad("invalid", path, f"invalid UTF-8 at byte {e.start}")
+            else:
+                c.add(text, path, len(data))
+            if c.full():
+                yield c.take()
+        return
+    # Stream the file in blocks; text from the start of the last separator match on is carried into the next
+    # block, so a separator that straddles a block edge splits exactly as `re.split` on the whole file would.
+    path, sep = unit.paths[0], compile_separator(c.opts.separator)
+    utf8 = codecs.getincrementaldecoder("utf-8-sig")(errors="surrogateescape")
+    carry = ""
+    with open_input(path) as fh:
+        while True:
+            block = fh.read(c.opts.batch_bytes)
+            buf = carry + utf8.decode(block, final=not block)
+            if block:
+                last = max((m.start() for m in sep.finditer(buf) if m.start() > 0), default=0)
+                buf, carry = buf[:last], buf[last:]
+            damaged = _has_surrogate(buf)
+            for doc in sep.split(buf):
+                if doc:  # separators at the edges produce empty strings: not documents
+                    c.add(doc, path, check_surrogates=damaged)
+                if c.full():
+                    yield c.take()
+            if not block:
+                break
+
+
+def _read_hf(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
+    ds = _load_hf(unit.paths[0]).with_format("arrow")
+    step = 1024
+    for s in range(unit.start, unit.stop, step):
+        col = ds[s : min(unit.stop, s + step)].column(c.opts.text_column)
+        if is_text_type(col.type):  # invalid UTF-8 (a damaged file) skips the documents holding it
+            yield from c.add_arrow(col, unit.paths[0])
+            continue
+        for text in col.to_pylist():
+            c.add(text, unit.paths[0])
+            if c.full():
+                yield c.take()
+
+_READERS: dict[str, Reader] = {"parquet": _read_parquet, "jsonl": _read_jsonl, "jsonl.gz": _read_jsonl,
+                               "jsonl.zst": _read_jsonl, "txt": _read_txt, "hf-disk": _read_hf}
+
+
+def read_unit(unit: Unit, opts: SourceOptions) -> Iterator[DocBatch]:
+    """Yield the unit's documents in order, in batches of about `opts.batch_bytes`; the last batch may be empty
+    of texts but still carries skip counts."""
+    c = _Collector(opts)
+    try:
+        yield from _READERS[unit.kind](unit, c)
+    except OSError as e:  # a read failing at the boundary: one line naming the file and the errno text
+        raise PretokError(f"cannot read: {e.strerror or e}", e.filename or unit.paths[0]) from None
+    except UnicodeError as e:
+        raise PretokError(f"cannot decode: {e}", unit.paths[0]) from None
+    except Exception as e:  # Arrow's errors on damaged files (HF datasets); anything else is a bug: traceback
+        if not type(e).__module__.startswith("pyarrow"):
+            raise
+        raise PretokError(f"corrupt data ({type(e).__name__}: {str(e).splitlines()[0]})", unit.paths[0]) from None
+    yield c.take()
+
+
+def sample_texts(units: Sequence[Unit], opts: SourceOptions, max_bytes: int = 512_000) -> list[str]:
+    """The first documents of the given units, up to about `max_bytes`, for checking a tokenizer backend."""
+    out, total = [], 0
+    lenient = SourceOptions(opts.text_column, opts.separator, "skip", opts.part_bytes, min(opts.batch_bytes, max_bytes))
+    for unit in units:
+        for batch in read_unit(unit, lenient):
+            for t in batch.texts:
+                out.append(t[:max_bytes])
+                total += len(out[-1])
+                if total >= max_bytes:
+                    return out
+    return out
