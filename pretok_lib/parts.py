@@ -6,7 +6,7 @@ Runs inside a worker process (or inline). Parquet parts are final data files; me
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -18,7 +18,7 @@ from .errors import PretokError, os_error
 from .formats import memmap as mm
 from .formats import parquet as pqf
 from .formats.manifest import atomic_write_json
-from .remote import is_url, retries, take_retries
+from .remote import is_url, listed, remember, retries, take_retries
 from .sources import SourceOptions, Unit, read_unit
 
 STATE = ".pretok"
@@ -41,6 +41,11 @@ class Job:
     vocab_size: int
     tokenizer_spec: str
     tokenizer_fingerprint: str  # checked by a worker against the tokenizer its zygote built
+    objects: tuple = ()  # (URL, size, identity) of the unit's remote inputs as planned: read without a HEAD
+
+    def for_unit(self, unit: Unit) -> "Job":
+        """The job with the planned listing of `unit`'s remote inputs (a worker did not list them)."""
+        return replace(self, objects=listed(unit.paths))
 
 
 # ---------------------------------------------------------------- policy: BOS/EOS, dtype
@@ -151,6 +156,7 @@ def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int],
     counts = {"documents": 0, "tokens": 0, "padding": 0, "truncated": 0, "input_bytes": 0}
     skipped: dict[str, int] = {}
     mark = retries()
+    remember(job.objects)
     for batch in read_unit(unit, job.sources):
         for k, v in batch.skipped.items():
             skipped[k] = skipped.get(k, 0) + v

@@ -15,6 +15,7 @@ secret values found in the environment, so none reaches a manifest, a log or an 
 
 from __future__ import annotations
 
+import bisect
 import functools
 import io
 import os
@@ -37,6 +38,11 @@ _TRANSIENT_NAMES = ("Connection", "Timeout", "Disconnected", "Payload", "Incompl
                     "ProtocolError", "ReadError", "RemoteProtocolError")
 _SECRET_ENV = re.compile(r"(SECRET|TOKEN|PASSWORD|CREDENTIAL|ACCESS_KEY|API_KEY|PRIVATE)", re.I)
 _retries = [0]  # transient errors retried by this process
+# (size, version identity) of each object as listed for planning, by URL: a reader opened on one of them asks
+# no HEAD of its own, and reads it pinned to that version (S3: If-Match on the listed ETag)
+_listed: dict[str, tuple[int, tuple]] = {}
+LIST_THREADS = 16  # objects HEADed (or globs listed) at a time
+SPAN_BYTES, GAP_BYTES = 8 << 20, 1 << 20  # `RemoteFile.expect`: ranges joined into one request (memory bound)
 
 
 def is_url(spec: str | os.PathLike) -> bool:
@@ -235,8 +241,11 @@ def identity(info: dict) -> tuple[tuple[str, str], ...]:
 def expand(spec: str) -> list[tuple[str, int, tuple]]:
     """(URL, size, identity) of every object a URL names: itself, or a glob's matches sorted by URL (every
     process, e.g. each task of a SLURM array, plans from the same order). Fresh: listing caches are dropped."""
+    return expand_all([spec])[0]
+
+
+def _expand_one(spec: str) -> list[tuple[str, int, tuple]]:
     fs, path = filesystem(spec)
-    fs.invalidate_cache()
     if any(c in path for c in "*?["):
         infos = call(spec, lambda: fs.glob(path, detail=True), "cannot list")
         found = [i for i in infos.values() if i.get("type", "file") == "file"]
@@ -247,22 +256,73 @@ def expand(spec: str) -> list[tuple[str, int, tuple]]:
         if info.get("type") == "directory":
             raise PretokError("is a directory (a prefix); give a glob such as URL/*.parquet", spec)
         found = [info]
-    return sorted((fs.unstrip_protocol(i["name"]), int(i.get("size") or 0), identity(i)) for i in found)
+    out = sorted((fs.unstrip_protocol(i["name"]), int(i.get("size") or 0), identity(i)) for i in found)
+    _listed.update((url, (size, ident)) for url, size, ident in out)
+    return out
+
+
+def expand_all(specs: list[str]) -> list[list[tuple[str, int, tuple]]]:
+    """`expand` of each spec, in order, `LIST_THREADS` at a time (one round trip each would add up over thousands
+    of inputs); the first failing spec in order raises. Listing caches are dropped first, and the single objects
+    are asked (HEAD) before any glob is listed, so each one's identity comes from its HEAD, never from a listing
+    another spec left in the cache: every process gets the same identities whatever the timing."""
+    for spec in specs:
+        filesystem(spec)[0].invalidate_cache()
+    out: list = [None] * len(specs)
+
+    def one(i: int):
+        try:
+            return _expand_one(specs[i])
+        except Exception as e:  # raised below, the first in order
+            return e
+
+    for globs in (False, True):
+        todo = [i for i, s in enumerate(specs) if any(c in filesystem(s)[1] for c in "*?[") == globs]
+        for i, found in zip(todo, _map(one, todo)):
+            out[i] = found
+    for found in out:
+        if isinstance(found, Exception):
+            raise found
+    return out
+
+
+def _map(fn: Callable, items: list) -> list:
+    """`[fn(x) for x in items]`, `LIST_THREADS` at a time: requests in flight together instead of one round
+    trip each."""
+    if len(items) < 2:
+        return [fn(x) for x in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(LIST_THREADS, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
+def listed(paths) -> tuple[tuple[str, int, tuple], ...]:
+    """(URL, size, identity) of those `paths` that were listed in this process (for a worker: `remember`)."""
+    return tuple((p, *_listed[p]) for p in paths if p in _listed)
+
+
+def remember(objects) -> None:
+    """Take (URL, size, identity) of objects listed by another process (the planner's, for a worker)."""
+    _listed.update((url, (size, tuple(tuple(kv) for kv in ident))) for url, size, ident in objects)
 
 
 # ---------------------------------------------------------------- reading
 
 
 class RemoteFile(io.RawIOBase):
-    """A seekable, read-only object: each `read` is one range request (retried); nothing is prefetched beyond
-    what is asked for, nor past `end` (if given: the object reads as ending there). Wrap it in
-    `io.BufferedReader` for line reading."""
+    """A seekable, read-only object: each `read` is one range request (retried), never past `end` (if given:
+    the object reads as ending there); a read that starts a range announced by `expect` fetches the whole range
+    (up to `SPAN_BYTES`) and serves the reads that follow from it. Wrap it in `io.BufferedReader` for line
+    reading. An S3 object listed in this process is opened without a HEAD, pinned to its listed ETag."""
 
     def __init__(self, url: str, end: int | None = None):
         super().__init__()
         self.url, self.pos = url, 0
+        self._spans: list[tuple[int, int]] = []
+        self._block, self._block_at = b"", 0
         fs, path = filesystem(url)
-        self._f = call(url, lambda: fs.open(path, "rb", cache_type="none", block_size=1 << 20))
+        self._f = call(url, lambda: _open(fs, path, url))
         self.size = self._f.size if end is None else min(end, self._f.size)
 
     def readable(self) -> bool:
@@ -280,11 +340,24 @@ class RemoteFile(io.RawIOBase):
         return self.pos
 
     def _range(self, n: int) -> bytes:
+        if n <= 0:
+            return b""
+        at = self.pos - self._block_at
+        if 0 <= at and at + n <= len(self._block):  # within what the last request fetched
+            return self._block[at : at + n]
+        i = bisect.bisect_right(self._spans, (self.pos, float("inf"))) - 1
+        span_end = self._spans[i][1] if i >= 0 and self._spans[i][0] <= self.pos < self._spans[i][1] else 0
+        want = min(max(n, span_end - self.pos), self.size - self.pos)
+
         def fetch() -> bytes:
             self._f.seek(self.pos)
-            return self._f.read(n)
+            return self._f.read(want)
 
-        return call(self.url, fetch) if n > 0 else b""
+        data = call(self.url, fetch)
+        if want > n:
+            self._block, self._block_at = data, self.pos
+            return data[:n]
+        return data
 
     def read(self, n: int = -1) -> bytes:
         n = self.size - self.pos if n is None or n < 0 else min(n, max(0, self.size - self.pos))
@@ -300,10 +373,37 @@ class RemoteFile(io.RawIOBase):
         b[: len(data)] = data
         return len(data)
 
+    def expect(self, ranges: list[tuple[int, int]]) -> None:
+        """Byte ranges [a, b) about to be read, in any order: those less than `GAP_BYTES` apart are joined into
+        spans of at most `SPAN_BYTES`, each fetched in one request when a read starts it (parquet: a unit's
+        column chunks, consecutive in the file, one request instead of one per row group)."""
+        spans: list[list[int]] = []
+        for a, b in sorted(ranges):
+            if spans and a - spans[-1][1] < GAP_BYTES and b - spans[-1][0] <= SPAN_BYTES:
+                spans[-1][1] = max(spans[-1][1], b)
+            else:
+                spans.append([a, b])
+        self._spans = [(a, b) for a, b in spans]
+
     def close(self) -> None:
         if not self.closed:
             self._f.close()
+            self._block = b""
         super().close()
+
+
+def _open(fs, path: str, url: str):
+    """fsspec's file object of `path`, without the HEAD s3fs makes when opening, if the object was listed: read
+    pinned to the listed ETag (a replaced object fails its next read: 412, "changed while it was being read")."""
+    size, ident = _listed.get(url, (None, ()))
+    etag = dict(ident).get("etag")
+    if size is None or etag is None or type(fs).__name__ != "S3FileSystem" or getattr(fs, "version_aware", False):
+        return fs.open(path, "rb", cache_type="none", block_size=1 << 20)
+    f = fs.open(path, "rb", cache_type="none", block_size=1 << 20, size=size)
+    f.details = {"name": path, "size": size, "type": "file", "ETag": etag}
+    if not fs.local_expiry_check:
+        f.read_kw = {**f.read_kw, "IfMatch": etag}
+    return f
 
 
 def open_input(path: str, buffer_bytes: int = 8 << 20, end: int | None = None) -> io.BufferedReader:

@@ -22,8 +22,8 @@ from .arrow_text import INVALID, MISSING, as_string_array, decode_each, is_text_
 from .arrow_text import byte_lengths as _byte_lengths
 from .errors import PretokError
 from .input_checks import check_shape
-from .remote import expand as expand_url
-from .remote import is_url, open_input, read_bytes
+from .remote import expand_all as expand_urls
+from .remote import RemoteFile, is_url, open_input, read_bytes
 from .streams import jsonl_lines, parse_jsonl_line, without_bom
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
@@ -113,10 +113,12 @@ def _kind_of_name(name: str, path: str | Path) -> str:
 def expand_inputs(inputs: Sequence[str]) -> list[InputFile]:
     """Expand globs and check every input exists; order is as given, globs sorted."""
     files: list[InputFile] = []
+    urls = [s for s in inputs if is_url(s)]
+    listed = dict(zip(urls, expand_urls(urls))) if urls else {}  # in flight together
     for spec in inputs:
         if is_url(spec):
             files += [InputFile(url, _kind_of_name(url.rsplit("/", 1)[-1], url), size, 0, version)
-                      for url, size, version in expand_url(spec)]
+                      for url, size, version in listed[spec]]
             continue
         matches = sorted(glob.glob(spec)) if glob.has_magic(spec) else [spec]
         if not matches:
@@ -143,14 +145,11 @@ def expand_inputs(inputs: Sequence[str]) -> list[InputFile]:
 # ---------------------------------------------------------------- planning
 
 
-def _parquet_file(path: str):
+def _parquet_file(path: str, source=None):
     import pyarrow.parquet as pq
 
-    source = path
-    if is_url(path):  # read by range requests: the footer first, then only the column chunks asked for
-        from .remote import RemoteFile
-
-        source = RemoteFile(path)
+    if source is None:  # a URL: read by range requests, the footer first, then only the column chunks asked for
+        source = RemoteFile(path) if is_url(path) else path
     try:
         return pq.ParquetFile(source, page_checksum_verification=True)  # checked where pages carry a CRC
     except PretokError:
@@ -224,6 +223,8 @@ def _plan_parquet(f: InputFile, opts: SourceOptions) -> list[tuple]:
 
 
 def _plan_jsonl(f: InputFile, opts: SourceOptions) -> list[tuple]:
+    if f.size <= opts.part_bytes:  # one unit (none if empty): nothing to align (a remote file: no request)
+        return [("jsonl", (f.path,), 0, f.size, f.size)] if f.size else []
     units, start = [], 0
     with open_input(f.path, 1 << 16) as fh:
         while start < f.size:
@@ -368,9 +369,12 @@ class _Collector:
 
 def _read_parquet(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
     path = unit.paths[0]
-    pf = _parquet_file(path)
+    remote = RemoteFile(path) if is_url(path) else None
+    pf = _parquet_file(path, remote)
     col = _text_column_index(pf, path, c.opts.text_column)
     meta, first = pf.metadata, 0
+    if remote is not None:  # the unit's text column chunks, consecutive ones fetched together
+        remote.expect(_chunk_ranges(meta, col, unit.start, unit.stop))
     try:
         for rg in range(meta.num_row_groups):
             rgm = meta.row_group(rg)
@@ -384,6 +388,19 @@ def _read_parquet(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
         raise
     except Exception as e:
         raise PretokError(f"corrupt parquet data ({type(e).__name__}: {str(e).splitlines()[0]})", path) from None
+
+
+def _chunk_ranges(meta, col: int, start: int, stop: int) -> list[tuple[int, int]]:
+    """Byte ranges [a, b) of column `col`'s chunks in the row groups holding rows [start, stop)."""
+    out, first = [], 0
+    for rg in range(meta.num_row_groups):
+        rgm = meta.row_group(rg)
+        if first < stop and start < first + rgm.num_rows:
+            cm = rgm.column(col)
+            a = cm.dictionary_page_offset if cm.has_dictionary_page else cm.data_page_offset
+            out.append((a, a + cm.total_compressed_size))
+        first += rgm.num_rows
+    return out
 
 
 def _read_row_group(pf, rg: int, rgm, col: int, lo: int, hi: int, c: _Collector, where: str) -> Iterator[DocBatch]:
