@@ -314,13 +314,16 @@ class RemoteFile(io.RawIOBase):
     """A seekable, read-only object: each `read` is one range request (retried), never past `end` (if given:
     the object reads as ending there); a read that starts a range announced by `expect` fetches the whole range
     (up to `SPAN_BYTES`) and serves the reads that follow from it. Wrap it in `io.BufferedReader` for line
-    reading. An S3 object listed in this process is opened without a HEAD, pinned to its listed ETag."""
+    reading. An S3 object listed in this process is opened without a HEAD, pinned to its listed ETag.
+    `prefetch`: after each read, the next range of the same length is fetched in a thread while the caller works
+    on this one (sequential reading: a JSONL unit, a compressed file); one range ahead at most."""
 
-    def __init__(self, url: str, end: int | None = None):
+    def __init__(self, url: str, end: int | None = None, prefetch: bool = False):
         super().__init__()
-        self.url, self.pos = url, 0
+        self.url, self.pos, self.prefetch = url, 0, prefetch
         self._spans: list[tuple[int, int]] = []
         self._block, self._block_at = b"", 0
+        self._pool, self._ahead = None, None  # the prefetching thread; ((offset, length), future) in flight
         fs, path = filesystem(url)
         self._f = call(url, lambda: _open(fs, path, url))
         self.size = self._f.size if end is None else min(end, self._f.size)
@@ -348,15 +351,38 @@ class RemoteFile(io.RawIOBase):
         i = bisect.bisect_right(self._spans, (self.pos, float("inf"))) - 1
         span_end = self._spans[i][1] if i >= 0 and self._spans[i][0] <= self.pos < self._spans[i][1] else 0
         want = min(max(n, span_end - self.pos), self.size - self.pos)
+        data = self._get(self.pos, want)
+        self._block, self._block_at = (data, self.pos) if len(data) > n else (b"", 0)
+        return data[:n]
 
+    def _fetch(self, at: int, n: int) -> bytes:
         def fetch() -> bytes:
-            self._f.seek(self.pos)
-            return self._f.read(want)
+            self._f.seek(at)
+            return self._f.read(n)
 
-        data = call(self.url, fetch)
-        if want > n:
-            self._block, self._block_at = data, self.pos
-            return data[:n]
+        return call(self.url, fetch)
+
+    def _get(self, at: int, n: int) -> bytes:
+        """Bytes [at, at + n) or more: the prefetched range if it starts there and is as long, else fetched now;
+        then the next range prefetched. One request at a time uses the file object (a prefetch in flight is
+        waited for)."""
+        ahead, self._ahead = self._ahead, None
+        data = None
+        if ahead is not None:
+            if ahead[0][0] == at and ahead[0][1] >= n:
+                data = ahead[1].result()  # its error, if it failed, is this read's
+            else:
+                ahead[1].exception()  # wait for it; a range not wanted after all
+        if data is None:
+            data = self._fetch(at, n)
+        nxt = at + len(data)
+        if self.prefetch and len(data) >= n and nxt < self.size:
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="pretok-prefetch")
+            m = min(len(data), self.size - nxt)
+            self._ahead = ((nxt, m), self._pool.submit(self._fetch, nxt, m))
         return data
 
     def read(self, n: int = -1) -> bytes:
@@ -387,8 +413,10 @@ class RemoteFile(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)  # a prefetch in flight ends before the file object closes
             self._f.close()
-            self._block = b""
+            self._block, self._ahead = b"", None
         super().close()
 
 
@@ -406,12 +434,14 @@ def _open(fs, path: str, url: str):
     return f
 
 
-def open_input(path: str, buffer_bytes: int = 8 << 20, end: int | None = None) -> io.BufferedReader:
+def open_input(path: str, buffer_bytes: int = 8 << 20, end: int | None = None,
+               prefetch: bool = False) -> io.BufferedReader:
     """A local file (`open(path, "rb")`, exactly as before) or a remote object read through range requests of
-    `buffer_bytes`, none past `end` (a remote unit's last byte: nothing beyond it is fetched)."""
+    `buffer_bytes`, none past `end` (a remote unit's last byte: nothing beyond it is fetched); `prefetch`: the
+    next range is fetched while this one is worked on (sequential reading, one more buffer in memory)."""
     if not is_url(path):
         return open(path, "rb")
-    return io.BufferedReader(RemoteFile(path, end), buffer_bytes)
+    return io.BufferedReader(RemoteFile(path, end, prefetch), buffer_bytes)
 
 
 def read_bytes(path: str) -> bytes:

@@ -82,7 +82,13 @@ def read_all(inputs: list[str]) -> tuple[float, int]:
     return s, n
 
 
-def tokenize(inputs: list[str], out: Path, workers: int) -> tuple[float, float, float]:
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tokenize(inputs: list[str], out: Path, workers: int) -> tuple[float, float, float, float]:
     """(wall seconds, start-up seconds, text MB/s while tokenizing, worker peak RSS MB) of one run."""
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "pretok_lib.cli", "tokenize", *inputs, "--out", str(out), "--tokenizer",
@@ -123,9 +129,13 @@ def main() -> None:
         for _ in range(a.repeat):
             for name, inputs in (("local", local), ("s3", s3)):
                 reads[name].append(read_all(inputs))
+        server_cpu = []  # the server's CPU seconds during each s3 run (it shares the machine's cores)
         for _ in range(a.repeat):
             for name, inputs in (("local", local), ("s3", s3)):
+                before = cpu_seconds(proc.pid)
                 toks[name].append(tokenize(inputs, a.dir / f"out-{name}", a.workers))
+                if name == "s3":
+                    server_cpu.append(cpu_seconds(proc.pid) - before)
         same = (a.dir / "out-local" / "data.bin").read_bytes() == (a.dir / "out-s3" / "data.bin").read_bytes()
         (rl, nl), (rs, ns) = min(reads["local"]), min(reads["s3"])
         tl, ts = min(toks["local"]), min(toks["s3"])
@@ -139,6 +149,8 @@ def main() -> None:
               f"(whole run; start-up {tl[1]:.2f} s vs {ts[1]:.2f} s; outputs identical: {same})")
         rss_l, rss_s = max(x[3] for x in toks["local"]), max(x[3] for x in toks["s3"])
         print(f"{'  RSS':10} {rss_l:>10.0f} MB {rss_s:>9.0f} MB {rss_s / rss_l:>8.2f}x   (worker peak RSS)")
+        print(f"{'  server':10} {'':>13} {min(server_cpu):>8.2f} CPU s {'':9}   (moto's CPU time per s3 run, "
+              f"on the same {os.cpu_count()} cores)")
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()
