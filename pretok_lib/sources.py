@@ -23,7 +23,8 @@ from .arrow_text import byte_lengths as _byte_lengths
 from .errors import PretokError
 from .input_checks import check_shape
 from .remote import expand_all as expand_urls
-from .remote import RemoteFile, is_url, open_input, read_bytes
+from .remote import is_url
+from .remote_file import RemoteFile, open_input, read_bytes
 from .streams import jsonl_lines, parse_jsonl_line, without_bom
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")

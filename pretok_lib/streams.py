@@ -14,7 +14,8 @@ import zlib
 from typing import BinaryIO, Iterator
 
 from .errors import PretokError
-from .remote import is_url, open_input
+from .remote import is_url
+from .remote_file import open_input
 
 READ_BYTES = 1 << 16  # compressed bytes fed per step: bounds the output of one decompress call
 

@@ -14,7 +14,7 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from pretok_lib import remote
+from pretok_lib import remote, remote_file
 from pretok_lib.errors import PretokError
 from pretok_lib.pretokenize import TokenizeConfig, _check_unchanged, run_tokenize
 from pretok_lib.sources import SourceOptions, expand_inputs, plan_units, read_unit
@@ -262,10 +262,10 @@ def test_unknown_scheme_and_missing_backend_are_one_line():
 def test_remote_file_reads_ranges_and_stops_at_end(stores):
     fs, _ = remote.filesystem("gs://b/x")
     fs.pipe_file("gs://b/lines.jsonl", b"".join(b'{"text": "%d"}\n' % i for i in range(1000)))
-    with remote.open_input("gs://b/lines.jsonl", 64, end=30) as fh:
+    with remote_file.open_input("gs://b/lines.jsonl", 64, end=30) as fh:
         assert fh.readline() == b'{"text": "0"}\n' and fh.readline() == b'{"text": "1"}\n'
         assert fh.readline() == b'{"'  # nothing past `end` (byte 30)
-    f = remote.RemoteFile("gs://b/lines.jsonl")
+    f = remote_file.RemoteFile("gs://b/lines.jsonl")
     f.seek(-14, io.SEEK_END)
     assert f.read() == b'{"text": "999"}\n'[-14:] and f.read(5) == b""
 
@@ -273,13 +273,13 @@ def test_remote_file_reads_ranges_and_stops_at_end(stores):
 def _count_fetches(monkeypatch) -> list[tuple[int, int]]:
     """(offset, length) of every range request `RemoteFile` makes from now on."""
     fetches: list[tuple[int, int]] = []
-    real = remote.RemoteFile._fetch
+    real = remote_file.RemoteFile._fetch
 
     def fetch(self, at, n):
         fetches.append((at, n))
         return real(self, at, n)
 
-    monkeypatch.setattr(remote.RemoteFile, "_fetch", fetch)
+    monkeypatch.setattr(remote_file.RemoteFile, "_fetch", fetch)
     return fetches
 
 
@@ -302,9 +302,9 @@ def test_a_parquet_unit_reads_its_row_groups_in_one_request(stores, small, monke
 def test_remote_file_joins_expected_ranges_up_to_the_span_limit(stores, monkeypatch):
     fs, _ = remote.filesystem("gs://b/x")
     fs.pipe_file("gs://b/blob", bytes(range(256)) * 400)  # 102,400 bytes
-    monkeypatch.setattr(remote, "SPAN_BYTES", 1000)
-    monkeypatch.setattr(remote, "GAP_BYTES", 10)
-    f = remote.RemoteFile("gs://b/blob")
+    monkeypatch.setattr(remote_file, "SPAN_BYTES", 1000)
+    monkeypatch.setattr(remote_file, "GAP_BYTES", 10)
+    f = remote_file.RemoteFile("gs://b/blob")
     f.expect([(500, 900), (0, 300), (305, 500), (2000, 2100)])  # 300..305: a gap of 5 bytes is read along
     assert f._spans == [(0, 900), (2000, 2100)]
     f.expect([(0, 600), (600, 1200)])  # together longer than SPAN_BYTES: two requests
@@ -326,14 +326,14 @@ def test_prefetch_reads_the_same_bytes_with_no_extra_request(stores, monkeypatch
     fs.pipe_file("gs://b/lines.jsonl", data)
     end = len(data) - 1000
     fetches = _count_fetches(monkeypatch)
-    with remote.open_input("gs://b/lines.jsonl", 4096, end=end, prefetch=True) as fh:
+    with remote_file.open_input("gs://b/lines.jsonl", 4096, end=end, prefetch=True) as fh:
         assert b"".join(fh) == data[:end]
     assert sorted(fetches) == [(a, min(4096, end - a)) for a in range(0, end, 4096)]
     real_open = FakeGCS._open
     monkeypatch.setattr(FakeGCS, "_open", lambda self, *a, **k: _Flaky(real_open(self, *a, **k), 2,
                                                                         ConnectionResetError(104, "reset")))
     before = remote.retries()
-    with remote.open_input("gs://b/lines.jsonl", 4096, prefetch=True) as fh:
+    with remote_file.open_input("gs://b/lines.jsonl", 4096, prefetch=True) as fh:
         assert b"".join(fh) == data
     assert remote.retries() - before == 2
 
@@ -345,7 +345,7 @@ def test_prefetch_reads_the_same_bytes_with_no_extra_request(stores, monkeypatch
             return self.f.read(n)
 
     monkeypatch.setattr(FakeGCS, "_open", lambda self, *a, **k: _FailsAfterOne(real_open(self, *a, **k), 0, None))
-    with remote.open_input("gs://b/lines.jsonl", 4096, prefetch=True) as fh:
+    with remote_file.open_input("gs://b/lines.jsonl", 4096, prefetch=True) as fh:
         assert fh.readline() == b'{"text": "0"}\n'
         with pytest.raises(PretokError, match=r"^gs://b/lines.jsonl: cannot read: access denied"):
             b"".join(fh)
