@@ -17,15 +17,16 @@ class RemoteFile(io.RawIOBase):
     the object reads as ending there); a read that starts a range announced by `expect` fetches the whole range
     (up to `SPAN_BYTES`) and serves the reads that follow from it. Wrap it in `io.BufferedReader` for line
     reading. An S3 object listed in this process is opened without a HEAD, pinned to its listed ETag.
-    `prefetch`: after each read, the next range of the same length is fetched in a thread while the caller works
-    on this one (sequential reading: a JSONL unit, a compressed file); one range ahead at most."""
+    `prefetch`: from the second read on (a reader that stops after one range, a sample, costs no extra request),
+    the next range of the same length is fetched in a thread while the caller works on this one (sequential
+    reading: a JSONL unit, a compressed file); one range ahead at most."""
 
     def __init__(self, url: str, end: int | None = None, prefetch: bool = False):
         super().__init__()
         self.url, self.pos, self.prefetch = url, 0, prefetch
         self._spans: list[tuple[int, int]] = []
         self._block, self._block_at = b"", 0
-        self._pool, self._ahead = None, None  # the prefetching thread; ((offset, length), future) in flight
+        self._pool, self._ahead, self._reads = None, None, 0  # prefetching thread; ((at, length), future); reads
         fs, path = filesystem(url)
         self._f = call(url, lambda: _open(fs, path, url))
         self.size = self._f.size if end is None else min(end, self._f.size)
@@ -77,8 +78,8 @@ class RemoteFile(io.RawIOBase):
                 ahead[1].exception()  # wait for it; a range not wanted after all
         if data is None:
             data = self._fetch(at, n)
-        nxt = at + len(data)
-        if self.prefetch and len(data) >= n and nxt < self.size:
+        nxt, self._reads = at + len(data), self._reads + 1
+        if self.prefetch and self._reads > 1 and len(data) >= n and nxt < self.size:
             if self._pool is None:
                 from concurrent.futures import ThreadPoolExecutor
 

@@ -319,8 +319,9 @@ def test_remote_file_joins_expected_ranges_up_to_the_span_limit(stores, monkeypa
 
 
 def test_prefetch_reads_the_same_bytes_with_no_extra_request(stores, monkeypatch):
-    """Sequential reading with the next range fetched in a thread: the same lines, one request per buffer, none
-    past `end`; a transient error of a prefetch is retried (counted), a permanent one is the read's, one line."""
+    """Sequential reading with the next range fetched in a thread (from the second read on): the same lines, one
+    request per buffer, none past `end`; a transient error of a prefetch is retried (counted), a permanent one
+    is the next read's, one line."""
     fs, _ = remote.filesystem("gs://b/x")
     data = b"".join(b'{"text": "%d"}\n' % i for i in range(5000))
     fs.pipe_file("gs://b/lines.jsonl", data)
@@ -337,15 +338,16 @@ def test_prefetch_reads_the_same_bytes_with_no_extra_request(stores, monkeypatch
         assert b"".join(fh) == data
     assert remote.retries() - before == 2
 
-    class _FailsAfterOne(_Flaky):  # the first read succeeds, every later one (the prefetches) is refused
+    class _FailsAfterTwo(_Flaky):  # two reads succeed, every later one (from the first prefetch on) is refused
         def read(self, n=-1):
             self.n += 1
-            if self.n > 1:
+            if self.n > 2:
                 raise PermissionError(13, "Forbidden")
             return self.f.read(n)
 
-    monkeypatch.setattr(FakeGCS, "_open", lambda self, *a, **k: _FailsAfterOne(real_open(self, *a, **k), 0, None))
+    monkeypatch.setattr(FakeGCS, "_open", lambda self, *a, **k: _FailsAfterTwo(real_open(self, *a, **k), 0, None))
     with remote_file.open_input("gs://b/lines.jsonl", 4096, prefetch=True) as fh:
-        assert fh.readline() == b'{"text": "0"}\n'
+        assert fh.read(4096 + 10) == data[: 4096 + 10]  # two ranges read, the third one prefetched: refused
+        assert isinstance(fh.raw._ahead[1].exception(), PretokError)
         with pytest.raises(PretokError, match=r"^gs://b/lines.jsonl: cannot read: access denied"):
             b"".join(fh)
