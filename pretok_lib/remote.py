@@ -2,8 +2,8 @@
 
 A thin layer under `sources`: listing (globs, sorted, so every process plans the same units), each object's
 size and version identity (ETag / version id / generation / last-modified) for the manifest and change
-detection, and a seekable reader that fetches exactly the byte ranges asked for (parquet: footer, then column
-chunks; JSONL: newline-aligned ranges), one request per read. Every request is retried on transient errors
+detection; the reader of byte ranges is `remote_file.py` (parquet: the footer, then a unit's column chunks;
+JSONL: newline-aligned ranges). Every request is retried on transient errors
 (connection reset, timeouts, 5xx / SlowDown / 429) with exponential backoff and counted (`retries()`); a
 permanent error (403, 404, a missing bucket) is one line naming the URL. The libraries' own retries are turned
 off where they can be (s3fs, botocore), so each retry is counted here once.
@@ -16,7 +16,6 @@ secret values found in the environment, so none reaches a manifest, a log or an 
 from __future__ import annotations
 
 import functools
-import io
 import os
 import random
 import re
@@ -37,6 +36,10 @@ _TRANSIENT_NAMES = ("Connection", "Timeout", "Disconnected", "Payload", "Incompl
                     "ProtocolError", "ReadError", "RemoteProtocolError")
 _SECRET_ENV = re.compile(r"(SECRET|TOKEN|PASSWORD|CREDENTIAL|ACCESS_KEY|API_KEY|PRIVATE)", re.I)
 _retries = [0]  # transient errors retried by this process
+# (size, version identity) of each object as listed for planning, by URL: a reader opened on one of them asks
+# no HEAD of its own, and reads it pinned to that version (S3: If-Match on the listed ETag)
+_listed: dict[str, tuple[int, tuple]] = {}  # (remote_file.py)
+LIST_THREADS = 16  # objects HEADed (or globs listed) at a time
 
 
 def is_url(spec: str | os.PathLike) -> bool:
@@ -197,6 +200,18 @@ def preload_filesystems(protocols: tuple[str, ...]) -> None:
             pass
 
 
+def warm_filesystems(protocols: tuple[str, ...]) -> None:
+    """Make this process's filesystems of `protocols` and their clients now (a worker, while the main process
+    plans: its first unit then starts reading at once); a failure is left to the first real request to report."""
+    for p in protocols:
+        try:
+            fs = _filesystem(p, os.getpid())
+            if type(fs).__name__ == "S3FileSystem":
+                fs.connect()  # the botocore client: its service model loaded, ~0.2 s
+        except Exception:
+            pass
+
+
 def filesystem(url: str):
     """(fsspec filesystem, path within it) for a URL."""
     check_url(url)
@@ -235,8 +250,11 @@ def identity(info: dict) -> tuple[tuple[str, str], ...]:
 def expand(spec: str) -> list[tuple[str, int, tuple]]:
     """(URL, size, identity) of every object a URL names: itself, or a glob's matches sorted by URL (every
     process, e.g. each task of a SLURM array, plans from the same order). Fresh: listing caches are dropped."""
+    return expand_all([spec])[0]
+
+
+def _expand_one(spec: str) -> list[tuple[str, int, tuple]]:
     fs, path = filesystem(spec)
-    fs.invalidate_cache()
     if any(c in path for c in "*?["):
         infos = call(spec, lambda: fs.glob(path, detail=True), "cannot list")
         found = [i for i in infos.values() if i.get("type", "file") == "file"]
@@ -247,77 +265,52 @@ def expand(spec: str) -> list[tuple[str, int, tuple]]:
         if info.get("type") == "directory":
             raise PretokError("is a directory (a prefix); give a glob such as URL/*.parquet", spec)
         found = [info]
-    return sorted((fs.unstrip_protocol(i["name"]), int(i.get("size") or 0), identity(i)) for i in found)
+    out = sorted((fs.unstrip_protocol(i["name"]), int(i.get("size") or 0), identity(i)) for i in found)
+    _listed.update((url, (size, ident)) for url, size, ident in out)
+    return out
 
 
-# ---------------------------------------------------------------- reading
+def expand_all(specs: list[str]) -> list[list[tuple[str, int, tuple]]]:
+    """`expand` of each spec, in order, `LIST_THREADS` at a time (one round trip each would add up over thousands
+    of inputs); the first failing spec in order raises. Listing caches are dropped first, and the single objects
+    are asked (HEAD) before any glob is listed, so each one's identity comes from its HEAD, never from a listing
+    another spec left in the cache: every process gets the same identities whatever the timing."""
+    for spec in specs:
+        filesystem(spec)[0].invalidate_cache()
+    out: list = [None] * len(specs)
+
+    def one(i: int):
+        try:
+            return _expand_one(specs[i])
+        except Exception as e:  # raised below, the first in order
+            return e
+
+    for globs in (False, True):
+        todo = [i for i, s in enumerate(specs) if any(c in filesystem(s)[1] for c in "*?[") == globs]
+        for i, found in zip(todo, _map(one, todo)):
+            out[i] = found
+    for found in out:
+        if isinstance(found, Exception):
+            raise found
+    return out
 
 
-class RemoteFile(io.RawIOBase):
-    """A seekable, read-only object: each `read` is one range request (retried); nothing is prefetched beyond
-    what is asked for, nor past `end` (if given: the object reads as ending there). Wrap it in
-    `io.BufferedReader` for line reading."""
+def _map(fn: Callable, items: list) -> list:
+    """`[fn(x) for x in items]`, `LIST_THREADS` at a time: requests in flight together instead of one round
+    trip each."""
+    if len(items) < 2:
+        return [fn(x) for x in items]
+    from concurrent.futures import ThreadPoolExecutor
 
-    def __init__(self, url: str, end: int | None = None):
-        super().__init__()
-        self.url, self.pos = url, 0
-        fs, path = filesystem(url)
-        self._f = call(url, lambda: fs.open(path, "rb", cache_type="none", block_size=1 << 20))
-        self.size = self._f.size if end is None else min(end, self._f.size)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
-        self.pos = max(0, base + offset)
-        return self.pos
-
-    def _range(self, n: int) -> bytes:
-        def fetch() -> bytes:
-            self._f.seek(self.pos)
-            return self._f.read(n)
-
-        return call(self.url, fetch) if n > 0 else b""
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.size - self.pos if n is None or n < 0 else min(n, max(0, self.size - self.pos))
-        data = self._range(n)
-        self.pos += len(data)
-        return data
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def readinto(self, b) -> int:
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        if not self.closed:
-            self._f.close()
-        super().close()
+    with ThreadPoolExecutor(min(LIST_THREADS, len(items))) as pool:
+        return list(pool.map(fn, items))
 
 
-def open_input(path: str, buffer_bytes: int = 8 << 20, end: int | None = None) -> io.BufferedReader:
-    """A local file (`open(path, "rb")`, exactly as before) or a remote object read through range requests of
-    `buffer_bytes`, none past `end` (a remote unit's last byte: nothing beyond it is fetched)."""
-    if not is_url(path):
-        return open(path, "rb")
-    return io.BufferedReader(RemoteFile(path, end), buffer_bytes)
+def listed(paths) -> tuple[tuple[str, int, tuple], ...]:
+    """(URL, size, identity) of those `paths` that were listed in this process (for a worker: `remember`)."""
+    return tuple((p, *_listed[p]) for p in paths if p in _listed)
 
 
-def read_bytes(path: str) -> bytes:
-    """A whole input file (a text document)."""
-    if not is_url(path):
-        with open(path, "rb") as fh:
-            return fh.read()
-    with RemoteFile(path) as f:
-        return f.read()
+def remember(objects) -> None:
+    """Take (URL, size, identity) of objects listed by another process (the planner's, for a worker)."""
+    _listed.update((url, (size, tuple(tuple(kv) for kv in ident))) for url, size, ident in objects)

@@ -14,7 +14,8 @@ import zlib
 from typing import BinaryIO, Iterator
 
 from .errors import PretokError
-from .remote import is_url, open_input
+from .remote import is_url
+from .remote_file import open_input
 
 READ_BYTES = 1 << 16  # compressed bytes fed per step: bounds the output of one decompress call
 
@@ -80,10 +81,11 @@ class _GzipOf(gzip.GzipFile):
                 fh.close()
 
 
-def _open_compressed(path: str, kind: str, buffer_bytes: int = 8 << 20) -> io.RawIOBase:
+def _open_compressed(path: str, kind: str, buffer_bytes: int = 8 << 20, prefetch: bool = False) -> io.RawIOBase:
     if kind == "jsonl.gz":
-        return _GzipOf(fileobj=open_input(path, buffer_bytes), mode="rb") if is_url(path) else gzip.open(path, "rb")
-    return ZstdFrames(open_input(path, buffer_bytes))
+        return _GzipOf(fileobj=open_input(path, buffer_bytes, prefetch=prefetch), mode="rb") if is_url(path) \
+            else gzip.open(path, "rb")
+    return ZstdFrames(open_input(path, buffer_bytes, prefetch=prefetch))
 
 
 def _damage(e: BaseException) -> str | None:
@@ -101,7 +103,8 @@ def jsonl_lines(path: str, kind: str, start: int = 0, stop: int = 0) -> Iterator
     """(line, byte offset) of a JSONL file: bytes [start, stop) of a plain one, every line of a compressed one
     (offsets in the decompressed stream). A damaged compressed file raises `PretokError`."""
     if kind == "jsonl":
-        with open_input(path, min(8 << 20, max(1 << 16, stop - start)), end=stop) as fh:  # a unit: 1 request per 8 MB
+        buf = min(8 << 20, max(1 << 16, stop - start))  # a unit: 1 request per 8 MB, the next one prefetched
+        with open_input(path, buf, end=stop, prefetch=stop - start > buf) as fh:
             fh.seek(start)
             pos = start
             while pos < stop:
@@ -111,7 +114,8 @@ def jsonl_lines(path: str, kind: str, start: int = 0, stop: int = 0) -> Iterator
                 yield line, pos
                 pos += len(line)
         return
-    raw = _open_compressed(path, kind, min(8 << 20, max(1 << 16, stop)) if stop else 8 << 20)  # stop: a sample
+    # stop: a sample's (read no further than needed); else the whole file, the next range prefetched
+    raw = _open_compressed(path, kind, min(8 << 20, max(1 << 16, stop)) if stop else 8 << 20, prefetch=not stop)
     try:
         pos = 0
         for line in io.BufferedReader(raw, 1 << 20):

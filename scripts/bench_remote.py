@@ -6,7 +6,9 @@
 Two measurements, each the best of `--repeat` alternating runs:
   read      `read_unit` over every planned unit in one process (text MB/s): the I/O path alone (range requests,
             parsing), no tokenizer;
-  tokenize  `pretok tokenize` end to end (gpt2, memmap, `--workers`), wall time, outputs checked identical.
+  tokenize  `pretok tokenize` end to end (gpt2, memmap, `--workers`), wall time, outputs checked identical;
+            also the CPU time of the run's processes plus the server's (moto shares the machine's cores): on a
+            machine busy with other work, CPU time varies far less than wall time.
 The corpus: the python docs JSONL (11 MB) as .jsonl, .jsonl.zst and a parquet file of row groups of 200
 documents, and the two wikipedia summary files as text. Needs `moto[server]` and `s3fs` (the `test` and `remote`
 extras).
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -82,8 +85,22 @@ def read_all(inputs: list[str]) -> tuple[float, int]:
     return s, n
 
 
-def tokenize(inputs: list[str], out: Path, workers: int) -> tuple[float, float, float]:
-    """(wall seconds, start-up seconds, text MB/s while tokenizing, worker peak RSS MB) of one run."""
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's ended children and their descendants (the CLI, its zygote and workers)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def tokenize(inputs: list[str], out: Path, workers: int) -> tuple[float, float, float, float, float]:
+    """(wall seconds, start-up seconds, text MB/s while tokenizing, worker peak RSS MB, CPU seconds of the run's
+    processes) of one run."""
+    cpu = children_cpu()
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "pretok_lib.cli", "tokenize", *inputs, "--out", str(out), "--tokenizer",
                     str(TOKENIZER), "--workers", str(workers), "--no-progress", "--overwrite"],
@@ -92,7 +109,7 @@ def tokenize(inputs: list[str], out: Path, workers: int) -> tuple[float, float, 
     wall = time.perf_counter() - t
     m = json.loads((out / "manifest.json").read_text())
     rate = m["counts"]["input_bytes"] / 1e6 / max(m["run"]["tokenize_seconds"], 1e-9)
-    return wall, m["run"]["startup_seconds"], rate, m["run"]["worker_peak_rss_mb"]
+    return wall, m["run"]["startup_seconds"], rate, m["run"]["worker_peak_rss_mb"], children_cpu() - cpu
 
 
 def main() -> None:
@@ -123,9 +140,13 @@ def main() -> None:
         for _ in range(a.repeat):
             for name, inputs in (("local", local), ("s3", s3)):
                 reads[name].append(read_all(inputs))
+        server_cpu = []  # the server's CPU seconds during each s3 run (it shares the machine's cores)
         for _ in range(a.repeat):
             for name, inputs in (("local", local), ("s3", s3)):
+                before = cpu_seconds(proc.pid)
                 toks[name].append(tokenize(inputs, a.dir / f"out-{name}", a.workers))
+                if name == "s3":
+                    server_cpu.append(cpu_seconds(proc.pid) - before)
         same = (a.dir / "out-local" / "data.bin").read_bytes() == (a.dir / "out-s3" / "data.bin").read_bytes()
         (rl, nl), (rs, ns) = min(reads["local"]), min(reads["s3"])
         tl, ts = min(toks["local"]), min(toks["s3"])
@@ -139,6 +160,10 @@ def main() -> None:
               f"(whole run; start-up {tl[1]:.2f} s vs {ts[1]:.2f} s; outputs identical: {same})")
         rss_l, rss_s = max(x[3] for x in toks["local"]), max(x[3] for x in toks["s3"])
         print(f"{'  RSS':10} {rss_l:>10.0f} MB {rss_s:>9.0f} MB {rss_s / rss_l:>8.2f}x   (worker peak RSS)")
+        cpu_l = min(x[4] for x in toks["local"])
+        cpu_s = min(x[4] + c for x, c in zip(toks["s3"], server_cpu))
+        print(f"{'  CPU':10} {cpu_l:>9.2f} s {cpu_s:>10.2f} s {cpu_l / cpu_s:>8.2f}x   (CPU time of the run's processes, "
+              f"with the server's {min(server_cpu):.2f} s: what a machine busy with other work measures best)")
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()

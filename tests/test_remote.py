@@ -14,7 +14,7 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from pretok_lib import remote
+from pretok_lib import remote, remote_file
 from pretok_lib.engine.run import _check_unchanged
 from pretok_lib.errors import PretokError
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
@@ -263,9 +263,92 @@ def test_unknown_scheme_and_missing_backend_are_one_line():
 def test_remote_file_reads_ranges_and_stops_at_end(stores):
     fs, _ = remote.filesystem("gs://b/x")
     fs.pipe_file("gs://b/lines.jsonl", b"".join(b'{"text": "%d"}\n' % i for i in range(1000)))
-    with remote.open_input("gs://b/lines.jsonl", 64, end=30) as fh:
+    with remote_file.open_input("gs://b/lines.jsonl", 64, end=30) as fh:
         assert fh.readline() == b'{"text": "0"}\n' and fh.readline() == b'{"text": "1"}\n'
         assert fh.readline() == b'{"'  # nothing past `end` (byte 30)
-    f = remote.RemoteFile("gs://b/lines.jsonl")
+    f = remote_file.RemoteFile("gs://b/lines.jsonl")
     f.seek(-14, io.SEEK_END)
     assert f.read() == b'{"text": "999"}\n'[-14:] and f.read(5) == b""
+
+
+def _count_fetches(monkeypatch) -> list[tuple[int, int]]:
+    """(offset, length) of every range request `RemoteFile` makes from now on."""
+    fetches: list[tuple[int, int]] = []
+    real = remote_file.RemoteFile._fetch
+
+    def fetch(self, at, n):
+        fetches.append((at, n))
+        return real(self, at, n)
+
+    monkeypatch.setattr(remote_file.RemoteFile, "_fetch", fetch)
+    return fetches
+
+
+def test_a_parquet_unit_reads_its_row_groups_in_one_request(stores, small, monkeypatch):
+    """The text column chunks of a unit's row groups are consecutive in the file: fetched in one range request
+    (plus the footer), not one per row group; the documents equal the local file's."""
+    fs, _ = remote.filesystem("gs://b/x")
+    fs.pipe_file("gs://b/docs.parquet", (small / "docs.parquet").read_bytes())
+    opts = SourceOptions(part_bytes=200_000)
+    local = plan_units(expand_inputs([str(small / "docs.parquet")]), opts)
+    units = plan_units(expand_inputs(["gs://b/docs.parquet"]), opts)
+    assert units[0].stop - units[0].start >= 24  # 3 or more row groups of 8 rows
+    fetches = _count_fetches(monkeypatch)
+    for lu, u in zip(local, units, strict=True):
+        fetches.clear()
+        assert [t for b in read_unit(u, opts) for t in b.texts] == [t for b in read_unit(lu, opts) for t in b.texts]
+        assert len(fetches) == 2, fetches  # the footer, then the unit's column chunks
+
+
+def test_remote_file_joins_expected_ranges_up_to_the_span_limit(stores, monkeypatch):
+    fs, _ = remote.filesystem("gs://b/x")
+    fs.pipe_file("gs://b/blob", bytes(range(256)) * 400)  # 102,400 bytes
+    monkeypatch.setattr(remote_file, "SPAN_BYTES", 1000)
+    monkeypatch.setattr(remote_file, "GAP_BYTES", 10)
+    f = remote_file.RemoteFile("gs://b/blob")
+    f.expect([(500, 900), (0, 300), (305, 500), (2000, 2100)])  # 300..305: a gap of 5 bytes is read along
+    assert f._spans == [(0, 900), (2000, 2100)]
+    f.expect([(0, 600), (600, 1200)])  # together longer than SPAN_BYTES: two requests
+    assert f._spans == [(0, 600), (600, 1200)]
+    f.expect([(0, 300), (305, 500), (2000, 2100)])
+    fetches = _count_fetches(monkeypatch)
+    data = bytes(range(256)) * 400
+    for a, b in ((0, 300), (305, 500), (2000, 2100), (0, 10)):
+        f.seek(a)
+        assert f.read(b - a) == data[a:b]
+    assert fetches == [(0, 500), (2000, 100), (0, 500)]  # only the last block is kept: the span again
+
+
+def test_prefetch_reads_the_same_bytes_with_no_extra_request(stores, monkeypatch):
+    """Sequential reading with the next range fetched in a thread (from the second read on): the same lines, one
+    request per buffer, none past `end`; a transient error of a prefetch is retried (counted), a permanent one
+    is the next read's, one line."""
+    fs, _ = remote.filesystem("gs://b/x")
+    data = b"".join(b'{"text": "%d"}\n' % i for i in range(5000))
+    fs.pipe_file("gs://b/lines.jsonl", data)
+    end = len(data) - 1000
+    fetches = _count_fetches(monkeypatch)
+    with remote_file.open_input("gs://b/lines.jsonl", 4096, end=end, prefetch=True) as fh:
+        assert b"".join(fh) == data[:end]
+    assert sorted(fetches) == [(a, min(4096, end - a)) for a in range(0, end, 4096)]
+    real_open = FakeGCS._open
+    monkeypatch.setattr(FakeGCS, "_open", lambda self, *a, **k: _Flaky(real_open(self, *a, **k), 2,
+                                                                        ConnectionResetError(104, "reset")))
+    before = remote.retries()
+    with remote_file.open_input("gs://b/lines.jsonl", 4096, prefetch=True) as fh:
+        assert b"".join(fh) == data
+    assert remote.retries() - before == 2
+
+    class _FailsAfterTwo(_Flaky):  # two reads succeed, every later one (from the first prefetch on) is refused
+        def read(self, n=-1):
+            self.n += 1
+            if self.n > 2:
+                raise PermissionError(13, "Forbidden")
+            return self.f.read(n)
+
+    monkeypatch.setattr(FakeGCS, "_open", lambda self, *a, **k: _FailsAfterTwo(real_open(self, *a, **k), 0, None))
+    with remote_file.open_input("gs://b/lines.jsonl", 4096, prefetch=True) as fh:
+        assert fh.read(4096 + 10) == data[: 4096 + 10]  # two ranges read, the third one prefetched: refused
+        assert isinstance(fh.raw._ahead[1].exception(), PretokError)
+        with pytest.raises(PretokError, match=r"^gs://b/lines.jsonl: cannot read: access denied"):
+            b"".join(fh)

@@ -6,7 +6,7 @@ Runs inside a worker process (or inline). Parquet parts are final data files; me
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TypedDict
 
@@ -19,7 +19,7 @@ from ..errors import PretokError, os_error
 from ..formats import memmap as mm
 from ..formats import parquet as pqf
 from ..formats.manifest import Policy
-from ..remote import is_url, retries, take_retries
+from ..remote import is_url, listed, remember, retries, take_retries
 from ..sources import SourceOptions, Unit, read_unit
 
 if TYPE_CHECKING:
@@ -40,6 +40,11 @@ class Job:
     sources: SourceOptions
     out_dir: str
     tokenizer: TokenizerInfo
+    objects: tuple = ()  # (URL, size, identity) of the unit's remote inputs as planned: read without a HEAD
+
+    def for_unit(self, unit: Unit) -> "Job":
+        """The job with the planned listing of `unit`'s remote inputs (a worker did not list them)."""
+        return replace(self, objects=listed(unit.paths))
 
 
 class _PartRecordFields(TypedDict):
@@ -172,6 +177,7 @@ def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int],
     counts = {"documents": 0, "tokens": 0, "padding": 0, "truncated": 0, "input_bytes": 0}
     skipped: dict[str, int] = {}
     mark = retries()
+    remember(job.objects)
     pol, vocab_size = job.policy, job.tokenizer.vocab_size
     for batch in read_unit(unit, job.sources):
         for k, v in batch.skipped.items():

@@ -173,7 +173,8 @@ class Workers:
         self.drained = False
         while todo or running:
             while todo and running < window:
-                self.tasks.put(("unit", todo.popleft(), backend, job))
+                u = todo.popleft()
+                self.tasks.put(("unit", u, backend, job.for_unit(u)))
                 running += 1
             keep_going()
             self.check_alive()

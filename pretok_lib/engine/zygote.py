@@ -171,7 +171,7 @@ def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, rea
     if report.backend is None:  # nothing the workers could run: the main process reports why and ends the run
         n = 0
     fork = mp.get_context("fork")
-    procs = [fork.Process(target=_worker, args=(i, tasks, results, os.getpid()), name=f"pretok-worker-{i}")
+    procs = [fork.Process(target=_worker, args=(i, tasks, results, os.getpid(), preload), name=f"pretok-worker-{i}")
              for i in range(n)]
     for p in procs:
         p.start()
@@ -209,8 +209,9 @@ def _answer(conn) -> bool:
     return True
 
 
-def _worker(slot: int, tasks, results, zygote_pid: int) -> None:
-    """Take units until None; each becomes one committed part, its record sent back."""
+def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...] = ()) -> None:
+    """Take units until None; each becomes one committed part, its record sent back. The filesystems of
+    `preload` (URL schemes of the inputs) are made first, while the main process plans."""
     from ..errors import PretokError
     from ..tokenizer import limit_threads_to_one_cpu
     from .parts import process_unit
@@ -219,6 +220,10 @@ def _worker(slot: int, tasks, results, zygote_pid: int) -> None:
     if os.getppid() != zygote_pid:  # the zygote was killed before the death signal was set: nobody to serve
         os._exit(0)
     limit_threads_to_one_cpu(slot)
+    if preload:
+        from ..remote import warm_filesystems
+
+        warm_filesystems(preload)
     report = lambda b, d, t: results.put(("progress", b, d, t))  # noqa: E731
     while (task := tasks.get()) is not None:
         _, unit, backend, job = task

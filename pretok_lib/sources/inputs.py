@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import PretokError
-from ..remote import expand as expand_url
+from ..remote import expand_all as expand_urls
 from ..remote import is_url
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
@@ -94,10 +94,12 @@ def _kind_of_name(name: str, path: str | Path) -> str:
 def expand_inputs(inputs: Sequence[str]) -> list[InputFile]:
     """Expand globs and check every input exists; order is as given, globs sorted."""
     files: list[InputFile] = []
+    urls = [s for s in inputs if is_url(s)]
+    listed = dict(zip(urls, expand_urls(urls))) if urls else {}  # in flight together
     for spec in inputs:
         if is_url(spec):
             files += [InputFile(url, _kind_of_name(url.rsplit("/", 1)[-1], url), size, 0, version)
-                      for url, size, version in expand_url(spec)]
+                      for url, size, version in listed[spec]]
             continue
         matches = sorted(glob.glob(spec)) if glob.has_magic(spec) else [spec]
         if not matches:

@@ -11,7 +11,8 @@ from typing import Sequence
 from ..arrow_text import is_text_type, parquet_leaves
 from ..errors import PretokError
 from ..input_checks import check_shape
-from ..remote import is_url, open_input
+from ..remote import is_url
+from ..remote_file import RemoteFile, open_input
 from .inputs import InputFile, SourceOptions, Unit, compile_separator
 
 # Row groups are split across units only above this size: every unit reading a slice of a row group must
@@ -19,14 +20,11 @@ from .inputs import InputFile, SourceOptions, Unit, compile_separator
 SPLIT_ROW_GROUP_BYTES = 64_000_000
 
 
-def _parquet_file(path: str):
+def _parquet_file(path: str, source=None):
     import pyarrow.parquet as pq
 
-    source = path
-    if is_url(path):  # read by range requests: the footer first, then only the column chunks asked for
-        from ..remote import RemoteFile
-
-        source = RemoteFile(path)
+    if source is None:  # a URL: read by range requests, the footer first, then only the column chunks asked for
+        source = RemoteFile(path) if is_url(path) else path
     try:
         return pq.ParquetFile(source, page_checksum_verification=True)  # checked where pages carry a CRC
     except PretokError:
@@ -98,6 +96,8 @@ def _plan_parquet(f: InputFile, opts: SourceOptions) -> list[tuple]:
 
 
 def _plan_jsonl(f: InputFile, opts: SourceOptions) -> list[tuple]:
+    if f.size <= opts.part_bytes:  # one unit (none if empty): nothing to align (a remote file: no request)
+        return [("jsonl", (f.path,), 0, f.size, f.size)] if f.size else []
     units, start = [], 0
     with open_input(f.path, 1 << 16) as fh:
         while start < f.size:

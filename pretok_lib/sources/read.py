@@ -12,7 +12,8 @@ from typing import Iterator, Protocol, Sequence
 from ..arrow_text import INVALID, MISSING, as_string_array, decode_each, is_text_type, utf8_valid
 from ..arrow_text import byte_lengths as _byte_lengths
 from ..errors import PretokError
-from ..remote import open_input, read_bytes
+from ..remote import is_url
+from ..remote_file import RemoteFile, open_input, read_bytes
 from ..streams import jsonl_lines, parse_jsonl_line, without_bom
 from .inputs import DocBatch, SourceOptions, Unit, compile_separator
 from .plan import _load_hf, _parquet_file, _text_column_index
@@ -107,9 +108,12 @@ class Reader(Protocol):
 
 def _read_parquet(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
     path = unit.paths[0]
-    pf = _parquet_file(path)
+    remote = RemoteFile(path) if is_url(path) else None
+    pf = _parquet_file(path, remote)
     col = _text_column_index(pf, path, c.opts.text_column)
     meta, first = pf.metadata, 0
+    if remote is not None:  # the unit's text column chunks, consecutive ones fetched together
+        remote.expect(_chunk_ranges(meta, col, unit.start, unit.stop))
     try:
         for rg in range(meta.num_row_groups):
             rgm = meta.row_group(rg)
@@ -123,6 +127,19 @@ def _read_parquet(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
         raise
     except Exception as e:
         raise PretokError(f"corrupt parquet data ({type(e).__name__}: {str(e).splitlines()[0]})", path) from None
+
+
+def _chunk_ranges(meta, col: int, start: int, stop: int) -> list[tuple[int, int]]:
+    """Byte ranges [a, b) of column `col`'s chunks in the row groups holding rows [start, stop)."""
+    out, first = [], 0
+    for rg in range(meta.num_row_groups):
+        rgm = meta.row_group(rg)
+        if first < stop and start < first + rgm.num_rows:
+            cm = rgm.column(col)
+            a = cm.dictionary_page_offset if cm.has_dictionary_page else cm.data_page_offset
+            out.append((a, a + cm.total_compressed_size))
+        first += rgm.num_rows
+    return out
 
 
 def _read_row_group(pf, rg: int, rgm, col: int, lo: int, hi: int, c: _Collector, where: str) -> Iterator[DocBatch]:
