@@ -278,7 +278,14 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
               ) -> list[tuple[Point, str]]:
     """Launch every grid point not yet completed, one after the other (local) or all at once as SLURM jobs then
     wait for them; returns `(point, status)` with status `completed` (now), `skipped` (completed before) or
-    `failed` (recorded in launcher.json, retried on the next call)."""
+    `failed` (recorded in launcher.json, retried on the next call).
+
+    Args:
+        config: the base training config; grid: a Grid or its points; runs_dir: where run dirs are made.
+        launcher: local or slurm; module: the training module run per point; timeout_s: per point (local).
+        env: extra environment for the runs; slurm_script, slurm_options: the sbatch script and its flags.
+        echo: where progress lines go (None: silent).
+    """
     points = grid.points() if isinstance(grid, Grid) else list(grid)
     if launcher not in LAUNCHERS:
         raise PretokError(f"sweep: unknown launcher '{launcher}' (choose from {', '.join(LAUNCHERS)})")
@@ -310,7 +317,12 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
 
 def _run_local(config: Path, todo: list[Point], runs: Path, module: str, timeout_s: float | None, child_env: dict,
                status: dict[str, str], say: Callable[[str], None]) -> None:
-    """The points one after the other, each its own process (see `_launch_local`)."""
+    """The points one after the other, each its own process (see `_launch_local`).
+
+    Args:
+        config, todo, runs, module: as run_sweep; timeout_s: per point; child_env: the runs' environment.
+        status: filled with run id -> outcome; say: progress lines.
+    """
     for i, p in enumerate(todo, 1):
         rdir = runs / p.run_id
         t0, started = time.monotonic(), _now()
@@ -350,7 +362,12 @@ def slurm_layout(world: int, gpus_per_node: int) -> dict[str, int]:
 def _run_slurm(config: Path, todo: list[Point], runs: Path, script: str | os.PathLike, options: dict, env: dict,
                status: dict[str, str], say: Callable[[str], None]) -> None:
     """One `slurm/train.sbatch` job per point (through slurm.submit; output appended to launcher.log), then wait
-    for all of them; a point completed when its run.json says so."""
+    for all of them; a point completed when its run.json says so.
+
+    Args:
+        config, todo, runs: as run_sweep; script, options: the sbatch script and flags; env: the jobs' environment.
+        status: filled with run id -> outcome; say: progress lines.
+    """
     from . import slurm
 
     gpus = int(slurm.cluster_settings(env).get("PRETOK_GPUS_PER_NODE") or 0)

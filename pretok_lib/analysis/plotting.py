@@ -76,7 +76,14 @@ def _add_bars(fig: go.Figure, ms: list[RunMetrics], cats: list[str], cat: Callab
               texts: list[str] | None = None, showlegend: bool = True, points_legend: bool = False,
               group: str | None = None) -> None:
     """One bar per category (mean of `key` over its runs, std error bar) plus one marker per run; bars and
-    markers share the offset group `group` (default: `key`)."""
+    markers share the offset group `group` (default: `key`).
+
+    Args:
+        fig: the figure drawn into; ms: the runs; cats: the categories in bar order; cat: a run's category.
+        key: the RunMetrics field averaged; name: the legend name; color: one color or one per category.
+        row, col: the subplot (None: a plain figure); texts: a label per bar (e.g. ratios).
+        showlegend: the bars in the legend; points_legend: the run markers too; group: the offset group (`key`).
+    """
     group = group or key
     by: dict[str, list[RunMetrics]] = defaultdict(list)
     for m in ms:

@@ -267,7 +267,14 @@ def study_prediction(loaders: Mapping[str, Any] | None, config: str | Path | Map
                      cores_per_rank: int | None = None, accelerators: Iterable[str] | None = None,
                      cpu_speed: float = 1.0) -> dict:
     """The prediction for a training config (YAML path or dict; its `model` section and `data.seq_len`) fed by the
-    loaders a benchmark measured: rows, the markdown table with the formula and the numbers it used."""
+    loaders a benchmark measured: rows, the markdown table with the formula and the numbers it used.
+
+    Args:
+        loaders: `pretok bench loaders` results (None: no measured rates, the table says so).
+        config: the training config; vocab, seq_len: override the config's (None: from it).
+        mfu: the MFU range assumed on the accelerators; accelerators: datasheet names (None: the default set).
+        cores_per_rank: CPU cores feeding one rank's loader; cpu_speed: that core's speed relative to this one's.
+    """
     import yaml
 
     cfg = dict(config) if isinstance(config, Mapping) else yaml.safe_load(Path(config).read_text()) or {}

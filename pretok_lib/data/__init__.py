@@ -31,7 +31,14 @@ def make_source(kind: str, path: str | os.PathLike | Sequence[str], seq_len: int
     `verify_on_open` check its data files against the manifest's checksums before serving anything.
     Parquet paths only: `order` "block" (their default: `block_groups` row groups shuffled at a time; the exact
     permutation on data of at most that many row groups) or "exact"; `cache_mb` of decoded row groups kept per
-    process. Other paths: "exact" only (their default)."""
+    process. Other paths: "exact" only (their default).
+
+    Args:
+        kind: a data path of datapaths.REGISTRY; path: its input files (baselines) or dataset dir (pretokenized).
+        seq_len: tokens per training sample; tokenizer: the tokenizer spec (baselines: required).
+        seed, shuffle: the global order; text_column: the baselines' text column; backend: a forced encoder.
+        verify_on_open: check data files against the manifest first; order, block_groups, cache_mb: parquet paths.
+    """
     if kind not in KINDS:
         raise PretokError(f"unknown data path '{kind}' (choose from {', '.join(KINDS)})")
     if seq_len < 1:

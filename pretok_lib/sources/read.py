@@ -143,7 +143,12 @@ def _chunk_ranges(meta, col: int, start: int, stop: int) -> list[tuple[int, int]
 
 
 def _read_row_group(pf, rg: int, rgm, col: int, lo: int, hi: int, c: _Collector, where: str) -> Iterator[DocBatch]:
-    """Rows [lo, hi) of one row group: read whole if small (fast), streamed in batches if big (bounded memory)."""
+    """Rows [lo, hi) of one row group: read whole if small (fast), streamed in batches if big (bounded memory).
+
+    Args:
+        pf: the open ParquetFile; rg, rgm: the row group's index and metadata; col: the text column's leaf index.
+        lo, hi: the rows within the row group; c: the collector of documents; where: the place named in errors.
+    """
     name = c.opts.text_column
     if rgm.column(col).total_uncompressed_size <= 4 * c.opts.batch_bytes:
         arr = pf.read_row_group(rg, columns=[name], use_threads=False).column(0).combine_chunks()

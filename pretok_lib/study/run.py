@@ -72,7 +72,14 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     """Execute the study notebooks in order with `profile`'s parameters (plus `parameters`), write
     `study.json` and the HTML report (`report_nocode.html` for readers, `report.html` with code); returns the
     study record. The first failing notebook stops the study (its partly executed copy is kept and reported).
-    The figures are also copied to `publish/<study dir name>/` (the project's `figures/`; None: not copied)."""
+    The figures are also copied to `publish/<study dir name>/` (the project's `figures/`; None: not copied).
+
+    Args:
+        profile: a name in study.profiles.PROFILES; out: the study dir (None: runs/study-<profile>).
+        notebooks: the subset to run (None: all, in order); parameters: overrides of the profile's values.
+        kernel: the Jupyter kernel; report: write the HTML reports; stream: print the cells' output as they run.
+        echo: where progress lines go (None: silent); publish: where figures are copied (None: not copied).
+    """
     from ..analysis.report import ensure_kernel
 
     say = echo or (lambda s: None)

@@ -231,7 +231,14 @@ def bench_loaders(paths: StudyPaths, index: Mapping, micro_batch: int = 8, worke
                   slow_batches: int = 20, repeats: int = 1, compressions: Sequence[str] | None = None) -> dict:
     """`pretok bench loaders` on the study's datasets (reused from notebook 01: same directory layout): the five
     data paths at each DataLoader worker count vs the raw-memmap ceiling, then the parquet codecs; JSON in
-    `bench/loaders.json`."""
+    `bench/loaders.json`.
+
+    Args:
+        paths, index: the study's directories and notebook 01's dataset index.
+        micro_batch: samples per batch; workers: DataLoader worker counts (comma separated).
+        batches, slow_batches: timed batches for the fast and the on-the-fly paths; repeats: rounds.
+        compressions: parquet codecs compared (None: those notebook 01 wrote).
+    """
     from ..bench.loaders import LoadersBench, run
 
     comps = [v["compression"] for v in index["variants"].values() if v["compression"]]
@@ -271,7 +278,13 @@ def study_grid(index: Mapping, axes: Mapping[str, Sequence[Any]], base: Mapping[
 def train_one(paths: StudyPaths, index: Mapping, config: str, data_kind: str = "pretok-memmap", world: int = 1,
               overrides: Mapping[str, Any] | None = None, prefix: str = "train", timeout_s: float | None = None):
     """One training run (as its own process) of `config` on the study's `data_kind` dataset; returns
-    `(point, status)`. A completed run with the same id is not repeated."""
+    `(point, status)`. A completed run with the same id is not repeated.
+
+    Args:
+        paths, index: the study's directories and dataset index; config: the training config (name or path).
+        data_kind: the data path; world: ranks; overrides: dotted config keys; prefix: of the run id.
+        timeout_s: stop the run after this long (None: no limit).
+    """
     from ..sweep import run_sweep
 
     grid = study_grid(index, {}, {"data.kind": data_kind, "world": world, **(overrides or {})}, prefix)
@@ -283,7 +296,13 @@ def run_study_sweep(paths: StudyPaths, index: Mapping, config: str, grids: Itera
                     base: Mapping[str, Any] | None = None, launcher: str = "local", prefix: str = "sweep",
                     timeout_s: float | None = None) -> list:
     """Every grid in `grids` (axes dicts) on the same base; points shared by two grids run once. Returns
-    `(point, status)` for every distinct point."""
+    `(point, status)` for every distinct point.
+
+    Args:
+        paths, index: the study's directories and dataset index; config: the training config (name or path).
+        grids: axes dicts; base: dotted config keys shared by every point; launcher: local or slurm.
+        prefix: of the run ids; timeout_s: per run (None: no limit).
+    """
     from ..sweep import run_sweep
 
     points, seen = [], set()
