@@ -24,8 +24,38 @@ def git_commit() -> str | None:
         return None
 
 
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
+    out: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if not line.strip():
+                    if out:
+                        break
+                    continue
+                key, _, value = line.partition(":")
+                out.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return out
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo; else what platform knows)."""
+    info = _cpuinfo()
+    return (info.get("model name") or info.get("Model") or info.get("CPU part") or platform.processor()
+            or platform.machine() or "unknown CPU")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (x86 `flags`, Arm `Features`)."""
+    info = _cpuinfo()
+    return set((info.get("flags") or info.get("Features") or "").split())
+
+
 def environment() -> dict:
-    """Python, platform, host, CPUs this process may use, the installed versions of `PACKAGES`, the git commit
+    """Python, platform, CPU model, host, CPUs this process may use, the installed versions of `PACKAGES`, the git commit
     and the SLURM job, if any."""
     import importlib.metadata  # here, not at import: ~15 ms that every worker would pay
 
@@ -36,5 +66,5 @@ def environment() -> dict:
         except importlib.metadata.PackageNotFoundError:
             pass
     return {"python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
-            "hostname": socket.gethostname(), "cpus": len(os.sched_getaffinity(0)), "packages": versions,
-            "git_commit": git_commit(), "slurm": {k: v for k, v in os.environ.items() if k in SLURM_VARS}}
+            "cpu_model": cpu_model(), "hostname": socket.gethostname(), "cpus": len(os.sched_getaffinity(0)),
+            "packages": versions, "git_commit": git_commit(), "slurm": {k: v for k, v in os.environ.items() if k in SLURM_VARS}}

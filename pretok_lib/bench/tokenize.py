@@ -106,10 +106,12 @@ def run(cfg: TokenizeBench) -> dict:
         methods[MAP] = rates(r, cinfo["prefix_bytes"])
     scan = [] if "rss-scan" in skip else _rss_scan(cfg, tok, n)
     tg = targets(methods, n, scan, rounds)
+    env = environment()
+    print(f"\nCPU: {env['cpu_model']}, {env['cpus']} usable; tokenizer: {tok} (vocab {info.vocab_size})")
     _print_results(methods, cinfo, n, scan, tg)
     result = {"corpus": cinfo, "tokenizer": {"spec": tok, "info": info.to_dict(), "backends": backends},
               "workers": n, "methods": methods, "rounds": rounds, "rss_scan": scan, "targets": tg,
-              "environment": environment(),
+              "environment": env,
               "env": {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS")},
               "args": cfg.record()}
     write_json(cfg.json, result)

@@ -11,13 +11,14 @@ import datetime
 import hashlib
 import json
 import os
-import platform
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from ..environment import cpu_flags, cpu_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # CPU feature flags of native bf16 arithmetic: x86 (/proc/cpuinfo "flags") and aarch64 ("Features").
@@ -55,34 +56,6 @@ class Precision:
     used: str
     requested: str
     reason: str
-
-
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
-    out: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if not line.strip():
-                    if out:
-                        break
-                    continue
-                key, _, value = line.partition(":")
-                out.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return out
-
-
-def cpu_model() -> str:
-    info = _cpuinfo()
-    return (info.get("model name") or info.get("Model") or info.get("CPU part") or platform.processor()
-            or platform.machine() or "unknown CPU")
-
-
-def cpu_flags() -> set[str]:
-    info = _cpuinfo()
-    return set((info.get("flags") or info.get("Features") or "").split())
 
 
 def _gflops(x: float) -> str:

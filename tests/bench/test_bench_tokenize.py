@@ -84,3 +84,16 @@ def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path) -> None:
     ids_target = next(t for t in res["targets"] if t["target"].startswith("(b) ids identical"))
     assert ids_target["pass"] is True
     assert res["environment"]["cpus"] >= 1 and res["tokenizer"]["backends"][0] == ceil["backend"]
+    assert res["environment"]["cpu_model"]
+    # the engine near the machine's ceiling: every format at w2 against the measured 2-core ceiling (memmap paired
+    # by round), memmap w1 against the 1-core one, and the start-up of the slowest engine method
+    by = {t["target"]: t for t in res["targets"]}
+    for fmt in ("memmap", "token-list", "padded"):
+        t = by[f"engine {fmt} w2 / in-memory ceiling on 2 cores, measured"]
+        want = (sum(r[ceil_name(2)] / r[e2] for r in rounds) / 2 if fmt == "memmap"
+                else m[f"(d) engine {fmt} w2"]["mb_per_s"] / m[ceil_name(2)]["mb_per_s"])
+        assert t["value"] == pytest.approx(want) and t["need"] == ">= 0.7" and t["pass"] is (t["value"] >= 0.7)
+    w1 = by["engine memmap w1 / in-memory ceiling on 1 core"]
+    assert w1["value"] == pytest.approx(sum(r[CEIL] / r[e1] for r in rounds) / 2) and w1["need"] == ">= 0.8"
+    start = by["engine start-up s (to the first batch tokenized), slowest engine method"]
+    assert start["value"] == max(m[k]["timeline"]["startup_seconds"] for k in engine) and start["need"] == "<= 0.3"
