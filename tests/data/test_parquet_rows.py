@@ -10,8 +10,10 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from pretok_lib.data import make_loader, make_source
+from pretok_lib.data.collate import collate
 from pretok_lib.data.inram import InRamPaddedRows, InRamTokenList
 from pretok_lib.data.loader import ShardedBatches
 from pretok_lib.data.order import block_permutation, epoch_permutation
@@ -146,6 +148,29 @@ def test_block_order_reads_each_row_group_about_once_per_epoch(datasets, kind, f
     ahead = make_source(kind, d[fmt], 7, order="block", block_groups=4, cache_mb=0)
     assert stream(ahead, epochs=(0,)) == got and ahead.rows.decoded <= 2 * groups + 8  # however the thread runs
     assert ex.rows.decoded > 3 * groups  # the exact order thrashes a cache this small
+
+
+@pytest.mark.parametrize("name", ["padded", "padded-old", "mixed"])
+@pytest.mark.parametrize("order,block", [("block", 1), ("block", 3), ("exact", 16)])
+def test_padded_batches_gathered_at_once_equal_the_collated_samples(datasets, name, order, block):
+    """`PaddedRows.batch` (what the loader asks for) is `collate` of `sample` for every k, with masks from the
+    footer's row lengths, decoded (older files) or both in one batch (parts of either kind merged); batches
+    of 5 rows cross windows of 1 or 3 row groups and parts."""
+    src = make_source("pretok-padded", datasets[1]["padded-old" if name == "padded-old" else "padded"], 9,
+                      seed=4, order=order, block_groups=block, cache_mb=0)
+    if name == "mixed":  # the first part as if written before footers held row lengths
+        src.rows.mask_from_lengths[0] = False
+    kinds, group = set(), src.rows.group  # the row groups the batches read: masks decoded (2-d) or lengths (1-d)
+    src.rows.group = lambda g: (lambda e: (kinds.add(e[1].ndim), e)[1])(group(g))
+    for epoch in (0, 1):
+        for first in range(0, src.num_samples - 5, 5):
+            got = src.batch(epoch, first, first + 5)
+            want = collate([src.sample(epoch, k) for k in range(first, first + 5)])
+            assert list(got) == list(want)
+            for key, v in want.items():
+                assert (v.tolist() if isinstance(v, torch.Tensor) else v) == \
+                    (got[key].tolist() if isinstance(got[key], torch.Tensor) else got[key]), (epoch, first, key)
+    assert kinds == {"padded": {1}, "padded-old": {2}, "mixed": {1, 2}}[name]
 
 
 @pytest.mark.parametrize("order", ["exact", "block"])
