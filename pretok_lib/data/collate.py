@@ -33,12 +33,12 @@ def collate(samples: Sequence[Sample], doc_aware: bool = False) -> dict:
 def collate_padded(tokens: np.ndarray, mask: np.ndarray) -> dict:
     """Padded rows given as arrays, ids (B, W) int64 and mask (B, W) bool: the batch `collate` makes of them
     (readers that gather a whole batch at once call this directly)."""
-    att = mask[:, :-1]
-    labels = np.where(mask[:, 1:], tokens[:, 1:], IGNORE)
+    att, targets = mask[:, :-1], mask[:, 1:]
+    labels = np.where(targets, tokens[:, 1:], IGNORE)
     return {"attention_mask": torch.from_numpy(att.astype(np.int64)),
             "input_ids": torch.from_numpy(np.ascontiguousarray(tokens[:, :-1])), "labels": torch.from_numpy(labels),
             "tokens": int(att.size), "padding_tokens": int(att.size - np.count_nonzero(att)), "masked_tokens": 0,
-            "effective_tokens": int(np.count_nonzero(labels != IGNORE))}
+            "effective_tokens": int(np.count_nonzero(targets))}  # ids are >= 0: no kept label is IGNORE
 
 
 def _collate_packed(tokens: np.ndarray, samples: Sequence[Sample], doc_aware: bool) -> dict:

@@ -14,11 +14,13 @@ A part is checked against its manifest checksum before any of its row groups is 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import zstandard
 
 CODECS = {"ZSTD": "zstd", "SNAPPY": "snappy", "UNCOMPRESSED": None}
 DATA_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 2, 3
@@ -111,24 +113,26 @@ def _levels_v1(body: memoryview, max_rep: int, max_def: int) -> int:
     return pos
 
 
-def leaf_values(path: Path, meta: pq.FileMetaData, group: int, column: int, dtype: np.dtype) -> np.ndarray | None:
-    """All values of leaf column `column` in row group `group`, in order, as `dtype`; None for a layout this
-    reader does not take (the caller then reads with pyarrow)."""
+def leaf_values(path: Path, meta: pq.FileMetaData, group: int, column: int, dtype: np.dtype,
+                spare: np.ndarray | None = None) -> np.ndarray | None:
+    """All values of leaf column `column` in row group `group`, in order, as `dtype` (written into `spare` when
+    it has that type and at least that size: a view of it is returned); None for a layout this reader does not take (the caller then uses pyarrow)."""
     chunk = meta.row_group(group).column(column)
     leaf = meta.schema.column(column)
     codec = CODECS.get(chunk.compression, "?")
     if codec == "?" or leaf.physical_type != "INT32" or chunk.dictionary_page_offset is not None:
         return None
     start, size = chunk.data_page_offset, chunk.total_compressed_size
+    buf = _buffer("raw", size)
     fd = os.open(path, os.O_RDONLY)
     try:
-        raw = os.pread(fd, size, start)
+        if os.preadv(fd, [buf], start) != size:
+            return None
     finally:
         os.close(fd)
-    if len(raw) != size:
-        return None
-    buf, pos, total = memoryview(raw), 0, chunk.num_values
-    out, filled = np.empty(total, dtype), 0
+    pos, total = 0, chunk.num_values
+    reuse = spare is not None and spare.dtype == dtype and len(spare) >= total
+    out, filled = spare[:total] if reuse else np.empty(total, dtype), 0
     try:
         while pos < size:
             reader = _Compact(buf, pos)
@@ -160,12 +164,37 @@ def leaf_values(path: Path, meta: pq.FileMetaData, group: int, column: int, dtyp
                 return None
             out[filled : filled + n] = np.frombuffer(values, "<i4")  # the cast to the column's type
             filled += n
-    except (_Unsupported, IndexError, pa.ArrowException):
+    except (_Unsupported, IndexError, pa.ArrowException, zstandard.ZstdError):
         return None
     return out if filled == total else None
+
+
+_scratch = threading.local()  # per thread: a column chunk's bytes and one page decompressed, reused (fresh memory
+# costs a page fault per 4 kB)
+
+
+def _buffer(name: str, size: int) -> memoryview:
+    """This thread's reusable buffer `name`, `size` bytes long."""
+    buf = getattr(_scratch, name, None)
+    if buf is None or len(buf) < size:
+        buf = bytearray(max(size, 1 << 20))
+        setattr(_scratch, name, buf)
+    return memoryview(buf)[:size]
 
 
 def _decompress(page: memoryview, codec: str | None, size: int) -> memoryview:
     if codec is None:
         return page
-    return memoryview(pa.decompress(page, decompressed_size=size, codec=codec))
+    if codec != "zstd":
+        return memoryview(pa.decompress(page, decompressed_size=size, codec=codec))
+    view, got = _buffer("page", size), 0
+    dctx = getattr(_scratch, "zstd", None)
+    if dctx is None:  # one per thread: a fresh context allocates its window every page
+        dctx = _scratch.zstd = zstandard.ZstdDecompressor()
+    with dctx.stream_reader(page) as r:
+        while got < size:
+            n = r.readinto(view[got:])
+            if not n:
+                raise _Unsupported("zstd page shorter than its header says")
+            got += n
+    return view

@@ -14,6 +14,7 @@ the part is first touched (before any of its rows is served) — unless the file
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,6 +31,7 @@ from .parquet_pages import leaf_values
 from .verify_open import stamp_covers, verify_files
 
 MAX_OPEN_FILES = 32
+RECOUNT = sys.implementation.name == "cpython" and sys.version_info < (3, 14)  # see _recycle
 
 
 def _corrupt(e: Exception, path: Path) -> PretokError:
@@ -86,12 +88,14 @@ class ParquetRows:
         self._lock = threading.RLock()  # cache, handles and checks: shared with the read-ahead thread
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[int, Future] = {}
+        self._spares: list[np.ndarray] = []  # ids buffers of evicted padded groups, reused by the next decodes
         self.decoded = 0  # row groups decoded by this process (for tests and benchmarks)
 
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_pool", "_pending")}
         for k in ("_cache", "_handles"):
             state[k] = OrderedDict()
+        state["_spares"] = []
         state["_cached_bytes"] = 0
         return state
 
@@ -218,9 +222,23 @@ class ParquetRows:
                 self._cached_bytes += sum(a.nbytes for a in entry)
                 self.decoded += 1
             while self._cached_bytes > self.cache_bytes and len(self._cache) > self.min_groups:
-                _, old = self._cache.popitem(last=False)
+                old = self._cache.popitem(last=False)[1]
                 self._cached_bytes -= sum(a.nbytes for a in old)
+                rows = old[0]
+                del old  # the tuple is gone unless a reader still holds it
+                self._recycle(rows)
+                del rows
         return entry
+
+    def _recycle(self, rows: np.ndarray) -> None:
+        """Keep an evicted padded group's ids buffer for the next decode (fresh memory costs a page fault per
+        4 kB) when nothing else holds it or a view of it: no served sample, no batch being gathered."""
+        flat = rows.base
+        # CPython up to 3.13 counts every reference: the caller's and this frame's `rows` and getrefcount's
+        # argument; `flat`: rows.base, this frame's and the argument (3.14 may count fewer: no reuse there)
+        if (self.fmt == pqf.PADDED and flat is not None and RECOUNT and sys.getrefcount(rows) == 3
+                and sys.getrefcount(flat) == 3):
+            self._spares = ([flat] + self._spares)[:2]
 
     def _read_group(self, handle: pq.ParquetFile, fi: int, g: int, columns: list[str], n: int) -> pa.Table:
         try:  # one column at a time: pyarrow's threads cost ~2x here
@@ -239,8 +257,10 @@ class ParquetRows:
         out = []
         for name in columns:
             dtype = np.dtype(schema.field(name).type.value_type.to_pandas_dtype())
+            with self._lock:
+                spare = self._spares.pop() if name == "input_ids" and self._spares else None
             try:
-                got = leaf_values(self.files[fi], meta, g, leaves.index(name), dtype)
+                got = leaf_values(self.files[fi], meta, g, leaves.index(name), dtype, spare)
             except OSError as e:
                 raise _corrupt(e, self.files[fi]) from None
             if got is None:
@@ -273,22 +293,19 @@ class ParquetRows:
         gids = np.searchsorted(self.first_row, rows, side="right") - 1
         local = (rows - self.first_row[gids]).tolist()
         ids = np.empty((len(rows), window), np.int64)
-        real = np.empty(len(rows), np.int64)
-        mask = None
+        decoded: list[tuple[int, np.ndarray]] = []  # (j, mask) of rows whose group's masks were decoded
         seen: dict[int, tuple] = {}
         for j, (g, i) in enumerate(zip(gids.tolist(), local)):
             e = seen.get(g)
             if e is None:
                 e = seen[g] = self.group(g)
             ids[j] = e[0][i, :window]
-            if e[1].ndim == 1:
-                real[j] = e[1][i]
-            else:  # masks decoded (files without the footer's row lengths)
-                mask = np.zeros((len(rows), window), bool) if mask is None else mask
-                real[j] = -1
-                mask[j] = e[1][i, :window]
-        prefix = np.arange(window) < real[:, None]
-        return ids, prefix if mask is None else np.where(real[:, None] < 0, mask, prefix)
+            if e[1].ndim == 2:  # files without the footer's row lengths
+                decoded.append((j, e[1][i, :window]))
+        mask = np.arange(window) < self.lengths[rows][:, None]  # the mask is the real tokens' prefix
+        for j, m in decoded:
+            mask[j] = m
+        return ids, mask
 
     def doc_slices(self, pieces: list[tuple[int, int, int]]) -> list[np.ndarray]:
         """Tokens [a, b) of each (document, a, b) piece: one vectorised lookup of the row groups for all."""

@@ -173,6 +173,38 @@ def test_padded_batches_gathered_at_once_equal_the_collated_samples(datasets, na
     assert kinds == {"padded": {1}, "padded-old": {2}, "mixed": {1, 2}}[name]
 
 
+def test_evicted_buffers_are_reused_only_when_nothing_holds_them(datasets, monkeypatch):
+    """An evicted row group's ids buffer is decoded into again (no fresh memory per decode), but never while a
+    served sample still views it."""
+    import pretok_lib.data.parquet_rows as pr
+
+    reused = []
+    real = pr.leaf_values
+    monkeypatch.setattr(pr, "leaf_values", lambda *a: (reused.append(a[-1] is not None), real(*a))[1])
+    src = make_source("pretok-padded", datasets[1]["padded"], 9, seed=1, order="block", block_groups=1, cache_mb=0)
+    src.ahead = None
+    held = [src.sample(0, k) for k in (0, 1)]  # views into their row groups' buffers
+    kept = [s.tokens.copy() for s in held]
+    want = stream(make_source("pretok-padded", datasets[1]["padded"], 9, seed=1, order="exact", cache_mb=0),
+                  epochs=(0,))
+    assert sorted(stream(src, epochs=(0,))) == sorted(want)  # the whole epoch: every group evicted at least once
+    assert sum(reused) > len(reused) // 2 and all(np.array_equal(s.tokens, k) for s, k in zip(held, kept))
+    rows = src.rows  # the rule itself: a buffer is kept for reuse only when nothing else holds it or a view
+    rows._cache.clear()
+    rows._spares = []
+    ids = rows.group(0)[0]
+    rows._cache.clear()
+    view = ids[0]  # a served sample's tokens
+    rows._recycle(ids)
+    others = [ids]  # the array itself held elsewhere (a batch being gathered)
+    del view
+    rows._recycle(ids)
+    assert rows._spares == []
+    del others
+    rows._recycle(ids)
+    assert len(rows._spares) == 1 and rows._spares[0] is ids.base
+
+
 @pytest.mark.parametrize("order", ["exact", "block"])
 @pytest.mark.parametrize("kind,fmt", [("pretok-padded", "padded"), ("pretok-token-list", "token-list")])
 @pytest.mark.parametrize("workers", [0, 2])
