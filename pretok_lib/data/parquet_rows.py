@@ -88,7 +88,7 @@ class ParquetRows:
         self._lock = threading.RLock()  # cache, handles and checks: shared with the read-ahead thread
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[int, Future] = {}
-        self._spares: list[np.ndarray] = []  # ids buffers of evicted padded groups, reused by the next decodes
+        self._spares: list[np.ndarray] = []  # ids buffers of evicted groups, reused by the next decodes
         self.decoded = 0  # row groups decoded by this process (for tests and benchmarks)
 
     def __getstate__(self) -> dict:
@@ -209,13 +209,17 @@ class ParquetRows:
             rows = flat[0].reshape(-1, L)
             # masks decoded, or (rows, real tokens per row): the mask is that prefix
             entry: tuple = (rows, flat[1].reshape(-1, L) != 0) if with_mask else (rows, self.lengths[lo : lo + n])
-        else:
-            ids = self._read_group(handle, fi, g, ["input_ids"], n).column("input_ids").combine_chunks()
-            offsets = ids.offsets.to_numpy().astype(np.int64)
-            if not np.array_equal(np.diff(offsets), self.lengths[lo : lo + n]):
-                raise PretokError(f"row group {g}: document lengths differ from the footer's "
-                                  f"'{pqf.DOC_LENGTHS_KEY}' (corrupt)", path)
-            entry = (ids.flatten().to_numpy(zero_copy_only=False), offsets - offsets[0])
+        else:  # documents: the values, cut by the lengths known since open (footer, or scanned)
+            offsets = np.concatenate([[0], np.cumsum(self.lengths[lo : lo + n])]).astype(np.int64)
+            values = self._values(handle, fi, g, "input_ids", int(offsets[-1]))
+            if values is None:
+                ids = self._read_group(handle, fi, g, ["input_ids"], n).column("input_ids").combine_chunks()
+                got = ids.offsets.to_numpy().astype(np.int64)
+                if not np.array_equal(got - got[0], offsets):
+                    raise PretokError(f"row group {g}: document lengths differ from the footer's "
+                                      f"'{pqf.DOC_LENGTHS_KEY}' (corrupt)", path)
+                values = ids.flatten().to_numpy(zero_copy_only=False)
+            entry = (values, offsets)
         with self._lock:
             if gid not in self._cache:
                 self._cache[gid] = entry
@@ -224,21 +228,23 @@ class ParquetRows:
             while self._cached_bytes > self.cache_bytes and len(self._cache) > self.min_groups:
                 old = self._cache.popitem(last=False)[1]
                 self._cached_bytes -= sum(a.nbytes for a in old)
-                rows = old[0]
+                ids = old[0]
                 del old  # the tuple is gone unless a reader still holds it
-                self._recycle(rows)
-                del rows
+                self._recycle(ids)
+                del ids
         return entry
 
-    def _recycle(self, rows: np.ndarray) -> None:
-        """Keep an evicted padded group's ids buffer for the next decode (fresh memory costs a page fault per
-        4 kB) when nothing else holds it or a view of it: no served sample, no batch being gathered."""
-        flat = rows.base
-        # CPython up to 3.13 counts every reference: the caller's and this frame's `rows` and getrefcount's
-        # argument; `flat`: rows.base, this frame's and the argument (3.14 may count fewer: no reuse there)
-        if (self.fmt == pqf.PADDED and flat is not None and RECOUNT and sys.getrefcount(rows) == 3
-                and sys.getrefcount(flat) == 3):
-            self._spares = ([flat] + self._spares)[:2]
+    def _recycle(self, ids: np.ndarray) -> None:
+        """Keep an evicted group's ids buffer for the next decode (fresh memory costs a page fault per 4 kB) when
+        nothing else holds it or a view of it: no served sample, no batch being gathered."""
+        owner = ids if ids.base is None else ids.base
+        # CPython up to 3.13 counts every reference: the caller's and this frame's `ids` and getrefcount's
+        # argument; `owner` (when ids is a view of it): ids.base, this frame's and the argument. 3.14 may count
+        # fewer: no reuse there.
+        if not (isinstance(owner, np.ndarray) and owner.flags.owndata):  # pyarrow's memory (read-only)
+            return
+        if RECOUNT and sys.getrefcount(ids) == 3 and (owner is ids or sys.getrefcount(owner) == 3):
+            self._spares = ([owner] + self._spares)[:2]
 
     def _read_group(self, handle: pq.ParquetFile, fi: int, g: int, columns: list[str], n: int) -> pa.Table:
         try:  # one column at a time: pyarrow's threads cost ~2x here
@@ -249,28 +255,29 @@ class ParquetRows:
             raise PretokError(f"row group {g} holds {t.num_rows} rows, its footer says {n}", self.files[fi])
         return t
 
-    def _padded_values(self, handle: pq.ParquetFile, fi: int, g: int, size: int, columns: list[str]) -> list:
-        """The values of these fixed-size-list columns of row group `g` (`size` each): straight from the pages
-        (`parquet_pages.py`, ~10x faster than Arrow's list rebuild), or through pyarrow for other layouts."""
+    def _values(self, handle: pq.ParquetFile, fi: int, g: int, name: str, size: int) -> np.ndarray | None:
+        """The `size` leaf values of list column `name` in row group `g`, straight from the pages
+        (`parquet_pages.py`: several times faster than Arrow's list rebuild), or None for a layout it does not
+        take. The ids are decoded into a spare buffer when there is one."""
         meta, schema = handle.metadata, handle.schema_arrow
-        leaves = [c.path.split(".")[0] for c in (meta.schema.column(i) for i in range(meta.num_columns))]
-        out = []
-        for name in columns:
-            dtype = np.dtype(schema.field(name).type.value_type.to_pandas_dtype())
-            with self._lock:
-                spare = self._spares.pop() if name == "input_ids" and self._spares else None
-            try:
-                got = leaf_values(self.files[fi], meta, g, leaves.index(name), dtype, spare)
-            except OSError as e:
-                raise _corrupt(e, self.files[fi]) from None
-            if got is None:
-                break
-            if len(got) != size:
-                raise PretokError(f"row group {g} holds {len(got)} values of '{name}', its footer says "
-                                  f"{size // self.contract['row_length']} rows of {self.contract['row_length']}",
-                                  self.files[fi])
-            out.append(got)
-        else:
+        leaves = [meta.schema.column(i).path.split(".")[0] for i in range(meta.num_columns)]
+        dtype = np.dtype(schema.field(name).type.value_type.to_pandas_dtype())
+        with self._lock:
+            spare = self._spares.pop() if name == "input_ids" and self._spares else None
+        try:
+            got = leaf_values(self.files[fi], meta, g, leaves.index(name), dtype, spare)
+        except OSError as e:
+            raise _corrupt(e, self.files[fi]) from None
+        if got is not None and len(got) != size:
+            raise PretokError(f"row group {g} holds {len(got)} values of '{name}', its footer says {size}",
+                              self.files[fi])
+        return got
+
+    def _padded_values(self, handle: pq.ParquetFile, fi: int, g: int, size: int, columns: list[str]) -> list:
+        """The values of these fixed-size-list columns of row group `g` (`size` each): from the pages, or through
+        pyarrow for other layouts."""
+        out = [self._values(handle, fi, g, name, size) for name in columns]
+        if all(v is not None for v in out):
             return out
         t = self._read_group(handle, fi, g, columns, size // self.contract["row_length"])
         return [t.column(c).combine_chunks().flatten().to_numpy(zero_copy_only=False) for c in columns]
