@@ -296,16 +296,20 @@ class ParquetRows:
 
     def padded_batch(self, rows: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows `rows` (global ids) gathered at once: ids (B, window) int64 and mask (B, window) bool."""
+        if self._pid != os.getpid():
+            self._reset()
         rows = np.asarray(rows, np.int64)
         gids = np.searchsorted(self.first_row, rows, side="right") - 1
         local = (rows - self.first_row[gids]).tolist()
         ids = np.empty((len(rows), window), np.int64)
         decoded: list[tuple[int, np.ndarray]] = []  # (j, mask) of rows whose group's masks were decoded
         seen: dict[int, tuple] = {}
+        cache = self._cache
         for j, (g, i) in enumerate(zip(gids.tolist(), local)):
             e = seen.get(g)
-            if e is None:
-                e = seen[g] = self.group(g)
+            if e is None:  # a plain look-up first (atomic; a hit keeps its LRU place: block order uses groups
+                # in the order they were decoded)
+                e = seen[g] = cache.get(g) or self.group(g)
             ids[j] = e[0][i, :window]
             if e[1].ndim == 2:  # files without the footer's row lengths
                 decoded.append((j, e[1][i, :window]))

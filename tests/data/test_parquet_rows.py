@@ -92,6 +92,26 @@ def test_same_stream_as_in_ram_readers_and_memmap(datasets, i, seq_len, seed, sh
         assert len(tl.rows._cache) <= tl.rows.min_groups == 2  # cache_mb=0: only the minimum is kept
 
 
+def test_layouts_the_page_reader_declines_are_read_through_pyarrow(datasets, monkeypatch):
+    """When `parquet_pages.leaf_values` declines a layout (None), the row groups are read with pyarrow: the same
+    stream (token lists with their offsets checked against the known lengths)."""
+    import pretok_lib.data.parquet_rows as pr
+
+    d, kw = datasets[0], dict(seed=2, shuffle=True)
+    want_pad = stream(InRamPaddedRows(d["padded"], 16, **kw), epochs=(0,))
+    want_tl = stream(InRamTokenList(d["token-list"], 16, **kw), epochs=(0,))
+    monkeypatch.setattr(pr, "leaf_values", lambda *a: None)
+    for name in ("padded", "padded-old"):
+        assert stream(make_source("pretok-padded", d[name], 16, cache_mb=0, order="exact", **kw), (0,)) == want_pad
+    for name in ("token-list", "token-list-old"):
+        src = make_source("pretok-token-list", d[name], 16, cache_mb=0, order="exact", **kw)
+        assert stream(src, (0,)) == want_tl
+    src.rows.lengths[3] += 1  # lengths that disagree with the file's offsets
+    src.rows._cache.clear()
+    with pytest.raises(PretokError, match="document lengths differ"):
+        stream(src, (0,))
+
+
 def test_footer_lengths_are_written_and_checked(datasets, tmp_path):
     d = datasets[0]
     import pyarrow.parquet as pq
