@@ -31,7 +31,9 @@ from .parquet_pages import leaf_values
 from .verify_open import stamp_covers, verify_files
 
 MAX_OPEN_FILES = 32
-RECOUNT = sys.implementation.name == "cpython" and sys.version_info < (3, 14)  # see _recycle
+# see _recycle: buffer reuse relies on CPython's exact reference counts under the GIL
+RECOUNT = (sys.implementation.name == "cpython" and sys.version_info < (3, 14)
+           and getattr(sys, "_is_gil_enabled", lambda: True)())
 
 
 def _corrupt(e: Exception, path: Path) -> PretokError:
@@ -240,7 +242,7 @@ class ParquetRows:
         owner = ids if ids.base is None else ids.base
         # CPython up to 3.13 counts every reference: the caller's and this frame's `ids` and getrefcount's
         # argument; `owner` (when ids is a view of it): ids.base, this frame's and the argument. 3.14 may count
-        # fewer: no reuse there.
+        # fewer, free-threaded builds differ: no reuse there.
         if not (isinstance(owner, np.ndarray) and owner.flags.owndata):  # pyarrow's memory (read-only)
             return
         if RECOUNT and sys.getrefcount(ids) == 3 and (owner is ids or sys.getrefcount(owner) == 3):
