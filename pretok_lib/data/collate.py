@@ -21,20 +21,35 @@ def collate(samples: Sequence[Sample], doc_aware: bool = False) -> dict:
     Counts: `tokens` (input slots), `padding_tokens`, `masked_tokens` (crossings), `effective_tokens` (labels
     that count). Samples of a mixture add `origin`: each row's dataset index (a tensor)."""
     tokens = np.stack([s.tokens for s in samples]).astype(np.int64, copy=False)
+    if samples[0].mask is not None:
+        out = collate_padded(tokens, np.stack([s.mask for s in samples]))
+    else:
+        out = _collate_packed(tokens, samples, doc_aware)
+    if samples[0].origin is not None:
+        out["origin"] = torch.tensor([s.origin for s in samples], dtype=torch.int64)
+    return out
+
+
+def collate_padded(tokens: np.ndarray, mask: np.ndarray) -> dict:
+    """Padded rows given as arrays, ids (B, W) int64 and mask (B, W) bool: the batch `collate` makes of them
+    (readers that gather a whole batch at once call this directly)."""
+    att, targets = mask[:, :-1], mask[:, 1:]
+    labels = np.where(targets, tokens[:, 1:], IGNORE)
+    return {"attention_mask": torch.from_numpy(att.astype(np.int64)),
+            "input_ids": torch.from_numpy(np.ascontiguousarray(tokens[:, :-1])), "labels": torch.from_numpy(labels),
+            "tokens": int(att.size), "padding_tokens": int(att.size - np.count_nonzero(att)), "masked_tokens": 0,
+            "effective_tokens": int(np.count_nonzero(targets))}  # ids are >= 0: no kept label is IGNORE
+
+
+def _collate_packed(tokens: np.ndarray, samples: Sequence[Sample], doc_aware: bool) -> dict:
     inputs, labels = tokens[:, :-1], tokens[:, 1:].copy()
     L = inputs.shape[1]
     out: dict = {}
-    padding = masked = 0
-    if samples[0].mask is not None:
-        mask = np.stack([s.mask for s in samples])
-        labels[~mask[:, 1:]] = IGNORE
-        padding = int((~mask[:, :-1]).sum())
-        out["attention_mask"] = torch.from_numpy(mask[:, :-1].astype(np.int64))
-    else:
-        for i, s in enumerate(samples):
-            cross = s.starts[s.starts <= L] - 1
-            labels[i, cross] = IGNORE
-            masked += len(cross)
+    masked = 0
+    for i, s in enumerate(samples):
+        cross = s.starts[s.starts <= L] - 1
+        labels[i, cross] = IGNORE
+        masked += len(cross)
     if doc_aware and samples[0].starts is not None:
         pos = np.empty_like(inputs)
         for i, s in enumerate(samples):
@@ -45,9 +60,7 @@ def collate(samples: Sequence[Sample], doc_aware: bool = False) -> dict:
             pos[i] = idx - base
         out["position_ids"] = torch.from_numpy(pos)
         out["doc_lens"] = [s.doc_lens.tolist() for s in samples]
-    if samples[0].origin is not None:
-        out["origin"] = torch.tensor([s.origin for s in samples], dtype=torch.int64)
     out.update(input_ids=torch.from_numpy(np.ascontiguousarray(inputs)), labels=torch.from_numpy(labels),
-               tokens=int(inputs.size), padding_tokens=padding, masked_tokens=masked,
+               tokens=int(inputs.size), padding_tokens=0, masked_tokens=masked,
                effective_tokens=int((labels != IGNORE).sum()))
     return out

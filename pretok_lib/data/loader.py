@@ -54,8 +54,12 @@ class ShardedBatches(IterableDataset):
         if self.source.streaming:
             yield from self._stream(shard, pos)
             return
+        gather = getattr(self.source, "batch", None)  # a source that collates a whole batch at once
         for step, first, last in my_steps(self.source.num_samples, pos, shard):
-            batch = collate([self.source.sample(pos.epoch, k) for k in range(first, last)], self.doc_aware)
+            if gather is not None:
+                batch = gather(pos.epoch, first, last)
+            else:
+                batch = collate([self.source.sample(pos.epoch, k) for k in range(first, last)], self.doc_aware)
             yield dict(batch, step=step, epoch=pos.epoch)
 
     def _stream(self, shard: Shard, pos: Position) -> Iterator[dict]:

@@ -14,6 +14,7 @@ the part is first touched (before any of its rows is served) — unless the file
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,9 +27,13 @@ import pyarrow.parquet as pq
 from ..errors import PretokError
 from ..formats import checksum
 from ..formats import parquet as pqf
+from .parquet_pages import leaf_values
 from .verify_open import stamp_covers, verify_files
 
 MAX_OPEN_FILES = 32
+# see _recycle: buffer reuse relies on CPython's exact reference counts under the GIL
+RECOUNT = (sys.implementation.name == "cpython" and sys.version_info < (3, 14)
+           and getattr(sys, "_is_gil_enabled", lambda: True)())
 
 
 def _corrupt(e: Exception, path: Path) -> PretokError:
@@ -85,12 +90,14 @@ class ParquetRows:
         self._lock = threading.RLock()  # cache, handles and checks: shared with the read-ahead thread
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[int, Future] = {}
+        self._spares: list[np.ndarray] = []  # ids buffers of evicted groups, reused by the next decodes
         self.decoded = 0  # row groups decoded by this process (for tests and benchmarks)
 
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_pool", "_pending")}
         for k in ("_cache", "_handles"):
             state[k] = OrderedDict()
+        state["_spares"] = []
         state["_cached_bytes"] = 0
         return state
 
@@ -195,40 +202,87 @@ class ParquetRows:
             fi, g = int(self.group_file[gid]), int(self.group_index[gid])
             self._check(fi)
             handle = self._handle(fi)
-        with_mask = self.fmt == pqf.PADDED and not self.mask_from_lengths[fi]
-        try:
-            t = handle.read_row_group(g, columns=["input_ids", "attention_mask"] if with_mask else ["input_ids"])
-        except (OSError, pa.ArrowException) as e:
-            raise _corrupt(e, self.files[fi]) from None
         n, path = int(self.group_rows[gid]), self.files[fi]
-        if t.num_rows != n:
-            raise PretokError(f"row group {g} holds {t.num_rows} rows, its footer says {n}", path)
-        ids = t.column("input_ids").combine_chunks()
+        lo = int(self.first_row[gid])
         if self.fmt == pqf.PADDED:
+            with_mask = not self.mask_from_lengths[fi]
             L = self.contract["row_length"]
-            rows = ids.flatten().to_numpy(zero_copy_only=False).reshape(-1, L)
-            if with_mask:
-                mask = t.column("attention_mask").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-                entry: tuple = (rows, mask.reshape(-1, L) != 0)
-            else:  # (rows, real tokens per row): the mask is that prefix
-                lo = int(self.first_row[gid])
-                entry = (rows, self.lengths[lo : lo + n])
-        else:
-            offsets = ids.offsets.to_numpy().astype(np.int64)
-            lo = int(self.first_row[gid])
-            if not np.array_equal(np.diff(offsets), self.lengths[lo : lo + n]):
-                raise PretokError(f"row group {g}: document lengths differ from the footer's "
-                                  f"'{pqf.DOC_LENGTHS_KEY}' (corrupt)", path)
-            entry = (ids.flatten().to_numpy(zero_copy_only=False), offsets - offsets[0])
+            flat = self._padded_values(handle, fi, g, n * L, ["input_ids", "attention_mask"][: 1 + with_mask])
+            rows = flat[0].reshape(-1, L)
+            # masks decoded, or (rows, real tokens per row): the mask is that prefix
+            entry: tuple = (rows, flat[1].reshape(-1, L) != 0) if with_mask else (rows, self.lengths[lo : lo + n])
+        else:  # documents: the values, cut by the lengths known since open (footer, or scanned)
+            offsets = np.concatenate([[0], np.cumsum(self.lengths[lo : lo + n])]).astype(np.int64)
+            values = self._values(handle, fi, g, "input_ids", int(offsets[-1]))
+            if values is None:
+                ids = self._read_group(handle, fi, g, ["input_ids"], n).column("input_ids").combine_chunks()
+                got = ids.offsets.to_numpy().astype(np.int64)
+                if not np.array_equal(got - got[0], offsets):
+                    raise PretokError(f"row group {g}: document lengths differ from the footer's "
+                                      f"'{pqf.DOC_LENGTHS_KEY}' (corrupt)", path)
+                values = ids.flatten().to_numpy(zero_copy_only=False)
+            entry = (values, offsets)
         with self._lock:
             if gid not in self._cache:
                 self._cache[gid] = entry
                 self._cached_bytes += sum(a.nbytes for a in entry)
                 self.decoded += 1
             while self._cached_bytes > self.cache_bytes and len(self._cache) > self.min_groups:
-                _, old = self._cache.popitem(last=False)
+                old = self._cache.popitem(last=False)[1]
                 self._cached_bytes -= sum(a.nbytes for a in old)
+                ids = old[0]
+                del old  # the tuple is gone unless a reader still holds it
+                self._recycle(ids)
+                del ids
         return entry
+
+    def _recycle(self, ids: np.ndarray) -> None:
+        """Keep an evicted group's ids buffer for the next decode (fresh memory costs a page fault per 4 kB) when
+        nothing else holds it or a view of it: no served sample, no batch being gathered."""
+        owner = ids if ids.base is None else ids.base
+        # CPython up to 3.13 counts every reference: the caller's and this frame's `ids` and getrefcount's
+        # argument; `owner` (when ids is a view of it): ids.base, this frame's and the argument. 3.14 may count
+        # fewer, free-threaded builds differ: no reuse there.
+        if not (isinstance(owner, np.ndarray) and owner.flags.owndata):  # pyarrow's memory (read-only)
+            return
+        if RECOUNT and sys.getrefcount(ids) == 3 and (owner is ids or sys.getrefcount(owner) == 3):
+            self._spares = ([owner] + self._spares)[:2]
+
+    def _read_group(self, handle: pq.ParquetFile, fi: int, g: int, columns: list[str], n: int) -> pa.Table:
+        try:  # one column at a time: pyarrow's threads cost ~2x here
+            t = handle.read_row_group(g, columns=columns, use_threads=False)
+        except (OSError, pa.ArrowException) as e:
+            raise _corrupt(e, self.files[fi]) from None
+        if t.num_rows != n:
+            raise PretokError(f"row group {g} holds {t.num_rows} rows, its footer says {n}", self.files[fi])
+        return t
+
+    def _values(self, handle: pq.ParquetFile, fi: int, g: int, name: str, size: int) -> np.ndarray | None:
+        """The `size` leaf values of list column `name` in row group `g`, straight from the pages
+        (`parquet_pages.py`: several times faster than Arrow's list rebuild), or None for a layout it does not
+        take. The ids are decoded into a spare buffer when there is one."""
+        meta, schema = handle.metadata, handle.schema_arrow
+        leaves = [meta.schema.column(i).path.split(".")[0] for i in range(meta.num_columns)]
+        dtype = np.dtype(schema.field(name).type.value_type.to_pandas_dtype())
+        with self._lock:
+            spare = self._spares.pop() if name == "input_ids" and self._spares else None
+        try:
+            got = leaf_values(self.files[fi], meta, g, leaves.index(name), dtype, spare)
+        except OSError as e:
+            raise _corrupt(e, self.files[fi]) from None
+        if got is not None and len(got) != size:
+            raise PretokError(f"row group {g} holds {len(got)} values of '{name}', its footer says {size}",
+                              self.files[fi])
+        return got
+
+    def _padded_values(self, handle: pq.ParquetFile, fi: int, g: int, size: int, columns: list[str]) -> list:
+        """The values of these fixed-size-list columns of row group `g` (`size` each): from the pages, or through
+        pyarrow for other layouts."""
+        out = [self._values(handle, fi, g, name, size) for name in columns]
+        if all(v is not None for v in out):
+            return out
+        t = self._read_group(handle, fi, g, columns, size // self.contract["row_length"])
+        return [t.column(c).combine_chunks().flatten().to_numpy(zero_copy_only=False) for c in columns]
 
     def locate(self, row: int) -> tuple[int, int]:
         """(row group id, row within it) of global row `row`."""
@@ -241,6 +295,30 @@ class ParquetRows:
         if mask.ndim == 1:
             return rows[i, :window], np.arange(window) < mask[i]
         return rows[i, :window], mask[i, :window]
+
+    def padded_batch(self, rows: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows `rows` (global ids) gathered at once: ids (B, window) int64 and mask (B, window) bool."""
+        if self._pid != os.getpid():
+            self._reset()
+        rows = np.asarray(rows, np.int64)
+        gids = np.searchsorted(self.first_row, rows, side="right") - 1
+        local = (rows - self.first_row[gids]).tolist()
+        ids = np.empty((len(rows), window), np.int64)
+        decoded: list[tuple[int, np.ndarray]] = []  # (j, mask) of rows whose group's masks were decoded
+        seen: dict[int, tuple] = {}
+        cache = self._cache
+        for j, (g, i) in enumerate(zip(gids.tolist(), local)):
+            e = seen.get(g)
+            if e is None:  # a plain look-up first (atomic; a hit keeps its LRU place: block order uses groups
+                # in the order they were decoded)
+                e = seen[g] = cache.get(g) or self.group(g)
+            ids[j] = e[0][i, :window]
+            if e[1].ndim == 2:  # files without the footer's row lengths
+                decoded.append((j, e[1][i, :window]))
+        mask = np.arange(window) < self.lengths[rows][:, None]  # the mask is the real tokens' prefix
+        for j, m in decoded:
+            mask[j] = m
+        return ids, mask
 
     def doc_slices(self, pieces: list[tuple[int, int, int]]) -> list[np.ndarray]:
         """Tokens [a, b) of each (document, a, b) piece: one vectorised lookup of the row groups for all."""

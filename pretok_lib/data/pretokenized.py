@@ -18,6 +18,7 @@ from ..datapaths import window
 from ..errors import PretokError
 from ..formats.manifest import read_manifest
 from ..formats.memmap import MemmapDataset
+from .collate import collate_padded
 from .order import ORDERS, block_permutation, block_windows, epoch_permutation
 from .packing import PackedIndex, Sample, assemble, boundaries
 from .parquet_rows import ParquetRows
@@ -69,15 +70,16 @@ class BlockReadAhead:
         self.epoch: int | None = None
         self.window = -1
 
-    def at(self, epoch: int, position: int) -> None:
-        """The stream is at row `position` of `epoch`'s order."""
+    def at(self, epoch: int, position: int, last: int | None = None) -> None:
+        """The stream is at row `position` of `epoch`'s order (or at rows [position, last) at once)."""
         if epoch != self.epoch:
             self.epoch, self.window = epoch, -1
             self.groups, self.starts = block_windows(self.rows.group_rows, self.seed, epoch, self.shuffle, self.block)
         w = int(np.searchsorted(self.starts, position, side="right")) - 1
-        if w != self.window:
-            self.window = w
-            self.rows.prefetch(self.groups[w * self.block : (w + 2) * self.block])
+        end = w if last is None else int(np.searchsorted(self.starts, last - 1, side="right")) - 1
+        if end != self.window:
+            self.window = end
+            self.rows.prefetch(self.groups[w * self.block : (end + 2) * self.block])
 
 
 class PaddedRows(_ParquetOrder):
@@ -113,6 +115,13 @@ class PaddedRows(_ParquetOrder):
             self.ahead.at(epoch, k)
         ids, mask = self.rows.padded_row(int(self.permutation(epoch)[k]), self.window)
         return Sample(ids, mask=mask)
+
+    def batch(self, epoch: int, first: int, last: int) -> dict:
+        """Order positions [first, last) gathered and collated at once: the same batch as `collate` of
+        `sample(epoch, k)` for each k (what `ShardedBatches` asks of a source that has this)."""
+        if self.ahead is not None:
+            self.ahead.at(epoch, first, last)
+        return collate_padded(*self.rows.padded_batch(self.permutation(epoch)[first:last], self.window))
 
     def permutation(self, epoch: int) -> np.ndarray:
         """Global row ids in the epoch's order."""

@@ -10,8 +10,10 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from pretok_lib.data import make_loader, make_source
+from pretok_lib.data.collate import collate
 from pretok_lib.data.inram import InRamPaddedRows, InRamTokenList
 from pretok_lib.data.loader import ShardedBatches
 from pretok_lib.data.order import block_permutation, epoch_permutation
@@ -90,6 +92,26 @@ def test_same_stream_as_in_ram_readers_and_memmap(datasets, i, seq_len, seed, sh
         assert len(tl.rows._cache) <= tl.rows.min_groups == 2  # cache_mb=0: only the minimum is kept
 
 
+def test_layouts_the_page_reader_declines_are_read_through_pyarrow(datasets, monkeypatch):
+    """When `parquet_pages.leaf_values` declines a layout (None), the row groups are read with pyarrow: the same
+    stream (token lists with their offsets checked against the known lengths)."""
+    import pretok_lib.data.parquet_rows as pr
+
+    d, kw = datasets[0], dict(seed=2, shuffle=True)
+    want_pad = stream(InRamPaddedRows(d["padded"], 16, **kw), epochs=(0,))
+    want_tl = stream(InRamTokenList(d["token-list"], 16, **kw), epochs=(0,))
+    monkeypatch.setattr(pr, "leaf_values", lambda *a: None)
+    for name in ("padded", "padded-old"):
+        assert stream(make_source("pretok-padded", d[name], 16, cache_mb=0, order="exact", **kw), (0,)) == want_pad
+    for name in ("token-list", "token-list-old"):
+        src = make_source("pretok-token-list", d[name], 16, cache_mb=0, order="exact", **kw)
+        assert stream(src, (0,)) == want_tl
+    src.rows.lengths[3] += 1  # lengths that disagree with the file's offsets
+    src.rows._cache.clear()
+    with pytest.raises(PretokError, match="document lengths differ"):
+        stream(src, (0,))
+
+
 def test_footer_lengths_are_written_and_checked(datasets, tmp_path):
     d = datasets[0]
     import pyarrow.parquet as pq
@@ -146,6 +168,61 @@ def test_block_order_reads_each_row_group_about_once_per_epoch(datasets, kind, f
     ahead = make_source(kind, d[fmt], 7, order="block", block_groups=4, cache_mb=0)
     assert stream(ahead, epochs=(0,)) == got and ahead.rows.decoded <= 2 * groups + 8  # however the thread runs
     assert ex.rows.decoded > 3 * groups  # the exact order thrashes a cache this small
+
+
+@pytest.mark.parametrize("name", ["padded", "padded-old", "mixed"])
+@pytest.mark.parametrize("order,block", [("block", 1), ("block", 3), ("exact", 16)])
+def test_padded_batches_gathered_at_once_equal_the_collated_samples(datasets, name, order, block):
+    """`PaddedRows.batch` (what the loader asks for) is `collate` of `sample` for every k, with masks from the
+    footer's row lengths, decoded (older files) or both in one batch (parts of either kind merged); batches
+    of 5 rows cross windows of 1 or 3 row groups and parts."""
+    src = make_source("pretok-padded", datasets[1]["padded-old" if name == "padded-old" else "padded"], 9,
+                      seed=4, order=order, block_groups=block, cache_mb=0)
+    if name == "mixed":  # the first part as if written before footers held row lengths
+        src.rows.mask_from_lengths[0] = False
+    kinds, group = set(), src.rows.group  # the row groups the batches read: masks decoded (2-d) or lengths (1-d)
+    src.rows.group = lambda g: (lambda e: (kinds.add(e[1].ndim), e)[1])(group(g))
+    for epoch in (0, 1):
+        for first in range(0, src.num_samples - 5, 5):
+            got = src.batch(epoch, first, first + 5)
+            want = collate([src.sample(epoch, k) for k in range(first, first + 5)])
+            assert list(got) == list(want)
+            for key, v in want.items():
+                assert (v.tolist() if isinstance(v, torch.Tensor) else v) == \
+                    (got[key].tolist() if isinstance(got[key], torch.Tensor) else got[key]), (epoch, first, key)
+    assert kinds == {"padded": {1}, "padded-old": {2}, "mixed": {1, 2}}[name]
+
+
+def test_evicted_buffers_are_reused_only_when_nothing_holds_them(datasets, monkeypatch):
+    """An evicted row group's ids buffer is decoded into again (no fresh memory per decode), but never while a
+    served sample still views it."""
+    import pretok_lib.data.parquet_rows as pr
+
+    reused = []
+    real = pr.leaf_values
+    monkeypatch.setattr(pr, "leaf_values", lambda *a: (reused.append(a[-1] is not None), real(*a))[1])
+    src = make_source("pretok-padded", datasets[1]["padded"], 9, seed=1, order="block", block_groups=1, cache_mb=0)
+    src.ahead = None
+    held = [src.sample(0, k) for k in (0, 1)]  # views into their row groups' buffers
+    kept = [s.tokens.copy() for s in held]
+    want = stream(make_source("pretok-padded", datasets[1]["padded"], 9, seed=1, order="exact", cache_mb=0),
+                  epochs=(0,))
+    assert sorted(stream(src, epochs=(0,))) == sorted(want)  # the whole epoch: every group evicted at least once
+    assert sum(reused) > len(reused) // 2 and all(np.array_equal(s.tokens, k) for s, k in zip(held, kept))
+    rows = src.rows  # the rule itself: a buffer is kept for reuse only when nothing else holds it or a view
+    rows._cache.clear()
+    rows._spares = []
+    ids = rows.group(0)[0]
+    rows._cache.clear()
+    view = ids[0]  # a served sample's tokens
+    rows._recycle(ids)
+    others = [ids]  # the array itself held elsewhere (a batch being gathered)
+    del view
+    rows._recycle(ids)
+    assert rows._spares == []
+    del others
+    rows._recycle(ids)
+    assert len(rows._spares) == 1 and rows._spares[0] is ids.base
 
 
 @pytest.mark.parametrize("order", ["exact", "block"])
