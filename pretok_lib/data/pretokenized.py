@@ -93,8 +93,16 @@ class PaddedRows(_ParquetOrder):
     def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None,
                  verify_on_open: bool = False, order: str = "block", block_groups: int = BLOCK_GROUPS,
                  cache_mb: float = CACHE_MB):
-        """`verify_on_open`: check every part against the manifest now (stamped: once per change of the files)
-        instead of each part when this process first reads it."""
+        """Open a padded dataset, checked against its manifest.
+
+        Args:
+            path: the `pretok tokenize` output dir; seq_len: tokens per sample (<= its rows' seq_len).
+            seed, shuffle: the global order; tokenizer_fingerprint: refuse another tokenizer's data (None: any).
+            verify_on_open: check every part against the manifest now (stamped: once per change of the files)
+                instead of each part when this process first reads it.
+            order, block_groups: "block" (row groups shuffled `block_groups` at a time) or "exact".
+            cache_mb: decoded row groups kept per process.
+        """
         self.path, self.m = Path(path), open_checked(path, "padded", tokenizer_fingerprint)
         self.order, self.block_groups = _order_args(order, block_groups)
         row, self.window = self.m["policy"]["row_length"], window(seq_len)
@@ -174,7 +182,7 @@ class TokenListPacked(_ParquetOrder, _Packed):
     def __init__(self, path, seq_len: int, seed: int = 0, shuffle: bool = True, tokenizer_fingerprint=None,
                  verify_on_open: bool = False, order: str = "block", block_groups: int = BLOCK_GROUPS,
                  cache_mb: float = CACHE_MB):
-        """`verify_on_open`: as for `PaddedRows`."""
+        """Open a token-list dataset, checked against its manifest. Args: as for `PaddedRows`."""
         self.path, self.m = Path(path), open_checked(path, "token-list", tokenizer_fingerprint)
         self.order, self.block_groups = _order_args(order, block_groups)
         self.rows = ParquetRows(self.path, self.m, "token-list", cache_mb=cache_mb, verify_on_open=verify_on_open,
