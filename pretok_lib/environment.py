@@ -55,8 +55,8 @@ def cpu_flags() -> set[str]:
 
 
 def environment() -> dict:
-    """Python, platform, CPU model, host, CPUs this process may use, the installed versions of `PACKAGES`, the git commit
-    and the SLURM job, if any."""
+    """Python, platform, CPU model, host, CPUs this process may use, the installed versions of `PACKAGES`, the git
+    commit and the SLURM job, if any."""
     import importlib.metadata  # here, not at import: ~15 ms that every worker would pay
 
     versions = {}
@@ -67,4 +67,5 @@ def environment() -> dict:
             pass
     return {"python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
             "cpu_model": cpu_model(), "hostname": socket.gethostname(), "cpus": len(os.sched_getaffinity(0)),
-            "packages": versions, "git_commit": git_commit(), "slurm": {k: v for k, v in os.environ.items() if k in SLURM_VARS}}
+            "packages": versions, "git_commit": git_commit(),
+            "slurm": {k: v for k, v in os.environ.items() if k in SLURM_VARS}}

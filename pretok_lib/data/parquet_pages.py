@@ -116,7 +116,8 @@ def _levels_v1(body: memoryview, max_rep: int, max_def: int) -> int:
 def leaf_values(path: Path, meta: pq.FileMetaData, group: int, column: int, dtype: np.dtype,
                 spare: np.ndarray | None = None) -> np.ndarray | None:
     """All values of leaf column `column` in row group `group`, in order, as `dtype` (written into `spare` when
-    it has that type and at least that size: a view of it is returned); None for a layout this reader does not take (the caller then uses pyarrow)."""
+    it has that type and at least that size: a view of it is returned); None for a layout this reader does not
+    take (the caller then uses pyarrow)."""
     chunk = meta.row_group(group).column(column)
     leaf = meta.schema.column(column)
     codec = CODECS.get(chunk.compression, "?")
