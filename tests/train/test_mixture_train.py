@@ -18,7 +18,7 @@ from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 from pretok_lib.train.config import load_config
 
 from ..conftest import CL100K_JSON, GPT2_JSON, WIKI_FR
-from .conftest import SEQ, records, run_cli, tiny_overrides
+from .conftest import SEQ, records, run_cli, run_here, tiny_overrides
 
 WEIGHTS = (0.25, 0.75)
 
@@ -47,7 +47,7 @@ def _overrides(train_data, second, runs, **extra) -> list[str]:
 
 def test_two_ranks_and_an_elastic_resume_see_the_one_rank_mixture(train_data, second, tmp_path, capsys):
     base = _overrides(train_data, second, tmp_path, **{"train.steps": 4, "checkpoint.every": 2})
-    run_cli(base + ["run.id=one", "data.micro_batch=8"])
+    run_here(base + ["run.id=one", "data.micro_batch=8"])
     run_cli(base + ["run.id=two", "data.micro_batch=4"], nproc=2)
     one, two = records(tmp_path / "one"), records(tmp_path / "two")
     blend = Blend(WEIGHTS)
@@ -62,8 +62,8 @@ def test_two_ranks_and_an_elastic_resume_see_the_one_rank_mixture(train_data, se
     el = tmp_path / "elastic"
     shutil.copytree(tmp_path / "two" / "checkpoints" / "step_00000002", el / "checkpoints" / "step_00000002")
     shutil.copy(tmp_path / "two" / "metrics.jsonl", el / "metrics.jsonl")
-    p = run_cli(base + ["run.id=elastic", "data.micro_batch=8"])
-    assert "resumed from" in p.stderr
+    run_here(base + ["run.id=elastic", "data.micro_batch=8"])
+    assert "resumed from" in capsys.readouterr().err
     assert [[r[k] for k in keys] for r in records(el)] == [[r[k] for k in keys] for r in one]
     assert [r["loss"] for r in records(el)] == pytest.approx([r["loss"] for r in one], rel=1e-4)
     # resuming that checkpoint on another mixture is refused: one line, exit 2
