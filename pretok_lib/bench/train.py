@@ -83,10 +83,11 @@ def run_path(kind: str, data_path: str, tok: str, a: TrainBench, runs: Path) -> 
                  f"data.path={data_path}", f"data.tokenizer={tok}", f"data.seq_len={a.seq_len}",
                  f"data.micro_batch={a.micro_batch}", f"data.num_workers={a.num_workers}",
                  f"train.steps={a.steps}", f"train.precision={a.precision}", "checkpoint.every=0",
-                 "log.tensorboard=false", "eval.path=null", *a.set]
+                 "log.tensorboard=false", "eval.path=null"]
     if a.config is None:
         overrides += ["model.hidden_size=128", "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2",
                       "train.lr=1e-3"]
+    overrides += a.set  # last: --set overrides the defaults above
     cmd = [sys.executable, "-m", "pretok_lib.train", *(["--config", a.config] if a.config else []), *overrides]
     print(f"  {kind}: {' '.join(cmd[3:])}", flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})

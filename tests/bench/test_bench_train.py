@@ -24,7 +24,7 @@ def test_bench_train_smoke(tmp_path: Path, shared_data: Path, capsys) -> None:
     add_args(p)
     args = p.parse_args(["--corpus", str(corpus), "--tokenizer", str(GPT2_JSON), "--workdir", str(tmp_path / "w"),
                          "--steps", "4", "--skip", "1", "--seq-len", "256", "--micro-batch", "4",
-                         "--set", "model.hidden_size=64", "--json", str(out)])
+                         "--set", "model.hidden_size=64", "checkpoint.export=false", "--json", str(out)])
     main(args)
     res = json.loads(out.read_text())
     assert list(res["results"]) == list(KINDS)

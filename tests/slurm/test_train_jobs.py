@@ -21,6 +21,9 @@ from ..conftest import PYDOCS_JSONL, ROOT
 from .helpers import SLURM, job_logs, scontrol_job, wait_ok
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+# The stopped runs: a stop signal is sent after step 5 and handled within ~10 steps (~0.3 s here); what is left
+# (~190 steps, ~5 s) runs after the resume.
+STEPS_STOPPED = 200
 
 if not (ROOT / "pretok_lib" / "train" / "__main__.py").exists():
     pytest.skip("pretok_lib.train is not there yet", allow_module_level=True)
@@ -66,7 +69,7 @@ def test_ddp_job_completes(slurm_cluster, train_config, tmp_path):
 
 
 def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster, train_config, tmp_path):
-    steps = 600
+    steps = STEPS_STOPPED
     args = ["--config", str(train_config), "run.id=requeue", f"train.steps={steps}", "checkpoint.every=1000"]
     job = slurm.submit(SLURM / "train.sbatch", args, ntasks_per_node=2, cwd=tmp_path)
     run = train_config.parent / "runs" / "requeue"
@@ -90,7 +93,7 @@ def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster, train_config, tmp_
 def test_srun_backend_scancel_then_resubmit_resumes(slurm_cluster, train_config, tmp_path):
     """PRETOK_LAUNCH_BACKEND=srun (one srun task per rank); a plain scancel (SIGTERM) checkpoints and ends the
     job; submitting the same run.id again resumes from that checkpoint."""
-    steps = 600
+    steps = STEPS_STOPPED
     args = ["--config", str(train_config), "run.id=scancel", f"train.steps={steps}", "checkpoint.every=1000"]
     env = {"PRETOK_LAUNCH_BACKEND": "srun"}
     first = slurm.submit(SLURM / "train.sbatch", args, ntasks_per_node=2, env=env, cwd=tmp_path)

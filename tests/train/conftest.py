@@ -73,6 +73,21 @@ def run_cli(overrides: list[str], nproc: int = 1, check: bool = True, timeout: f
     return p
 
 
+def run_here(overrides: list[str]) -> None:
+    """The run of `overrides` in this process (no interpreter start), on one thread like run_cli's ranks."""
+    import torch
+
+    from pretok_lib.train.config import load_config
+    from pretok_lib.train.run import train
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert train(load_config(None, overrides)) == 0
+    finally:
+        torch.set_num_threads(threads)
+
+
 def records(run_dir: Path, kind: str = "train") -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["kind"] == kind]

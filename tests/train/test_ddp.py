@@ -9,14 +9,14 @@ import sys
 import pytest
 
 from ..conftest import ROOT
-from .conftest import records, run_cli, tiny_overrides
+from .conftest import records, run_cli, run_here, tiny_overrides
 
 
 @pytest.mark.parametrize("kind", ["pretok-memmap", "pretok-padded"])
 def test_two_ranks_equal_one_rank_with_the_same_global_batch(kind, train_data, tmp_path):
     base = tiny_overrides(train_data, tmp_path, kind, **{"train.steps": 3, "eval.path": train_data.val,
                                                           "eval.every": 3, "eval.batches": 2})
-    run_cli(base + ["run.id=one", "data.micro_batch=8"])
+    run_here(base + ["run.id=one", "data.micro_batch=8"])
     run_cli(base + ["run.id=two", "data.micro_batch=4"], nproc=2)
     one, two = records(tmp_path / "one"), records(tmp_path / "two")
     info = json.loads((tmp_path / "two" / "run.json").read_text())

@@ -23,7 +23,7 @@ from pretok_lib.data import make_dataset, make_loader
 from pretok_lib.train.loop import forward_loss_sum
 
 from ..conftest import GPT2_JSON, ROOT, WIKI_EN, tiny_memmap
-from .conftest import SEQ, records, run_cli, tiny_overrides
+from .conftest import SEQ, records, run_cli, run_here, tiny_overrides
 
 EVAL = {"eval.every": 3, "eval.batches": 2, "train.steps": 3}
 
@@ -33,7 +33,7 @@ def runs(train_data, tmp_path_factory) -> Path:
     """`one`: 1 rank, micro_batch 8; `two`: 2 gloo ranks, micro_batch 4 (the same global batch); both export."""
     base = tmp_path_factory.mktemp("export-runs")
     overrides = tiny_overrides(train_data, base, **{"eval.path": train_data.val, **EVAL})
-    run_cli(overrides + ["run.id=one", "data.micro_batch=8"])
+    run_here(overrides + ["run.id=one", "data.micro_batch=8"])
     run_cli(overrides + ["run.id=two", "data.micro_batch=4"], nproc=2)
     return base
 
@@ -239,7 +239,7 @@ def small_run(tmp_path_factory) -> Path:
     args = ["run.id=s", f"data.path={memmap}", f"data.seq_len={SEQ}", "data.micro_batch=4", "train.steps=2",
             "train.precision=fp32", "model.hidden_size=64", "log.tensorboard=false", "checkpoint.every=0"]
     (base / "args.txt").write_text("\n".join(args))
-    run_cli([f"run.dir={base}", *args])
+    run_here([f"run.dir={base}", *args])
     return base / "s"
 
 
@@ -275,7 +275,7 @@ def test_a_full_disk_during_the_end_of_run_export_fails_the_run_and_a_rerun_expo
     size = (run_pages + _pages(small_run / "hf") // 2 + 2) * 4096
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=True)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)                 # as the subprocess that trained small_run: the same weights
+    torch.set_num_threads(1)                 # as small_run was trained (run_here): the same weights
     try:
         capsys.readouterr()
         assert main(["train", *args, f"run.dir={mnt}"]) == 1

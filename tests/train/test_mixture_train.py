@@ -11,13 +11,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pretok_lib.cli import main as cli_main
 from pretok_lib.data.blend import Blend
 from pretok_lib.errors import PretokError
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 from pretok_lib.train.config import load_config
 
 from ..conftest import CL100K_JSON, GPT2_JSON, WIKI_FR
-from .conftest import SEQ, records, run_cli, tiny_overrides
+from .conftest import SEQ, records, run_cli, run_here, tiny_overrides
 
 WEIGHTS = (0.25, 0.75)
 
@@ -44,9 +45,9 @@ def _overrides(train_data, second, runs, **extra) -> list[str]:
     return o + [_mix(train_data, second)]
 
 
-def test_two_ranks_and_an_elastic_resume_see_the_one_rank_mixture(train_data, second, tmp_path):
+def test_two_ranks_and_an_elastic_resume_see_the_one_rank_mixture(train_data, second, tmp_path, capsys):
     base = _overrides(train_data, second, tmp_path, **{"train.steps": 4, "checkpoint.every": 2})
-    run_cli(base + ["run.id=one", "data.micro_batch=8"])
+    run_here(base + ["run.id=one", "data.micro_batch=8"])
     run_cli(base + ["run.id=two", "data.micro_batch=4"], nproc=2)
     one, two = records(tmp_path / "one"), records(tmp_path / "two")
     blend = Blend(WEIGHTS)
@@ -61,25 +62,26 @@ def test_two_ranks_and_an_elastic_resume_see_the_one_rank_mixture(train_data, se
     el = tmp_path / "elastic"
     shutil.copytree(tmp_path / "two" / "checkpoints" / "step_00000002", el / "checkpoints" / "step_00000002")
     shutil.copy(tmp_path / "two" / "metrics.jsonl", el / "metrics.jsonl")
-    p = run_cli(base + ["run.id=elastic", "data.micro_batch=8"])
-    assert "resumed from" in p.stderr
+    run_here(base + ["run.id=elastic", "data.micro_batch=8"])
+    assert "resumed from" in capsys.readouterr().err
     assert [[r[k] for k in keys] for r in records(el)] == [[r[k] for k in keys] for r in one]
     assert [r["loss"] for r in records(el)] == pytest.approx([r["loss"] for r in one], rel=1e-4)
     # resuming that checkpoint on another mixture is refused: one line, exit 2
     other = tmp_path / "other"
     shutil.copytree(tmp_path / "two" / "checkpoints" / "step_00000002", other / "checkpoints" / "step_00000002")
     o = [x for x in base if not x.startswith("data.mixture=")] + [_mix(train_data, second, (0.5, 0.5))]
-    p = run_cli(o + ["run.id=other"], check=False)
-    err = p.stderr.strip().splitlines()[-1]
-    assert p.returncode == 2 and "another data order (differs in: mixture)" in err
+    rc = cli_main(["train", *o, "run.id=other"])  # in this process: `pretok train`'s exit status and error line
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2 and "another data order (differs in: mixture)" in err
     assert json.loads((other / "run.json").read_text())["status"] == "failed"
 
 
-def test_mixing_tokenizers_is_refused_naming_the_manifest(train_data, second, tmp_path):
+def test_mixing_tokenizers_is_refused_naming_the_manifest(train_data, second, tmp_path, capsys):
     o = [x for x in _overrides(train_data, second, tmp_path) if not x.startswith("data.mixture=")]
-    p = run_cli(o + [_mix(train_data, second, fr="cl100k")], check=False)
-    err = [line for line in p.stderr.splitlines() if "error" in line]
-    assert p.returncode == 2 and len(err) == 1 and "Traceback" not in p.stderr
+    rc = cli_main(["train", *o, _mix(train_data, second, fr="cl100k")])  # in this process, as `pretok train`
+    stderr = capsys.readouterr().err
+    err = [line for line in stderr.splitlines() if "error" in line]
+    assert rc == 2 and len(err) == 1 and "Traceback" not in stderr
     assert f"{second / 'cl100k'}/manifest.json: was tokenized with" in err[0]
 
 
@@ -95,8 +97,6 @@ def test_mixing_tokenizers_is_refused_naming_the_manifest(train_data, second, tm
     (["data.mixture=[{path: a, weight: 1}]", "data.kind=padded", "data.tokenizer=t"], "tokenizes on the fly"),
 ])
 def test_bad_mixture_config_is_one_line_exit_2(overrides, problem, tmp_path, capsys):
-    from pretok_lib.cli import main as cli_main
-
     rc = cli_main(["train", f"run.dir={tmp_path}", *overrides])
     err = capsys.readouterr().err
     assert rc == 2 and problem in err and len(err.strip().splitlines()) == 1
