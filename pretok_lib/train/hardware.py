@@ -107,9 +107,15 @@ def cache_path() -> Path:
         / CACHE_FILE
 
 
+# Settings that change which CPU kernels torch runs (e.g. ATEN_CPU_CAPABILITY=avx2 makes bf16 emulated on a CPU
+# with native bf16): part of the cache key, so a rate measured under other kernels is never reused.
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
 def _cache_key() -> str:
     flags = " ".join(sorted(cpu_flags()))
-    return f"{cpu_model()}|torch {torch.__version__}|flags {hashlib.sha1(flags.encode()).hexdigest()[:8]}"
+    kernels = "".join(f"|{k}={os.environ[k]}" for k in KERNEL_ENV if os.environ.get(k))
+    return f"{cpu_model()}|torch {torch.__version__}|flags {hashlib.sha1(flags.encode()).hexdigest()[:8]}{kernels}"
 
 
 def _read_cache(path: Path) -> dict:

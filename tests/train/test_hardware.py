@@ -76,6 +76,21 @@ def test_cpu_rates_are_measured_once_and_cached(cache, monkeypatch):
     assert json.loads(cache.read_text())[hardware._cache_key()]["rates"]["fp32"] == 7e9
 
 
+@pytest.mark.parametrize("var", hardware.KERNEL_ENV)
+def test_rates_measured_under_other_cpu_kernels_are_not_reused(cache, monkeypatch, var):
+    """ATEN_CPU_CAPABILITY=avx2 (and the oneDNN / MKL ISA limits) make bf16 emulated on a CPU with native bf16:
+    a rate cached without it must not decide the precision with it, nor the other way round."""
+    for k in hardware.KERNEL_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(hardware, "best_matmul_flops", lambda *a: 5e9)
+    assert hardware.cpu_matmul_rates()["bf16"] == 5e9
+    monkeypatch.setenv(var, "avx2")
+    monkeypatch.setattr(hardware, "best_matmul_flops", lambda *a: 1e8)
+    assert hardware.cpu_matmul_rates()["bf16"] == 1e8    # measured again under the limited kernels
+    monkeypatch.delenv(var)
+    assert hardware.cpu_matmul_rates()["bf16"] == 5e9    # the unlimited entry is still there
+
+
 def test_unwritable_cache_only_costs_a_measurement(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")
