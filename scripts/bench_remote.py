@@ -118,6 +118,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--copies", type=int, default=2, help="copies of the 11 MB python docs in each form")
+    ap.add_argument("--glob", action="store_true",
+                    help="name the inputs by one glob (one listing) instead of one path / URL per file")
     a = ap.parse_args()
     names = build_corpus(a.dir / "corpus", a.copies)
     proc, endpoint = start_server()
@@ -132,6 +134,9 @@ def main() -> None:
             c.upload_file(str(a.dir / "corpus" / n), "bench", f"corpus/{n}")
         local = [str(a.dir / "corpus" / n) for n in names]
         s3 = [f"s3://bench/corpus/{n}" for n in names]
+        if a.glob:  # as a corpus is usually named: both sides expand it to the same sorted list of files
+            assert sorted(p.name for p in (a.dir / "corpus").iterdir()) == sorted(names), "corpus dir holds more"
+            local, s3 = [str(a.dir / "corpus" / "*")], ["s3://bench/corpus/*"]
         size = sum((a.dir / "corpus" / n).stat().st_size for n in names)
         print(f"corpus: {len(names)} files, {size / 1e6:.1f} MB on disk; server {endpoint} (moto); "
               f"{os.cpu_count()} CPUs")
