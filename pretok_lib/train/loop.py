@@ -93,6 +93,11 @@ def _autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=dtype)
 
 
+class NonFiniteLoss(RuntimeError):
+    """The loss of a step was NaN or infinite (diverged, or computed wrongly): the run stops, failed, keeping its
+    last checkpoint; every rank sees the same all-reduced loss, so all stop at the same step."""
+
+
 def forward_loss_sum(model, batch: dict, device: torch.device, precision: str) -> torch.Tensor:
     """Summed cross-entropy over the micro-batch's effective labels (fp32 logits)."""
     kw = {"input_ids": batch["input_ids"].to(device, non_blocking=True)}
@@ -331,6 +336,10 @@ class Trainer:
             last = p.step == c.train.steps or bool(flag[1])
             logging = p.step % c.log.every == 0 or last or bool(flag[0])
             rec = self.record(m)  # every step: the cumulative counters must be global and exact
+            if not math.isfinite(rec["loss"]):
+                raise NonFiniteLoss(f"loss is {rec['loss']} at step {p.step} (precision {c.train.precision}"
+                                    f"{', torch.compile' if c.train.compile else ''}, lr {rec['lr']:.2e}); "
+                                    f"the run stops, its last checkpoint kept")
             p.cum_tokens += rec["tokens"]
             p.cum_effective_tokens += rec["effective_tokens"]
             rec.update(cum_tokens=p.cum_tokens, cum_effective_tokens=p.cum_effective_tokens)

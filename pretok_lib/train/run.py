@@ -193,6 +193,8 @@ def train(cfg: Config) -> int:
             msg, code = str(os_error(e, run_dir)), EXIT_FAILED     # the run directory's I/O (disk full, ...)
         elif isinstance(e, PretokError):
             msg, code = str(e), EXIT_BAD_INPUT
+        elif type(e).__name__ == "NonFiniteLoss":  # train.loop's (imported with the trainer)
+            msg, code = str(e), EXIT_FAILED
         elif isinstance(e, KeyboardInterrupt):
             msg, code = "stopped by a second SIGINT before its checkpoint (a rerun resumes from the last one)", \
                 EXIT_ABORTED

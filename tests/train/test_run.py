@@ -108,6 +108,28 @@ def test_cli_rejects_unknown_key_with_one_line(train_data, tmp_path):
     assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_non_finite_loss_fails_the_run_at_that_step(train_data, tmp_path, monkeypatch, bad):
+    """A NaN / inf loss (divergence, fp16 overflow, a miscompiled kernel) stops the run as failed with one line,
+    instead of training on and reporting garbage as completed."""
+    import pretok_lib.train.loop as loop
+
+    real, calls = loop.forward_loss_sum, []
+
+    def poisoned(*a, **k):
+        calls.append(1)
+        out = real(*a, **k)
+        return out * bad if len(calls) >= 2 else out  # from the second step on (one micro-batch per step)
+
+    monkeypatch.setattr(loop, "forward_loss_sum", poisoned)
+    base = tiny_overrides(train_data, tmp_path, **{"train.steps": 4, "eval.every": 100})
+    assert train(load_config(None, base)) == 1
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["status"] == "failed" and info["error"].startswith(f"loss is {bad} at step 2 ")
+    assert "\n" not in info["error"] and not (tmp_path / "run" / "summary.json").exists()
+    assert all(math.isfinite(r["loss"]) for r in records(tmp_path / "run"))  # no garbage record written
+
+
 def test_torch_compile_trains_like_eager(train_data, tmp_path):
     base = tiny_overrides(train_data, tmp_path, **{"train.steps": 2})
     assert train(load_config(None, base + ["run.id=eager"])) == 0
