@@ -13,6 +13,11 @@ class PretokError(Exception):
         super().__init__(f"{self.path}: {message}" if self.path else message)
 
 
+class NonFiniteLoss(RuntimeError):
+    """A training step's loss was NaN or infinite (diverged, or computed wrongly): the run stops, failed, keeping
+    its last checkpoint; every rank sees the same all-reduced loss, so all stop at the same step."""
+
+
 class PretokOSError(PretokError, OSError):
     """An OSError made one line: still an OSError (errno, strerror, filename kept) for callers that handle those
     (training marks its run failed on any OSError of its run directory), printed as `<file>: <errno text>`."""

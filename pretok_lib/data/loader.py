@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ..errors import PretokError
 from .collate import collate
 from .order import Position, Shard, my_steps
-from .source import IndexedSource, StreamingSource
+from .source import BatchedSource, IndexedSource, StreamingSource
 
 
 def dist_rank_world() -> tuple[int, int]:
@@ -54,10 +54,10 @@ class ShardedBatches(IterableDataset):
         if self.source.streaming:
             yield from self._stream(shard, pos)
             return
-        gather = getattr(self.source, "batch", None)  # a source that collates a whole batch at once
+        batched = isinstance(self.source, BatchedSource)
         for step, first, last in my_steps(self.source.num_samples, pos, shard):
-            if gather is not None:
-                batch = gather(pos.epoch, first, last)
+            if batched:
+                batch = self.source.batch(pos.epoch, first, last)
             else:
                 batch = collate([self.source.sample(pos.epoch, k) for k in range(first, last)], self.doc_aware)
             yield dict(batch, step=step, epoch=pos.epoch)

@@ -42,6 +42,15 @@ class IndexedSource(Source, Protocol):
 
 
 @runtime_checkable
+class BatchedSource(IndexedSource, Protocol):
+    """An indexed source that also collates a whole micro-batch at once (padded parquet rows: one gather)."""
+
+    def batch(self, epoch: int, first: int, last: int) -> dict:
+        """Order positions [first, last) collated: the same batch as `collate` of `sample(epoch, k)` for each k."""
+        ...
+
+
+@runtime_checkable
 class StreamingSource(Source, Protocol):
     """A source read as a stream: (window, cursor after it) from a cursor (document position, token offset)."""
 

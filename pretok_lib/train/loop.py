@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from ..data import ShardedBatches, make_dataset, make_loader, open_mixture
 from ..datapaths import ON_THE_FLY
 from ..data.order import Position
-from ..errors import PretokError
+from ..errors import NonFiniteLoss, PretokError
 from . import checkpoint
 from .config import Config
 from .distributed import Dist, all_reduce, barrier, broadcast_object
@@ -91,11 +91,6 @@ def _autocast(device: torch.device, precision: str):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
-
-
-class NonFiniteLoss(RuntimeError):
-    """The loss of a step was NaN or infinite (diverged, or computed wrongly): the run stops, failed, keeping its
-    last checkpoint; every rank sees the same all-reduced loss, so all stop at the same step."""
 
 
 def forward_loss_sum(model, batch: dict, device: torch.device, precision: str) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 
 from ..atomic import atomic_write_json
 from ..environment import environment
-from ..errors import PretokError, os_error
+from ..errors import NonFiniteLoss, PretokError, os_error
 from ..run_record import RECORD_STATUSES, read_run_record
 from . import distributed
 from .checkpoint import names_path
@@ -193,7 +193,7 @@ def train(cfg: Config) -> int:
             msg, code = str(os_error(e, run_dir)), EXIT_FAILED     # the run directory's I/O (disk full, ...)
         elif isinstance(e, PretokError):
             msg, code = str(e), EXIT_BAD_INPUT
-        elif type(e).__name__ == "NonFiniteLoss":  # train.loop's (imported with the trainer)
+        elif isinstance(e, NonFiniteLoss):
             msg, code = str(e), EXIT_FAILED
         elif isinstance(e, KeyboardInterrupt):
             msg, code = "stopped by a second SIGINT before its checkpoint (a rerun resumes from the last one)", \

@@ -6,7 +6,7 @@ import pytest
 
 from pretok_lib.data import open_mixture
 from pretok_lib.data.inram import InRamPaddedRows, InRamTokenList
-from pretok_lib.data.source import IndexedSource, PretokenizedSource, Source, StreamingSource
+from pretok_lib.data.source import BatchedSource, IndexedSource, PretokenizedSource, Source, StreamingSource
 
 from .helpers import KINDS, PAD_SEQ_LEN, source
 
@@ -22,6 +22,7 @@ def test_every_data_path_states_the_contract(wiki, kind):
     else:
         assert not src.streaming and isinstance(src, IndexedSource) and src.num_samples > 0
     assert isinstance(src, PretokenizedSource) == kind.startswith("pretok-")
+    assert isinstance(src, BatchedSource) == (kind == "pretok-padded")  # collates a whole batch in one gather
     ident = src.order_identity()
     # the parquet paths serve the block order, which over <= block_groups row groups is the exact permutation
     assert ident == {"order": "exact"}, ident
