@@ -352,16 +352,26 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, script: bool = False) -> int:
     """Run one subcommand. The error boundary: a PretokError, and any OSError that reaches it (disk full,
     read-only file system, permissions, ...), is printed as one line `pretok: error: <file>: <problem>`, exit 1;
-    Ctrl-C exits 130 and SIGTERM 143, each with one line. None of them leaves a manifest of a partial output."""
+    Ctrl-C exits 130 and SIGTERM 143, each with one line. None of them leaves a manifest of a partial output.
+
+    tokenize and merge take SIGTERM first thing, before parsing (train and sweep handle it themselves). Earlier,
+    in interpreter start-up, the default action kills the process before it has written anything. When the work
+    is over, the previous handler comes back, or with `script=True` (the `pretok` command) SIGTERM is ignored, so a
+    late one cannot kill a finished command in interpreter shutdown (exit -15 over a complete output)."""
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv[0] if argv else None).parse_args(argv)
-    if args.cmd in ("tokenize", "merge") and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)  # (train and sweep handle SIGTERM themselves)
+    previous = None
+    if argv[:1] in (["tokenize"], ["merge"]) and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        rc = args.fn(args)
+        try:
+            args = build_parser(argv[0] if argv else None).parse_args(argv)
+            rc = args.fn(args)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN if script else previous)
     except PretokError as e:
         print(f"pretok: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 1)  # 3: a sweep/study stopped by a signal (pretok_lib.procs.Stopped)
@@ -377,5 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     return rc or 0
 
 
+def script() -> None:
+    """The `pretok` command (and `python -m pretok_lib.cli`)."""
+    sys.exit(main(script=True))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    script()
