@@ -92,7 +92,6 @@ class _InputHasher(threading.Thread):
     def __init__(self, paths: list[str]):
         super().__init__(daemon=True)
         self.paths, self.hashes, self.stopped = paths, {}, threading.Event()
-        self.start()
 
     def run(self) -> None:
         for p in self.paths:
@@ -108,7 +107,8 @@ class _InputHasher(threading.Thread):
 
     def stop(self) -> None:
         self.stopped.set()
-        self.join()
+        if self.is_alive():
+            self.join()
 
 
 def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None) -> dict:
@@ -155,6 +155,13 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
     policy = resolve_policy(info, cfg)
     inputs = [f.record() for f in files]
     key = _output_key(cfg, sopts, info, policy, inputs, mine)
+    if cfg.overwrite or not (out / "manifest.json").exists():
+        # Optimistic start: workers tokenize with the fastest candidate that could be built (by the zygote, before
+        # it forked; a failed build is recorded, never retried elsewhere) while the check of that choice on a sample
+        # of this input runs beside them; if the check picks another backend, everything made with the first one
+        # is discarded and the run starts over with the checked backend. Known before the output is touched: a
+        # tokenizer no backend can build leaves no output behind.
+        guess = workers.backend(info, cfg.backend)
     if prepare_output(out, key, cfg.overwrite):
         return None
     done = committed_parts(out, mine)
@@ -172,12 +179,6 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
             appender.add(rec["unit"]["index"], out / STATE / "parts" / rec["part"], rec[PART_HASH_KEY])
         records[rec["unit"]["index"]] = rec
 
-    # Optimistic start: workers tokenize with the fastest candidate that could be built (by the zygote, before
-    # it forked; a failed build is recorded, never retried elsewhere) while the check of that choice on a sample
-    # of this input runs beside them; if the check picks another backend, everything made with the first one
-    # is discarded and the run starts over with the checked backend.
-    if workers.zygote is None:  # inline: build here first, so that the check sees what could not be built
-        workers.backend(info, cfg.backend)
     hasher = _InputHasher(sorted({p for u in mine for p in u.paths if not is_url(p)}))  # URLs: their identity
     stop_check = threading.Event()
     remote = {b: e for b in backends_for(info) if (e := workers.encoder(b, stop_check)) is not None}
@@ -185,14 +186,17 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
     bar = Progress(sum(u.est_bytes for u in pending), f"{cfg.format} {len(pending)}/{len(mine)} parts",
                    enabled=cfg.progress)
     try:
-        guess = check.guess = workers.backend(info, cfg.backend)  # one-line error if none can be built
+        # The input checksums and the check start once the workers can run: until then, the CPU is the
+        # zygote's (building the encoder), which is what the first batch waits for.
+        hasher.start()
+        check.start(guess)
         workers.run(pending, guess, job, info, bar, on_record, check.raise_if_other)
         choice = check.result()
         choice.rejected = {**rejected, **choice.rejected}
     except BaseException as e:
         hasher.stop()
         stop_check.set()
-        check.thread.join()  # select_backend runs in C: let it end before any interpreter exit
+        check.join()  # select_backend runs in C: let it end before any interpreter exit
         bar.close(ok=False)
         if appender is not None:
             appender.close()
@@ -238,11 +242,19 @@ class _BackendCheck:
     def __init__(self, info: TokenizerInfo, sample: Callable[[], list[str]], force: str | None,
                  remote: dict[str, Callable]):
         """`remote`: candidates' encode_batch run by the zygote (no second build in this process; one whose build
-        failed there raises that failure). `guess`, the backend the workers run, is set once the zygote tells it."""
+        failed there raises that failure). `start(guess)` runs it, once the zygote has told which backend the
+        workers run."""
         self.guess, self.choice, self.error = None, None, None
         self.encoders = remote
         self.thread = threading.Thread(target=self._run, args=(info, sample, force), daemon=True)
+
+    def start(self, guess: str) -> None:
+        self.guess = guess
         self.thread.start()
+
+    def join(self) -> None:
+        if self.thread.is_alive():
+            self.thread.join()
 
     def _run(self, info, sample, force) -> None:
         try:
@@ -257,7 +269,7 @@ class _BackendCheck:
             raise _OtherBackend(self.choice)
 
     def result(self):
-        self.thread.join()
+        self.join()
         self.raise_if_other()
         if self.choice is None:
             raise PretokError("the tokenizer backend check could not finish (its worker process died); rerun the "

@@ -94,7 +94,10 @@ def _early_fastokens(spec: str, backend: str | None) -> tuple[str, object] | Non
     try:
         import fastokens
 
-        return fingerprint, fastokens.Tokenizer.from_json_str(data.decode("utf-8"))
+        tok = fastokens.Tokenizer.from_json_str(data.decode("utf-8"))
+        # its lazy initialisation (~25-60 ms at the first encode) done once here, inherited by every forked worker
+        tok.encode_batch_flat(["warm up"], add_special_tokens=False, split_special_tokens=True)
+        return fingerprint, tok
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:  # a Rust panic is a BaseException

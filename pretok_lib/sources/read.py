@@ -16,6 +16,7 @@ from ..remote import is_url
 from ..remote_file import RemoteFile, open_input, read_bytes
 from ..streams import jsonl_lines, parse_jsonl_line, without_bom
 from .inputs import DocBatch, SourceOptions, Unit, compile_separator
+from .prefetch import prefetched
 from .plan import _load_hf, _parquet_file, _text_column_index
 
 # Kinds of skipped (damaged or unusable) documents: text null / key missing / not a string / empty / invalid
@@ -107,26 +108,36 @@ class Reader(Protocol):
 
 
 def _read_parquet(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
+    """The unit's rows of the text column: decoded one row group (or streamed batch) ahead in a thread, so the
+    decompression and decoding, which run without the GIL, overlap the encoding of the batch before."""
     path = unit.paths[0]
     remote = RemoteFile(path) if is_url(path) else None
     pf = _parquet_file(path, remote)
     col = _text_column_index(pf, path, c.opts.text_column)
-    meta, first = pf.metadata, 0
     if remote is not None:  # the unit's text column chunks, consecutive ones fetched together
-        remote.expect(_chunk_ranges(meta, col, unit.start, unit.stop))
+        remote.expect(_chunk_ranges(pf.metadata, col, unit.start, unit.stop))
     try:
-        for rg in range(meta.num_row_groups):
-            rgm = meta.row_group(rg)
-            lo, hi = max(unit.start, first), min(unit.stop, first + rgm.num_rows)
-            if lo < hi:
-                yield from _read_row_group(pf, rg, rgm, col, lo - first, hi - first, c, f"{path} (row group {rg})")
-            first += rgm.num_rows
-            if first >= unit.stop:
-                break
+        for arr, where in prefetched(_parquet_arrays(pf, col, unit, c.opts)):
+            yield from c.add_arrow(arr, where)
     except PretokError:
         raise
     except Exception as e:
         raise PretokError(f"corrupt parquet data ({type(e).__name__}: {str(e).splitlines()[0]})", path) from None
+
+
+def _parquet_arrays(pf, col: int, unit: Unit, opts: SourceOptions) -> Iterator[tuple[object, str]]:
+    """(text array, where) of the unit's rows, row group by row group; the only code that reads `pf`."""
+    meta, first = pf.metadata, 0
+    for rg in range(meta.num_row_groups):
+        rgm = meta.row_group(rg)
+        lo, hi = max(unit.start, first), min(unit.stop, first + rgm.num_rows)
+        if lo < hi:
+            where = f"{unit.paths[0]} (row group {rg})"
+            for arr in _row_group_arrays(pf, rg, rgm, col, lo - first, hi - first, opts):
+                yield arr, where
+        first += rgm.num_rows
+        if first >= unit.stop:
+            break
 
 
 def _chunk_ranges(meta, col: int, start: int, stop: int) -> list[tuple[int, int]]:
@@ -142,26 +153,27 @@ def _chunk_ranges(meta, col: int, start: int, stop: int) -> list[tuple[int, int]
     return out
 
 
-def _read_row_group(pf, rg: int, rgm, col: int, lo: int, hi: int, c: _Collector, where: str) -> Iterator[DocBatch]:
-    """Rows [lo, hi) of one row group: read whole if small (fast), streamed in batches if big (bounded memory).
+def _row_group_arrays(pf, rg: int, rgm, col: int, lo: int, hi: int, opts: SourceOptions) -> Iterator[object]:
+    """Rows [lo, hi) of one row group's text column: read whole if small (fast), streamed in batches if big
+    (bounded memory).
 
     Args:
         pf: the open ParquetFile; rg, rgm: the row group's index and metadata; col: the text column's leaf index.
-        lo, hi: the rows within the row group; c: the collector of documents; where: the place named in errors.
+        lo, hi: the rows within the row group; opts: the text column's name and the batch size.
     """
-    name = c.opts.text_column
-    if rgm.column(col).total_uncompressed_size <= 4 * c.opts.batch_bytes:
+    name = opts.text_column
+    if rgm.column(col).total_uncompressed_size <= 4 * opts.batch_bytes:
         arr = pf.read_row_group(rg, columns=[name], use_threads=False).column(0).combine_chunks()
-        yield from c.add_arrow(arr.slice(lo, hi - lo), where)
+        yield arr.slice(lo, hi - lo)
         return
     avg = max(1, rgm.total_byte_size // max(rgm.num_rows, 1))
     pos = 0
-    for batch in pf.iter_batches(batch_size=max(1, c.opts.batch_bytes // avg), row_groups=[rg], columns=[name],
+    for batch in pf.iter_batches(batch_size=max(1, opts.batch_bytes // avg), row_groups=[rg], columns=[name],
                                    use_threads=False):
         a, b = max(lo - pos, 0), min(hi - pos, batch.num_rows)
         pos += batch.num_rows
         if a < b:
-            yield from c.add_arrow(batch.column(0).slice(a, b - a), where)
+            yield batch.column(0).slice(a, b - a)
         if pos >= hi:
             break
 

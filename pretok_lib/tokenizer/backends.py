@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..cpu_affinity import pin_to_one_cpu
 from ..errors import PretokError
 from .files import (TokenizerInfo, _auto_load, _detect_dir, _hf_from_str, _parse_json, _parse_tiktoken, _read_bytes,
                     _sha, _sp_from_bytes, _tekken_parts, _tiktoken_constants)
@@ -235,8 +236,7 @@ def limit_threads_to_one_cpu(cpu_index: int | None = None) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["OMP_NUM_THREADS"] = "1"
     if cpu_index is not None:
-        allowed = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {allowed[cpu_index % len(allowed)]})
+        pin_to_one_cpu(cpu_index)
 
 
 def id_dtype_for(vocab_size: int) -> str:

@@ -177,8 +177,8 @@ def _hf_from_str(text: str, where: str | Path) -> Any:
 
 @functools.lru_cache(maxsize=2)
 def _hf_build(text: str) -> Any:
-    """Cached: loading a tokenizer and building its reference encoder share one build (~0.1 s for GPT-2).
-    The returned tokenizer is only read from (encode/decode), never reconfigured."""
+    """Cached: the reference encoder of a check and of later checks in this process share one build (~0.1 s
+    for GPT-2). The returned tokenizer is only read from (encode/decode), never reconfigured."""
     import tokenizers
 
     tok = tokenizers.Tokenizer.from_str(text)
@@ -186,12 +186,34 @@ def _hf_build(text: str) -> Any:
     return tok
 
 
-def _info_hf_json(spec: str, path: Path, data: bytes, obj: dict) -> TokenizerInfo:
-    tok = _hf_from_str(data.decode("utf-8"), path)
-    vocab = tok.get_vocab(with_added_tokens=True)
-    if not vocab:
+def json_vocab(obj: dict, path: Path) -> dict[str, int]:
+    """token → id of a parsed tokenizer.json as the HF library reads it (`get_vocab(with_added_tokens=True)`):
+    the model's vocabulary (a dict, or Unigram's [piece, score] list: ids by position), added tokens over it.
+    Read from the JSON, without building the tokenizer (~0.1-0.4 s): the backends build it in the workers."""
+    model = obj.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    try:
+        if isinstance(vocab, list):
+            out = {piece[0]: i for i, piece in enumerate(vocab)}
+        elif isinstance(vocab, dict):
+            out = dict(vocab)
+        else:
+            raise ValueError("model.vocab is missing")
+        out.update({t["content"]: t["id"] for t in obj.get("added_tokens") or []})
+        if not all(type(i) is int and i >= 0 for i in out.values()):
+            raise ValueError("a token id is not a non-negative integer")
+        if not all(isinstance(t, str) for t in out):
+            raise ValueError("a token is not a string")
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise PretokError(f"not a valid HF tokenizer.json: {e!r}", path) from None
+    if not out:
         raise PretokError("tokenizer.json has an empty vocabulary", path)
-    ids = _special_ids(tok.token_to_id, _config(path.parent), _template_roles(obj.get("post_processor")))
+    return out
+
+
+def _info_hf_json(spec: str, path: Path, data: bytes, obj: dict) -> TokenizerInfo:
+    vocab = json_vocab(obj, path)
+    ids = _special_ids(vocab.get, _config(path.parent), _template_roles(obj.get("post_processor")))
     return TokenizerInfo(spec, "hf-json", _sha(data), max(vocab.values()) + 1, *ids)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -52,9 +53,12 @@ def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path) -> None:
     gain = sum(r[CEIL] / r[ceil_name(2)] for r in rounds) / 2  # the median of two
     # the speedup target: the tokenizing phase (steady state, as the ceiling is timed), paired within each round
     steady = next(t for t in res["targets"] if t["target"] == "engine memmap speedup w1 -> w2, steady state")
-    assert steady["value"] == pytest.approx(sum(r[phase_name(e1)] / r[phase_name(e2)] for r in rounds) / 2)
+    # a round whose tokenizing phase is too short to time (one batch: 0 s at the manifest's ms) gives no ratio
+    paired = [r[phase_name(e1)] / r[phase_name(e2)] for r in rounds if r[phase_name(e1)] and r[phase_name(e2)]]
+    assert steady["value"] == (pytest.approx(statistics.median(paired)) if paired else None)
     need = 0.8 * min(2, gain)
-    assert steady["need"] == f">= {need:.3g}" and steady["pass"] is (steady["value"] >= need)
+    assert steady["need"] == f">= {need:.3g}"
+    assert steady["pass"] is (None if steady["value"] is None else steady["value"] >= need)
     whole = next(t for t in res["targets"] if t["target"].startswith("engine memmap speedup w1 -> w2, end to end"))
     assert whole["value"] == pytest.approx(sum(r[e1] / r[e2] for r in rounds) / 2) and whole["pass"] is None
     timeline = eng["timeline"]  # where the engine's wall time went, from its manifest
