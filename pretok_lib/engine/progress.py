@@ -25,7 +25,7 @@ class Progress:
 
     def __init__(self, total_bytes: int, desc: str, enabled: bool = True, log_every: float = 30.0):
         self.docs = self.tokens = self.bytes = 0
-        self.first_update: float | None = None  # time.time() of the first update: when work started flowing
+        self.first_update: float | None = None  # time.time() the first batch was done: when work started flowing
         self.total, self.desc, self.enabled, self.log_every = total_bytes, desc, enabled, log_every
         self.t0 = self._last = time.time()
         self.tty = enabled and sys.stderr.isatty()
@@ -37,9 +37,10 @@ class Progress:
         return (f"{self.bytes / dt / 1e6:.1f} MB/s, {_si(self.docs / dt)} docs/s, "
                 f"{_si(self.tokens / dt)} tok/s")
 
-    def update(self, nbytes: int, docs: int, tokens: int) -> None:
+    def update(self, nbytes: int, docs: int, tokens: int, at: float | None = None) -> None:
+        """`at`: when the work was done (a worker's time.time(); a busy main process receives it later)."""
         if self.first_update is None:
-            self.first_update = time.time()
+            self.first_update = at or time.time()
         self.docs += docs
         self.tokens += tokens
         self.bytes += nbytes

@@ -5,9 +5,10 @@ once per worker, and begins at the start of a run, while the main process still 
 tokenizer itself. Each worker begins with the encoder the zygote built.
 
 Messages: main → workers `tasks` queue: ("unit", Unit, backend, Job) or None (stop). Workers → main `results`
-queue: ("progress", bytes, docs, tokens), ("done", record), ("error", exception). A worker that dies makes the
-zygote exit with a code saying how; the main process watches the zygote. Zygote → main, once, on its own pipe:
-`Ready` (the backend it built for the workers, why faster ones could not be built), sent before it forks.
+queue: ("progress", bytes, docs, tokens, the worker's time.time()), ("done", record), ("error", exception). A
+worker that dies makes the zygote exit with a code saying how; the main process watches the zygote. Zygote → main,
+once, on its own pipe: `Ready` (the backend it built for the workers, why faster ones could not be built), sent
+before it forks.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..sources import Unit
 from ..tokenizer import (BackendUnavailable, Encoder, TokenizerInfo, backends_for, build_first, make_encoder,
                          unbuildable)
 from .parts import Job, PartRecord, process_unit
-from .zygote import DIED_BY_SIGNAL, DIED_EXIT, SINGLE_THREADED, Ready, run_zygote
+from .zygote import DIED_BY_SIGNAL, DIED_EXIT, WORKER_ENV, Ready, run_zygote
 
 if TYPE_CHECKING:
     from .progress import Progress
@@ -57,8 +58,8 @@ class Workers:
             self.zygote = ctx.Process(target=run_zygote, args=(spec, backend, self.n, self.tasks, self.results, child,
                                                                  ready_child, preload),
                                       name="pretok-zygote")
-            saved = {k: os.environ.get(k) for k in SINGLE_THREADED}
-            os.environ.update(SINGLE_THREADED)  # read by the spawned interpreter as it starts, before any import
+            saved = {k: os.environ.get(k) for k in WORKER_ENV}
+            os.environ.update(WORKER_ENV)  # read by the spawned interpreter as it starts, before any import
             try:
                 self.zygote.start()
             finally:

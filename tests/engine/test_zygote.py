@@ -126,3 +126,36 @@ def test_prepare_reports_a_forced_backend_that_cannot_be_built(fresh, tmp_path: 
 def prepare_ready(spec: str, backend: str | None) -> "zygote.Ready":
     build, early = zygote._start_early_build(spec, backend)
     return zygote._prepare(spec, backend, build, early)
+
+
+@pytest.mark.parametrize("spec", ["gpt2", "tekken", "sentencepiece", "gpt2+s3"])
+def test_the_zygote_holds_one_thread_when_it_forks(shared_data: Path, tmp_path: Path, spec: str) -> None:
+    """In its own environment (`WORKER_ENV`), after all it does before forking (imports, the early build and its
+    warm-up, identify, building the backend, the filesystems of remote inputs), the zygote has one thread, native
+    ones counted (/proc/self/task): a fork copies no other thread. Arrow allocates from malloc there."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    path = {"gpt2": GPT2_JSON, "tekken": TEKKEN, "sentencepiece": MISTRAL_SP, "gpt2+s3": GPT2_JSON}[spec]
+    preload = ("s3",) if spec.endswith("+s3") else ()
+    code = f"""
+import json, os, threading
+import pyarrow as pa
+from pretok_lib.engine import zygote
+build, early = zygote._start_early_build({str(path)!r}, None)
+from pretok_lib import sources
+from pretok_lib.engine import parts
+from pretok_lib.remote import preload_filesystems
+preload_filesystems({preload!r})
+ready = zygote._prepare({str(path)!r}, None, build, early)
+print(json.dumps([ready.backend, threading.active_count(), len(os.listdir("/proc/self/task")),
+                  pa.default_memory_pool().backend_name]))
+"""
+    env = {**os.environ, **zygote.WORKER_ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
+                         cwd=tmp_path)
+    backend, py_threads, os_threads, pool = json.loads(out.stdout)
+    assert backend is not None and py_threads == 1 and os_threads == 1, (backend, py_threads, os_threads)
+    assert pool == "system"
