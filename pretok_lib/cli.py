@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from .errors import PretokError, os_error
@@ -104,8 +105,20 @@ def cmd_tokenize(a: argparse.Namespace) -> None:
     from .pretokenize import run_tokenize
     from .engine.verify import format_inspect, inspect
 
-    run_tokenize(tokenize_config(a))
+    run_tokenize(tokenize_config(a), _t0=_STARTED)
     print(format_inspect(inspect(a.out)))
+
+
+def process_start_time() -> float:
+    """When this process started, as time.time() (Linux: from /proc, 10 ms resolution; elsewhere: now)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
 
 
 def cmd_merge(a: argparse.Namespace) -> None:
@@ -387,8 +400,13 @@ def main(argv: list[str] | None = None, *, script: bool = False) -> int:
     return rc or 0
 
 
+_STARTED: float | None = None  # when the `pretok` command's process started (None: main() called in-process)
+
+
 def script() -> None:
     """The `pretok` command (and `python -m pretok_lib.cli`)."""
+    global _STARTED
+    _STARTED = process_start_time()
     sys.exit(main(script=True))
 
 

@@ -20,3 +20,36 @@ def test_version() -> None:
     out = subprocess.run([sys.executable, "-m", "pretok_lib.cli", "--version"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == f"pretok {pretok_lib.__version__}"
+
+
+def test_tokenize_counts_its_wall_time_from_the_process_start(tmp_path, shared_data) -> None:
+    """`pretok tokenize` records its wall time and start-up from the process start (interpreter and imports
+    included: "process start to the first batch tokenized"); main() called in-process counts from the call."""
+    import json
+    import os
+    import time
+
+    from pretok_lib.cli import main
+
+    from .conftest import GPT2_JSON, PYDOCS_JSONL, ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    code = ("import time; time.sleep(0.5); from pretok_lib.cli import process_start_time; "
+            "print(time.time() - process_start_time())")
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                               env=env).stdout)
+    assert 0.5 <= age < 3.0
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(list(PYDOCS_JSONL.open())[:20]))
+    args = ["tokenize", str(corpus), "--tokenizer", str(GPT2_JSON), "--workers", "1", "--no-progress"]
+    t = time.time()  # the command sleeps 1 s before it runs: its start-up must count that second
+    r = subprocess.run([sys.executable, "-c", "import sys, time; time.sleep(1.0); sys.argv[0] = 'pretok'; "
+                        "from pretok_lib.cli import script; script()", *args, "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    took = time.time() - t
+    assert r.returncode == 0, r.stderr
+    run = json.loads((tmp_path / "o" / "manifest.json").read_text())["run"]
+    assert run["startup_seconds"] >= 1.0 and run["wall_seconds"] <= took
+    t = time.time()
+    assert main([*args, "--out", str(tmp_path / "p"), "--workers", "0"]) == 0
+    assert json.loads((tmp_path / "p" / "manifest.json").read_text())["run"]["wall_seconds"] <= time.time() - t

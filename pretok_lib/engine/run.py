@@ -111,9 +111,11 @@ class _InputHasher(threading.Thread):
             self.join()
 
 
-def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None) -> dict:
+def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None, _t0: float | None = None) -> dict:
     """Pretokenize `cfg.inputs` into `cfg.out`; returns the manifest. Resumes an interrupted identical run.
-    `_rejected`: why a restart's earlier run rejected other backends (kept in the manifest)."""
+    `_rejected`: why a restart's earlier run rejected other backends (kept in the manifest). `_t0`: when the run
+    started (`time.time()`; default: now); the command line passes its process start, so that the manifest's wall
+    time and start-up count the interpreter and the imports too."""
     if cfg.format not in FORMATS:
         raise PretokError(f"unknown --format {cfg.format} (choose from {', '.join(FORMATS)})")
     if cfg.format != "memmap":
@@ -123,7 +125,7 @@ def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None) -
     if is_url(cfg.out):
         raise PretokError("outputs must be on a POSIX file system (a local or mounted path): runs stay crash-safe "
                           "by atomic renames, which object stores lack", cfg.out)
-    t0 = time.time()
+    t0 = _t0 or time.time()
     out = resolve_output(cfg.out)
     rejected = dict(_rejected or {})
     try:

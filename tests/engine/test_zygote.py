@@ -150,6 +150,11 @@ from pretok_lib.engine import parts
 from pretok_lib.remote import preload_filesystems
 preload_filesystems({preload!r})
 ready = zygote._prepare({str(path)!r}, None, build, early)
+import time
+for _ in range(100):  # a joined thread's kernel task can outlive its join() by a moment; a pool's stays
+    if len(os.listdir("/proc/self/task")) == 1:
+        break
+    time.sleep(0.01)
 print(json.dumps([ready.backend, threading.active_count(), len(os.listdir("/proc/self/task")),
                   pa.default_memory_pool().backend_name]))
 """
