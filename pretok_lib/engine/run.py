@@ -133,7 +133,7 @@ def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None, _
             while True:
                 # The worker processes start first: their start-up (interpreter, imports, building the encoder)
                 # overlaps the planning and tokenizer loading below. Not when the output is complete already.
-                start = cfg.workers > 0 and (cfg.overwrite or not (out / "manifest.json").exists())
+                start = cfg.workers > 0 and not _complete_already(cfg, out)
                 n = cfg.workers if start else 0
                 with Workers(cfg.tokenizer, cfg.backend, n, schemes(cfg.inputs)) as workers:
                     restart = _run(cfg, t0, out, workers, rejected)
@@ -144,6 +144,11 @@ def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None, _
                 cfg = TokenizeConfig(**{**cfg.__dict__, "backend": restart.backend})
     except OSError as e:  # disk full, read-only file system, ...: one line naming the file (else the output)
         raise os_error(e, out) from None
+
+
+def _complete_already(cfg: TokenizeConfig, out: Path) -> bool:
+    """Whether the run may find its output complete (then it needs no encoder; `prepare_output` decides)."""
+    return not cfg.overwrite and (out / "manifest.json").exists()
 
 
 def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: dict[str, str]):
@@ -157,13 +162,12 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
     policy = resolve_policy(info, cfg)
     inputs = [f.record() for f in files]
     key = _output_key(cfg, sopts, info, policy, inputs, mine)
-    if cfg.overwrite or not (out / "manifest.json").exists():
-        # Optimistic start: workers tokenize with the fastest candidate that could be built (by the zygote, before
-        # it forked; a failed build is recorded, never retried elsewhere) while the check of that choice on a sample
-        # of this input runs beside them; if the check picks another backend, everything made with the first one
-        # is discarded and the run starts over with the checked backend. Known before the output is touched: a
-        # tokenizer no backend can build leaves no output behind.
-        guess = workers.backend(info, cfg.backend)
+    # Optimistic start: workers tokenize with the fastest candidate that could be built (by the zygote, before
+    # it forked; a failed build is recorded, never retried elsewhere) while the check of that choice on a sample
+    # of this input runs beside them; if the check picks another backend, everything made with the first one
+    # is discarded and the run starts over with the checked backend. Known before the output is touched: a
+    # tokenizer no backend can build leaves no output behind.
+    guess = None if _complete_already(cfg, out) else workers.backend(info, cfg.backend)
     if prepare_output(out, key, cfg.overwrite):
         return None
     done = committed_parts(out, mine)

@@ -14,8 +14,8 @@ _DONE = object()
 
 
 def prefetched(items: Iterator[T], depth: int = 1) -> Iterator[T]:
-    """The items of `items`, in order, produced by a thread at most `depth` items ahead of the consumer (so at
-    most `depth` + 1 items are alive at once). An exception of the producer is raised here, at its place in the
+    """The items of `items`, in order, produced by a thread at most `depth` items ahead of the consumer (alive at
+    once: the consumer's item, `depth` queued and the one the producer is handing over). An exception of the producer is raised here, at its place in the
     sequence. When the consumer stops early (an error, or the generator closed), the producer stops at its next
     item and is joined; `items` is only ever advanced by that one thread."""
     q: queue.Queue = queue.Queue(maxsize=depth)
