@@ -32,6 +32,7 @@ NO_CUDA = "no CUDA (cpu mode)"
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
 CUDA_LOSS_TOL = 0.05   # a resumed bf16 run on a GPU is not bit-identical (non-deterministic kernels)
+MARKER = ".pretok-gpu-check"  # names a work directory this command may empty
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -86,6 +87,26 @@ def environment() -> dict[str, Any]:
         env.update(gpu_name=torch.cuda.get_device_name(0), capability=list(torch.cuda.get_device_capability(0)),
                    bf16=torch.cuda.is_bf16_supported(), nccl_version=".".join(map(str, torch.cuda.nccl.version())))
     return env
+
+
+def fresh_out(out: Path, dry_run: bool) -> None:
+    """Every check measures anew: a previous check's runs would otherwise be found complete and their old metrics
+    reported (a completed run id is resumed, not retrained). Empties `out` when it is empty or one of our work
+    directories (marker or verdict.json); refuses any other non-empty directory. A dry run only checks."""
+    import shutil
+
+    if out.exists() and not out.is_dir():
+        raise PretokError("--out is not a directory", str(out))
+    entries = list(out.iterdir()) if out.is_dir() else []
+    if entries and not ((out / MARKER).exists() or (out / "verdict.json").exists()):
+        raise PretokError("--out is not empty and is not a gpu-check work directory (it would be emptied): "
+                          "choose another", str(out))
+    if dry_run:
+        return
+    for e in entries:
+        shutil.rmtree(e) if e.is_dir() and not e.is_symlink() else e.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("work directory of `pretok gpu-check`: emptied at the start of every check\n")
 
 
 class Verdict:
@@ -257,6 +278,7 @@ def run_check(a: argparse.Namespace) -> dict:
          "compile": cuda and "compile" not in a.skip, "pin_memory": cuda, "steps": a.steps, "seq_len": 128,
          "checkpoint_every": max(2, a.steps // 2)}
     out = Path(a.out).resolve()
+    fresh_out(out, a.dry_run)
     v = Verdict(mode, out, a.dry_run, env, s)
     data_path = out / "data" / "memmap"
     cmds = {"train": train_command(out, "reference", data_path, s),
@@ -339,7 +361,18 @@ def study_command(out: Path, world: int) -> list[str]:
             "--set", f"sweep_grids={json.dumps(grids)}"]
 
 
+STUDY_NEEDS = ("papermill", "nbformat", "nbconvert.exporters", "ipykernel", "plotly")
+
+
 def run_study_check(out: Path, world: int, timeout: float) -> dict:
+    import importlib
+
+    for mod in STUDY_NEEDS:  # a broken install fails here in a second, not after the notebooks ran
+        try:
+            importlib.import_module(mod)
+        except Exception as e:  # noqa: BLE001 - e.g. nbconvert's NameError when bleach lacks its css extra
+            raise CheckFailed(f"the study needs {', '.join(STUDY_NEEDS)}; import {mod} failed: "
+                              f"{type(e).__name__}: {e}") from None
     log = out / "study.log"
     rc = _launch(study_command(out, world), log, timeout)
     rec = out / "study" / "study.json"

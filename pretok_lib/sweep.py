@@ -271,6 +271,24 @@ def _outcome(run_dir: Path, rc: int | None, problem: str | None) -> tuple[str, s
     return "failed", why
 
 
+RERUN = "rerun"
+
+
+def _changed(config: Path, p: Point, runs: Path) -> str | None:
+    """Why the completed run of point `p` is not this sweep's (another config: train/identity.py), or None when it
+    is; RERUN when it is not but the point says run.overwrite=true."""
+    from .train.config import load_config
+    from .train.identity import changed, refusal
+
+    if not (runs / p.run_id / "config.yaml").exists():  # no earlier attempt's config to compare with
+        return None
+    cfg = load_config(config, [*p.cli_overrides(), f"run.id={p.run_id}", f"run.dir={runs}"])
+    why = changed(runs / p.run_id, cfg, p.world)
+    if why and cfg.run.overwrite:
+        return RERUN
+    return refusal(runs / p.run_id, why) if why else None
+
+
 def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir: str | os.PathLike = "runs",
               launcher: str = "local", *, module: str = TRAIN_MODULE, timeout_s: float | None = None,
               env: Mapping[str, str] | None = None, slurm_script: str | os.PathLike = SBATCH_SCRIPT,
@@ -297,12 +315,21 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
     status: dict[str, str] = {}
     todo = []
     for p in points:
-        if run_status(runs / p.run_id) == "completed":
-            status[p.run_id] = "skipped"
-        else:
+        if run_status(runs / p.run_id) != "completed":
             todo.append(p)
-    say(f"sweep: {len(points)} grid points, {len(points) - len(todo)} already completed, {len(todo)} to run "
-        f"({launcher}) -> {runs}")
+        elif (why := _changed(config, p, runs)) is None:
+            status[p.run_id] = "skipped"
+        elif why == RERUN:
+            todo.append(p)
+        else:  # the old run's results must not pass for this point's
+            status[p.run_id] = "failed"
+            say(f"  {p.run_id}: failed: {why}")
+            _record(runs / p.run_id, p, {"launcher": launcher, "command": None, "started": _now(),
+                                         "finished": _now(), "seconds": 0.0, "returncode": None,
+                                         "status": "failed", "reason": why})
+    done = sum(st == "skipped" for st in status.values())
+    say(f"sweep: {len(points)} grid points, {done} already completed, {len(todo)} to run"
+        + (f", {len(status) - done} refused" if len(status) > done else "") + f" ({launcher}) -> {runs}")
     if launcher == "local":
         try:
             with stop_signals():

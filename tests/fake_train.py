@@ -1,6 +1,6 @@
 """A stand-in for `python -m pretok_lib.train` in sweep tests: honours the CLI and run-directory contract
 (docs/RUNS.md: run.json status, metrics.jsonl, exit code) in milliseconds. Rank 0 writes; every rank appends
-its rank to `invocations.txt`. Run ids listed in $FAKE_FAIL_IDS fail; $FAKE_SLEEP_S delays the run; SIGTERM or
+its rank to `invocations.txt`; with $FAKE_SAVE_CONFIG it records config.yaml. Run ids listed in $FAKE_FAIL_IDS fail; $FAKE_SLEEP_S delays the run; SIGTERM or
 SIGINT during the delay ends it like the trainer: run.json `interrupted`, exit 3."""
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ def main(argv: list[str]) -> int:
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     rdir = Path(over["run.dir"]) / over["run.id"]
     rdir.mkdir(parents=True, exist_ok=True)
+    if os.environ.get("FAKE_SAVE_CONFIG") and rank == 0:  # the resolved config, as the trainer records it
+        from pretok_lib.train.config import load_config, save_config
+
+        save_config(load_config(argv[1], argv[2:]), rdir / "config.yaml")
     with open(rdir / "invocations.txt", "a") as fh:
         fh.write(f"{rank}/{world}\n")
     fail = over["run.id"] in os.environ.get("FAKE_FAIL_IDS", "").split(",")

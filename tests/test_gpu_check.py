@@ -13,6 +13,7 @@ import pytest
 
 from pretok_lib import gpu_check as G
 from pretok_lib.cli import main as cli_main
+from pretok_lib.errors import PretokError
 
 from .conftest import ROOT
 
@@ -123,3 +124,51 @@ def test_cpu_mode_end_to_end(tmp_path: Path) -> None:
     assert v["checks"]["train"]["details"]["backend"] == "gloo"
     r = v["checks"]["resume"]["details"]
     assert r["resumed_from_step"] == 2 and r["max_loss_diff"] == 0.0 and r["exact"]
+
+    # A second check in the same work directory measures anew: it must not find the first one's runs complete and
+    # report their (here falsified) metrics, nor resume from their checkpoints.
+    gc = tmp_path / "gc"
+    metrics = gc / "runs" / "reference" / "metrics.jsonl"
+    recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+    metrics.write_text("".join(json.dumps({**x, "loss": 99.0} if "loss" in x else x) + "\n" for x in recs))
+    (gc / "runs" / "resumed" / "planted").write_text("stale")
+    p2 = subprocess.run([sys.executable, "-m", "pretok_lib.cli", "gpu-check", "--device", "cpu", "--steps", "4",
+                         "--out", str(gc)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    v2 = json.loads(p2.stdout)
+    assert p2.returncode == 0 and v2["ok"], json.dumps(v2, indent=1)[-3000:]
+    t1, t2 = v["checks"]["train"]["details"], v2["checks"]["train"]["details"]
+    assert t2["loss_first"] == t1["loss_first"] != 99.0 and t2["loss_last"] == t1["loss_last"]
+    assert v2["checks"]["resume"]["details"]["resumed_from_step"] == 2
+    assert not (gc / "runs" / "resumed" / "planted").exists()
+
+
+def test_foreign_out_directory_is_refused_and_kept(tmp_path: Path) -> None:
+    """--out holding anything but a gpu-check work directory is refused (the check empties its directory)."""
+    own = tmp_path / "mine"
+    own.mkdir()
+    (own / "thesis.tex").write_text("precious")
+    for extra in ([], ["--dry-run"]):
+        with pytest.raises(PretokError, match="not a gpu-check work directory"):
+            G.run_check(_args(tmp_path, "--device", "cpu", "--skip", *G.CHECKS, *extra, "--out", str(own)))
+    assert (own / "thesis.tex").read_text() == "precious" and sorted(p.name for p in own.iterdir()) == ["thesis.tex"]
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(PretokError, match="not a directory"):
+        G.run_check(_args(tmp_path, "--device", "cpu", "--skip", *G.CHECKS, "--out", str(afile)))
+    # our own directory (marker written by an earlier check) is emptied, stale verdict included
+    gc = tmp_path / "gc"
+    v = G.run_check(_args(tmp_path, "--device", "cpu", "--skip", *G.CHECKS))
+    assert (gc / G.MARKER).is_file() and v["ok"]
+    (gc / "runs").mkdir()
+    (gc / "runs" / "old").write_text("old")
+    G.run_check(_args(tmp_path, "--device", "cpu", "--skip", *G.CHECKS))
+    assert sorted(p.name for p in gc.iterdir()) == sorted([G.MARKER, "verdict.json"])
+
+
+def test_study_check_fails_at_once_on_a_broken_install(tmp_path: Path, monkeypatch) -> None:
+    """A package the study needs that does not import (seen on a bare GPU machine: nbconvert without bleach's css
+    extra) fails the check in a second with the import error, before any notebook runs."""
+    monkeypatch.setitem(sys.modules, "plotly", None)
+    with pytest.raises(G.CheckFailed, match="import plotly failed: ModuleNotFoundError"):
+        G.run_study_check(tmp_path, 1, 5.0)
+    assert not (tmp_path / "study.log").exists()

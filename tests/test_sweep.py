@@ -290,3 +290,31 @@ def test_a_killed_sweep_takes_its_runs_down(tmp_path: Path, config: Path, world:
     proc.communicate(timeout=30)
     assert _gone(runs), "the run outlived its killed sweep"
     assert json.loads((rdir / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_completed_point_of_another_config_is_refused_not_reused(tmp_path: Path) -> None:
+    """A completed run under the point's id whose config differs (here the base config's learning rate changed)
+    is not skipped as if it were this sweep's: the point fails with the difference named, nothing is launched;
+    run.overwrite=true reruns it."""
+    data, _ = tiny_memmap(tmp_path)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"data:\n  path: {data}\ntrain:\n  steps: 1\n  lr: 0.001\n")
+    runs, env = tmp_path / "runs", {**ENV, "FAKE_SAVE_CONFIG": "1"}
+    grid = Grid(axes={"world": [1, 2]}, base={"train.steps": 1})
+    assert [s for _, s in run_sweep(cfg, grid, runs, module=FAKE, env=env, echo=None)] == ["completed"] * 2
+    assert [s for _, s in run_sweep(cfg, grid, runs, module=FAKE, env=env, echo=None)] == ["skipped"] * 2
+
+    cfg.write_text(cfg.read_text().replace("lr: 0.001", "lr: 0.002"))
+    lines: list[str] = []
+    res = run_sweep(cfg, grid, runs, module=FAKE, env=env, echo=lines.append)
+    assert [s for _, s in res] == ["failed"] * 2
+    assert "0 already completed, 0 to run, 2 refused" in lines[-1]
+    assert all("holds a run of another config (train.lr: 0.001 -> 0.002)" in x for x in lines[:2]), lines
+    assert (runs / "sweep-w1" / "invocations.txt").read_text() == "0/1\n"  # nothing launched
+    rec = json.loads((runs / "sweep-w1" / "launcher.json").read_text())
+    assert rec["attempts"][-1]["status"] == "failed" and "train.lr" in rec["attempts"][-1]["reason"]
+
+    over = Grid(axes={"world": [1, 2]}, base={"train.steps": 1, "run.overwrite": True})
+    assert [s for _, s in run_sweep(cfg, over, runs, module=FAKE, env=env, echo=None)] == ["completed"] * 2
+    assert (runs / "sweep-w1" / "invocations.txt").read_text() == "0/1\n0/1\n"
+    assert [s for _, s in run_sweep(cfg, grid, runs, module=FAKE, env=env, echo=None)] == ["skipped"] * 2

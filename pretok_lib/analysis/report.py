@@ -93,6 +93,9 @@ def export_report(executed_ipynb: str | Path, out_dir: str | Path, name: str = "
     import nbformat
     from nbconvert import HTMLExporter
 
+    from ..atomic import atomic_write_text
+
+    _find_nbconvert_templates()
     nb = nbformat.read(str(executed_ipynb), as_version=4)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -101,8 +104,19 @@ def export_report(executed_ipynb: str | Path, out_dir: str | Path, name: str = "
         exporter = HTMLExporter(exclude_input=exclude, exclude_input_prompt=exclude, exclude_output_prompt=exclude)
         body, _ = exporter.from_notebook_node(nb)
         paths[key] = out / (f"{name}.html" if key == "report" else f"{name}_nocode.html")
-        paths[key].write_text(body, encoding="utf-8")
+        atomic_write_text(paths[key], body)
     return paths
+
+
+def _find_nbconvert_templates() -> None:
+    """nbconvert installed with `pip install --target DIR` (PYTHONPATH; common on clusters and bare GPU nodes) keeps
+    its templates in DIR/share/jupyter, which Jupyter does not search: add that folder to JUPYTER_PATH."""
+    import nbconvert
+    from jupyter_core.paths import jupyter_path
+
+    data = Path(nbconvert.__file__).resolve().parents[1] / "share" / "jupyter"
+    if (data / "nbconvert" / "templates").is_dir() and str(data) not in jupyter_path():
+        os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [os.environ.get("JUPYTER_PATH"), str(data)]))
 
 
 def count_rendered_figures(dom: str) -> int:

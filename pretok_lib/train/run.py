@@ -27,6 +27,7 @@ from ..run_record import RECORD_STATUSES, read_run_record
 from . import distributed
 from .checkpoint import names_path
 from .config import Config, load_config, save_config
+from .identity import changed, refusal
 from .metrics import MetricsLog, read_records, summarize
 
 RUN_VERSION = 1
@@ -108,10 +109,14 @@ def _compact(record: dict, room: int) -> bytes:
     return data
 
 
-def _prepare_dir(cfg: Config, run_dir: Path) -> bool | str:
-    """Rank 0: False when the run already completed (nothing to do); clears it when run.overwrite; the error
-    line when the directory cannot be made (read-only, disk full)."""
+def _prepare_dir(cfg: Config, run_dir: Path, world: int) -> bool | tuple[int, str]:
+    """Rank 0: False when the run already completed (nothing to do); clears it when run.overwrite; (exit code, error
+    line) when it holds a run of another config (identity.py) or cannot be made (read-only, disk full)."""
     status = read_run_record(run_dir)
+    if not cfg.run.overwrite:
+        why = changed(run_dir, cfg, world)
+        if why:
+            return EXIT_BAD_INPUT, refusal(run_dir, why)
     try:
         if cfg.run.overwrite and run_dir.exists():
             shutil.rmtree(run_dir)
@@ -119,7 +124,7 @@ def _prepare_dir(cfg: Config, run_dir: Path) -> bool | str:
             return False
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        return str(os_error(e, run_dir))
+        return EXIT_FAILED, str(os_error(e, run_dir))
     return True
 
 
@@ -134,12 +139,12 @@ def train(cfg: Config) -> int:
     run_id = distributed.broadcast_object(cfg.run.id or default_id)
     cfg.run.id = run_id
     run_dir = Path(cfg.run.dir) / run_id
-    todo = distributed.broadcast_object(_prepare_dir(cfg, run_dir) if d.is_main else None)
-    if isinstance(todo, str):
+    todo = distributed.broadcast_object(_prepare_dir(cfg, run_dir, d.world) if d.is_main else None)
+    if isinstance(todo, (tuple, list)):
         if d.is_main:
-            print(f"pretok train: error: {todo}", file=sys.stderr)
+            print(f"pretok train: error: {todo[1]}", file=sys.stderr)
         distributed.teardown()
-        return EXIT_FAILED
+        return todo[0]
     if not todo:
         if d.is_main:
             _log(f"{run_dir} already completed; nothing to do (run.overwrite=true to start over)")

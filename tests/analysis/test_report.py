@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -83,3 +84,38 @@ def test_executed_notebook_report_renders_in_chromium(tmp_path: Path, study_root
         shot = tmp_path / f"{key}.png"
         assert render_check(html, shot) >= 2, key  # both figures drawn by plotly.js, no network
         assert_real_png(shot, min_kb=20, min_size=(1000, 1000))
+
+
+def test_export_finds_templates_of_a_pip_target_install(tmp_path: Path) -> None:
+    """nbconvert installed with `pip install --target DIR` (PYTHONPATH) keeps its templates in DIR/share/jupyter,
+    which Jupyter does not search; the export must still find them. Built here from the installed distribution's
+    own file list in the --target layout; `python -S` keeps the environment's share/jupyter out of the search."""
+    import importlib.metadata as md
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+
+    dist, site = md.distribution("nbconvert"), tmp_path / "site"
+    for f in dist.files:
+        src, rel = Path(dist.locate_file(f)).resolve(), Path(*[p for p in f.parts if p != ".."])
+        if src.is_file() and rel.parts[0] in ("nbconvert", "share"):
+            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, site / rel)
+    assert (site / "share" / "jupyter" / "nbconvert" / "templates" / "lab").is_dir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# target install")]
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    root = Path(__file__).resolve().parents[2]
+    code = ("import os, sys; from jupyter_core.paths import jupyter_path; import nbconvert; "
+            f"assert nbconvert.__file__.startswith({str(site)!r}), nbconvert.__file__; "
+            "assert not any(os.path.isdir(p + '/nbconvert/templates') for p in jupyter_path()); "
+            "from pretok_lib.analysis.report import export_report; "
+            f"print(sorted(export_report({str(tmp_path / 'nb.ipynb')!r}, {str(tmp_path / 'out')!r})))")
+    env = {k: v for k, v in os.environ.items() if k not in ("JUPYTER_PATH", "JUPYTER_DATA_DIR")}
+    env.update(PYTHONPATH=os.pathsep.join(map(str, (site, root, sysconfig.get_paths()["purelib"]))),
+               HOME=str(tmp_path), JUPYTER_PLATFORM_DIRS="0")
+    p = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "report" in p.stdout and "target install" in (tmp_path / "out" / "report.html").read_text()
+

@@ -61,11 +61,21 @@ def test_every_data_path_trains_and_writes_the_run_contract(kind, train_data, tm
         assert [e.step for e in acc.Scalars("val/val_loss")] == [2, 3]
 
 
-def test_completed_run_is_not_repeated_and_overwrite_restarts(train_data, tmp_path):
+def test_completed_run_is_not_repeated_and_overwrite_restarts(train_data, tmp_path, capsys):
     o = tiny_overrides(train_data, tmp_path, **{"train.steps": 2})
     assert train(load_config(None, o)) == 0
     before = (tmp_path / "run" / "metrics.jsonl").read_text()
-    assert train(load_config(None, o + ["train.steps=5"])) == 0       # completed: left alone
+    assert train(load_config(None, o + ["data.num_workers=1"])) == 0    # same run, completed: left alone
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+    capsys.readouterr()
+    assert train(load_config(None, o + ["train.steps=5"])) == 2        # another run's results would pass as its
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a run of another config (train.steps: 2 -> 5)" in err[0], err
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+    rec = tmp_path / "run" / "run.json"  # an interrupted attempt is not resumed under another config either
+    rec.write_text(json.dumps({**json.loads(rec.read_text()), "status": "interrupted"}))
+    assert train(load_config(None, o + ["train.lr=0.01"])) == 2
+    assert "train.lr: 0.0003 -> 0.01" in capsys.readouterr().err
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
     assert train(load_config(None, o + ["train.steps=4", "run.overwrite=true"])) == 0
     assert [r["step"] for r in records(tmp_path / "run")] == [1, 2, 3, 4]

@@ -1,0 +1,99 @@
+"""A run directory belongs to one config: resuming it, or finding it complete, under another would mix two runs or
+report the old one's results as the new one's. `changed(run_dir, cfg, world)` names what differs (docs/RUNS.md).
+
+What may change between the attempts of one run (requeue, elastic resume, another node) is exempt: where the run
+lives and what it is called, operational settings (loader workers, cache, checksum on open, logging, checkpoint
+cadence, device), and the split of the global batch (micro-batch x ranks x accumulation: the product, recorded in
+run.json, must stay). A value resolved at run time (`auto`, or unset: the run recorded what it resolved to) matches
+whatever was recorded. Paths compare after resolving links and relative paths.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import Config
+
+EXEMPT_KEYS = {"name", "run.id", "run.dir", "run.overwrite", "data.num_workers", "data.verify_on_open",
+               "data.cache_mb", "data.micro_batch", "train.grad_accum", "hardware.device"}
+EXEMPT_SECTIONS = ("log.", "checkpoint.")
+PATH_KEYS = {"data.path", "data.tokenizer", "eval.path"}
+RESOLVED_AT_RUN_TIME = (None, "auto")
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _path(p: Any) -> Any:
+    if isinstance(p, str) and p and "://" not in p:
+        return os.path.realpath(p)
+    return [_path(x) for x in p] if isinstance(p, list) else p
+
+
+def _norm(key: str, v: Any) -> Any:
+    if key in PATH_KEYS:
+        return _path(v)
+    if key == "data.mixture" and isinstance(v, list):
+        return [{**e, "path": _path(e.get("path"))} if isinstance(e, dict) else e for e in v]
+    return v
+
+
+def _exempt(key: str) -> bool:
+    return key in EXEMPT_KEYS or key.startswith(EXEMPT_SECTIONS)
+
+
+def differences(saved: dict, new: dict) -> list[str]:
+    """`key: saved -> new` for every identity key (present in both) whose values differ."""
+    a, b = _flat(saved), _flat(new)
+    out = []
+    for key in sorted(a.keys() & b.keys()):
+        if _exempt(key) or b[key] in RESOLVED_AT_RUN_TIME:
+            continue
+        old, cur = _norm(key, a[key]), _norm(key, b[key])
+        if old != cur:
+            out.append(f"{key}: {json.dumps(a[key], default=str)} -> {json.dumps(b[key], default=str)}")
+    return out
+
+
+def changed(run_dir: str | os.PathLike, cfg: Config, world: int) -> str | None:
+    """Why `run_dir` (an earlier attempt: config.yaml, run.json) is not a run of `cfg` on `world` ranks; None when
+    it is, or when it holds no earlier attempt. Unreadable records count as different (nothing is reused blind)."""
+    run_dir = Path(run_dir)
+    saved_cfg, record = run_dir / "config.yaml", run_dir / "run.json"
+    if not saved_cfg.exists():
+        return None
+    try:
+        saved = yaml.safe_load(saved_cfg.read_text())
+        if not isinstance(saved, dict):
+            raise ValueError("not a mapping")
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        return f"its config.yaml cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    diffs = differences(saved, cfg.to_dict())
+    try:
+        gb = json.loads(record.read_text()).get("global_batch") if record.exists() else None
+    except (OSError, ValueError):
+        gb = None
+    if gb is not None and gb != cfg.global_batch(world):
+        diffs.append(f"global batch (micro-batch x ranks x grad_accum): {gb} -> {cfg.global_batch(world)}")
+    if not diffs:
+        return None
+    shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
+    return f"holds a run of another config ({shown})"
+
+
+def refusal(run_dir: str | os.PathLike, why: str) -> str:
+    """The one-line error for a run directory that `changed` rejected."""
+    return (f"{run_dir}: {why}: resuming it or reusing its results would mix two runs; run.overwrite=true starts "
+            f"it over, or choose another run.id")

@@ -1,0 +1,99 @@
+"""A run directory belongs to one config (pretok_lib/train/identity.py): every field of the config, generated from
+the dataclasses so a new field is covered the day it is added, either changes the run's identity or is listed as
+exempt; values resolved at run time and equal paths spelled differently match."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from pretok_lib.train.config import Config, load_config, save_config
+from pretok_lib.train.identity import EXEMPT_KEYS, EXEMPT_SECTIONS, _flat, changed, differences
+
+
+def _other(v):
+    """A different value of the same kind."""
+    if isinstance(v, bool):
+        return not v
+    if isinstance(v, (int, float)):
+        return v * 2 + 1
+    if isinstance(v, str):
+        return v + "-x"
+    if isinstance(v, list):
+        return [*v, {"path": "/elsewhere", "weight": 1.0}] if v == [] else v[:-1]
+    return "set-now" if v is None else None
+
+
+def _set(d: dict, key: str, value) -> dict:
+    out = json.loads(json.dumps(d))
+    *head, last = key.split(".")
+    node = out
+    for h in head:
+        node = node[h]
+    node[last] = value
+    return out
+
+
+KEYS = sorted(_flat(Config().to_dict()))
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_every_field_is_identity_or_exempt(key: str) -> None:
+    saved = Config().to_dict()
+    saved = _set(saved, key, _other(_flat(saved)[key]) if _flat(saved)[key] is None else _flat(saved)[key])
+    new = _set(saved, key, _other(_flat(saved)[key]))
+    diffs = differences(saved, new)
+    exempt = key in EXEMPT_KEYS or key.startswith(EXEMPT_SECTIONS)
+    if exempt:
+        assert diffs == [], key
+    else:
+        assert len(diffs) == 1 and diffs[0].startswith(f"{key}: "), (key, diffs)
+
+
+@pytest.mark.parametrize("key", ["train.precision", "model.vocab_size", "data.order", "model.intermediate_size"])
+def test_values_resolved_at_run_time_match_what_was_recorded(key: str) -> None:
+    recorded = {"train.precision": "bf16", "model.vocab_size": 50304, "data.order": "block",
+                "model.intermediate_size": 384}[key]
+    saved = _set(Config().to_dict(), key, recorded)
+    unresolved = "auto" if key == "train.precision" else None
+    assert differences(saved, _set(saved, key, unresolved)) == []
+    if key == "train.precision":  # an explicit other precision is another run
+        assert differences(saved, _set(saved, key, "fp32")) == ["train.precision: \"bf16\" -> \"fp32\""]
+
+
+def test_paths_compare_resolved(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "data").mkdir()
+    os.symlink(tmp_path / "data", tmp_path / "link")
+    monkeypatch.chdir(tmp_path)
+    saved = _set(Config().to_dict(), "data.path", str(tmp_path / "data"))
+    for same in ("data", "./data", "link", str(tmp_path / "link") + "/"):
+        assert differences(saved, _set(saved, "data.path", same)) == [], same
+    assert differences(saved, _set(saved, "data.path", "other")) != []
+    mix = _set(Config().to_dict(), "data.mixture", [{"path": str(tmp_path / "data"), "weight": 1.0}])
+    assert differences(mix, _set(mix, "data.mixture", [{"path": "link", "weight": 1.0}])) == []
+    assert differences(mix, _set(mix, "data.mixture", [{"path": "link", "weight": 2.0}])) != []
+    remote = _set(saved, "data.path", "s3://bucket/ds")
+    assert differences(remote, _set(remote, "data.path", "s3://bucket/ds")) == []
+
+
+def test_changed_reads_the_run_directory(tmp_path: Path) -> None:
+    cfg = load_config(None, ["data.path=/d", "train.steps=3", "data.micro_batch=4"])
+    run = tmp_path / "run"
+    assert changed(run, cfg, 1) is None                      # nothing there yet
+    run.mkdir()
+    save_config(cfg, run / "config.yaml")
+    (run / "run.json").write_text(json.dumps({"status": "completed", "global_batch": 8}))
+    assert changed(run, cfg, 2) is None                      # 4 x 2 ranks, as recorded
+    elastic = load_config(None, ["data.path=/d", "train.steps=3", "data.micro_batch=8"])
+    assert changed(run, elastic, 1) is None                  # elastic resume: same global batch on one rank
+    why = changed(run, cfg, 1)
+    assert why and "global batch" in why and "8 -> 4" in why
+    many = load_config(None, ["data.path=/d", "train.steps=4", "train.lr=1", "train.beta1=0.5", "model.num_layers=9",
+                              "run.seed=7", "data.micro_batch=4"])
+    why = changed(run, many, 2)
+    assert why.count(" -> ") == 4 and why.endswith("and 1 more)")
+    (run / "config.yaml").write_text("{unclosed")
+    assert "cannot be read" in changed(run, cfg, 2)
