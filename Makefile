@@ -9,6 +9,7 @@ DEMO_DIR ?= runs/demo
 STUDY_DIR ?= runs/study-quick
 # Test processes (pytest-xdist): each test file runs whole on one of them, tests/slurm together (tests/conftest.py).
 TEST_WORKERS ?= 2
+DURATIONS ?= 15
 
 .PHONY: setup sysdeps demo lab test bench clean
 
@@ -39,7 +40,7 @@ sysdeps:
 	bash scripts/install_system_deps.sh
 
 test: setup sysdeps
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15 tests
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=$(DURATIONS) tests
 
 bench: setup
 	$(VENV)/bin/pretok bench tokenize --json runs/bench/tokenize.json

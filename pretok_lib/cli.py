@@ -207,7 +207,8 @@ def cmd_sweep(a: argparse.Namespace) -> None:
             print(f"{p.run_id}  [{run_status(Path(a.runs_dir) / p.run_id) or 'not run'}]  "
                   f"{' '.join(command(p, a.config, a.launcher, a.runs_dir, a.module))}")
         return
-    res = run_sweep(a.config, grid, a.runs_dir, a.launcher, module=a.module, timeout_s=a.timeout)
+    res = run_sweep(a.config, grid, a.runs_dir, a.launcher, module=a.module, timeout_s=a.timeout,
+                    changed="rerun" if a.rerun_changed else "refuse")
     failed = [p.run_id for p, s in res if s == "failed"]
     print(f"sweep: {sum(s == 'completed' for _, s in res)} completed now, {sum(s == 'skipped' for _, s in res)} "
           f"skipped (completed before), {len(failed)} failed; runs in {a.runs_dir}/")
@@ -317,6 +318,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", default="runs")
     p.add_argument("--launcher", default="local", choices=["local", "slurm"])
     p.add_argument("--timeout", type=float, default=None, help="seconds per local run before it is stopped")
+    p.add_argument("--rerun-changed", action="store_true",
+                   help="start over a point whose run directory holds a run of another config (default: refuse it)")
     p.add_argument("--dry-run", action="store_true", help="print run ids, their status and commands; run nothing")
     p.add_argument("--module", default="pretok_lib.train", help=argparse.SUPPRESS)  # tests use a stand-in trainer
     p.set_defaults(fn=cmd_sweep)

@@ -21,6 +21,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -272,11 +273,13 @@ def _outcome(run_dir: Path, rc: int | None, problem: str | None) -> tuple[str, s
 
 
 RERUN = "rerun"
+CHANGED_POLICIES = ("refuse", "rerun")  # a point whose run directory holds another config (train/identity.py)
 
 
 def _changed(config: Path, p: Point, runs: Path) -> str | None:
-    """Why the completed run of point `p` is not this sweep's (another config: train/identity.py), or None when it
-    is; RERUN when it is not but the point says run.overwrite=true."""
+    """Why the run directory of point `p` (an earlier attempt) is not this point's run (another config:
+    train/identity.py), or None when it is or holds nothing; RERUN when it is not but the point says
+    run.overwrite=true."""
     from .train.config import load_config
     from .train.identity import changed, refusal
 
@@ -293,7 +296,7 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
               launcher: str = "local", *, module: str = TRAIN_MODULE, timeout_s: float | None = None,
               env: Mapping[str, str] | None = None, slurm_script: str | os.PathLike = SBATCH_SCRIPT,
               slurm_options: Mapping[str, Any] | None = None, echo: Callable[[str], None] | None = print,
-              ) -> list[tuple[Point, str]]:
+              changed: str = "refuse") -> list[tuple[Point, str]]:
     """Launch every grid point not yet completed, one after the other (local) or all at once as SLURM jobs then
     wait for them; returns `(point, status)` with status `completed` (now), `skipped` (completed before) or
     `failed` (recorded in launcher.json, retried on the next call).
@@ -303,6 +306,8 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
         launcher: local or slurm; module: the training module run per point; timeout_s: per point (local).
         env: extra environment for the runs; slurm_script, slurm_options: the sbatch script and its flags.
         echo: where progress lines go (None: silent).
+        changed: a point whose run directory holds a run of another config (say the base config changed since):
+            `refuse` (failed, nothing launched, the old run kept) or `rerun` (started over: run.overwrite=true).
     """
     points = grid.points() if isinstance(grid, Grid) else list(grid)
     if launcher not in LAUNCHERS:
@@ -314,14 +319,22 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     status: dict[str, str] = {}
     todo = []
+    if changed not in CHANGED_POLICIES:
+        raise PretokError(f"sweep: changed must be one of {', '.join(CHANGED_POLICIES)} (got {changed!r})")
     for p in points:
-        if run_status(runs / p.run_id) != "completed":
+        why = _changed(config, p, runs)
+        if why is None:
+            if run_status(runs / p.run_id) == "completed":
+                status[p.run_id] = "skipped"
+            else:
+                todo.append(p)
+        elif why == RERUN:  # the point itself says run.overwrite=true: the trainer starts over
             todo.append(p)
-        elif (why := _changed(config, p, runs)) is None:
-            status[p.run_id] = "skipped"
-        elif why == RERUN:
+        elif changed == "rerun":  # cleared here, so a requeued SLURM job of it resumes rather than restarts
+            say(f"  {p.run_id}: its run directory holds a run of another config: starting it over")
+            shutil.rmtree(runs / p.run_id)
             todo.append(p)
-        else:  # the old run's results must not pass for this point's
+        else:  # the old run's results must not pass for this point's, nor be resumed under its config
             status[p.run_id] = "failed"
             say(f"  {p.run_id}: failed: {why}")
             _record(runs / p.run_id, p, {"launcher": launcher, "command": None, "started": _now(),

@@ -314,7 +314,17 @@ def test_completed_point_of_another_config_is_refused_not_reused(tmp_path: Path)
     rec = json.loads((runs / "sweep-w1" / "launcher.json").read_text())
     assert rec["attempts"][-1]["status"] == "failed" and "train.lr" in rec["attempts"][-1]["reason"]
 
+    cfg.write_text(cfg.read_text().replace("lr: 0.002", "lr: 0.003"))  # the study's policy: run changed points again
+    lines = []
+    res = run_sweep(cfg, grid, runs, module=FAKE, env=env, echo=lines.append, changed="rerun")
+    assert [s for _, s in res] == ["completed"] * 2 and "starting it over" in lines[0]
+    assert (runs / "sweep-w1" / "invocations.txt").read_text() == "0/1\n"  # the old directory was cleared
+    assert "lr: 0.003" in (runs / "sweep-w1" / "config.yaml").read_text()
+    with pytest.raises(PretokError, match="changed must be one of"):
+        run_sweep(cfg, grid, runs, module=FAKE, env=env, echo=None, changed="ignore")
+
+    cfg.write_text(cfg.read_text().replace("lr: 0.003", "lr: 0.002"))
     over = Grid(axes={"world": [1, 2]}, base={"train.steps": 1, "run.overwrite": True})
     assert [s for _, s in run_sweep(cfg, over, runs, module=FAKE, env=env, echo=None)] == ["completed"] * 2
-    assert (runs / "sweep-w1" / "invocations.txt").read_text() == "0/1\n0/1\n"
+    assert (runs / "sweep-w1" / "invocations.txt").read_text() == "0/1\n0/1\n"  # the trainer starts over
     assert [s for _, s in run_sweep(cfg, grid, runs, module=FAKE, env=env, echo=None)] == ["skipped"] * 2

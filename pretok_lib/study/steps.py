@@ -278,7 +278,8 @@ def study_grid(index: Mapping, axes: Mapping[str, Sequence[Any]], base: Mapping[
 def train_one(paths: StudyPaths, index: Mapping, config: str, data_kind: str = "pretok-memmap", world: int = 1,
               overrides: Mapping[str, Any] | None = None, prefix: str = "train", timeout_s: float | None = None):
     """One training run (as its own process) of `config` on the study's `data_kind` dataset; returns
-    `(point, status)`. A completed run with the same id is not repeated.
+    `(point, status)`. A completed run with the same id and config is not repeated; one of another config (the
+    study's parameters changed since) is run again, like the datasets.
 
     Args:
         paths, index: the study's directories and dataset index; config: the training config (name or path).
@@ -288,7 +289,7 @@ def train_one(paths: StudyPaths, index: Mapping, config: str, data_kind: str = "
     from ..sweep import run_sweep
 
     grid = study_grid(index, {}, {"data.kind": data_kind, "world": world, **(overrides or {})}, prefix)
-    [(point, status)] = run_sweep(resolve(config), grid, paths.runs, timeout_s=timeout_s)
+    [(point, status)] = run_sweep(resolve(config), grid, paths.runs, timeout_s=timeout_s, changed="rerun")
     return point, status
 
 
@@ -311,7 +312,7 @@ def run_study_sweep(paths: StudyPaths, index: Mapping, config: str, grids: Itera
             if p.run_id not in seen:
                 seen.add(p.run_id)
                 points.append(p)
-    return run_sweep(resolve(config), points, paths.runs, launcher, timeout_s=timeout_s)
+    return run_sweep(resolve(config), points, paths.runs, launcher, timeout_s=timeout_s, changed="rerun")
 
 
 def dataset_dirs(paths: StudyPaths) -> list[str]:

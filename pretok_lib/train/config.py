@@ -83,6 +83,8 @@ class TrainConfig:
     precision: str = "auto"         # auto | fp32 | bf16 | fp16 (autocast; fp16 with a gradient scaler); auto: bf16
     #                                 where the hardware computes it natively (most GPUs, AMX CPUs), else fp32
     time_budget_s: float | None = None  # stop early, completed, after the step that passes this much training time
+    tf32: bool = True               # CUDA: fp32 matmuls on TF32 tensor cores (the datasheet's fp32 peak assumes it);
+    #                                 false: IEEE fp32, MFU against a measured fp32 matmul rate
     compile: bool = False
     activation_checkpointing: bool = False
     target_loss: float | None = None   # time-to-target is reported when set

@@ -190,14 +190,29 @@ def resolve_precision(requested: str, device: torch.device) -> Precision:
                                      f"{has}): fp32")
 
 
-def peak_flops(device: torch.device, precision: str, override_tflops: float | None) -> tuple[float, str]:
+def set_tf32(device: torch.device, tf32: bool) -> str | None:
+    """CUDA: let fp32 matmuls use TF32 tensor cores (`train.tf32`, as nanoGPT and most GPU trainers do; without it an
+    fp32 run computes in IEEE fp32 at a fraction of the datasheet's fp32 = TF32 peak). Returns the matmul precision
+    set, None on other devices (CPUs keep IEEE fp32: 'high' could let oneDNN round fp32 matmuls to bf16)."""
+    if device.type != "cuda":
+        return None
+    mode = "high" if tf32 else "highest"
+    torch.set_float32_matmul_precision(mode)
+    return mode
+
+
+def peak_flops(device: torch.device, precision: str, override_tflops: float | None,
+               tf32: bool = True) -> tuple[float, str]:
     """(per-device peak FLOP/s for MFU, where it came from): the override; a GPU's datasheet figure for the
-    run's precision (fp32: TF32); else the best matmul rate measured on this device over every dtype it runs
-    (the utilisation of the machine, not of the chosen dtype, so MFU <= 1 whatever the precision)."""
+    run's precision (fp32: TF32, when TF32 is on); else the best matmul rate measured on this device over every
+    dtype it runs (the utilisation of the machine, not of the chosen dtype, so MFU <= 1 whatever the precision)."""
     if override_tflops:
         return override_tflops * 1e12, "hardware.peak_tflops"
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
+        if precision == "fp32" and not tf32:  # IEEE fp32 runs on the CUDA cores: no datasheet row for it here
+            rate = best_matmul_flops(device, torch.float32, GPU_SIZES, 0.5)
+            return rate, f"measured GPU fp32 matmul, TF32 off ({name}): {_gflops(rate)} GFLOP/s"
         for key, peaks in PEAK_TFLOPS.items():
             if key in name:
                 dtype = "fp32" if precision == "fp32" else "bf16"

@@ -26,7 +26,7 @@ from ..errors import NonFiniteLoss, PretokError
 from . import checkpoint
 from .config import Config
 from .distributed import Dist, all_reduce, barrier, broadcast_object
-from .hardware import peak_flops, resolve_precision
+from .hardware import peak_flops, resolve_precision, set_tf32
 from .metrics import MetricsLog, peak_memory_mb, perplexity
 from .model import build_model, model_flops_per_token, vocab_size_for
 
@@ -169,7 +169,8 @@ class Trainer:
         self.vocab = vocab_size_for(c.model, tok_vocab)
         model = build_model(c.model, self.vocab, c.data.seq_len, c.run.seed, d.device)
         self.flops_per_token = model_flops_per_token(model, c.model, c.data.seq_len)
-        self.peak, self.peak_source = peak_flops(d.device, c.train.precision, c.hardware.peak_tflops)
+        set_tf32(d.device, c.train.tf32)
+        self.peak, self.peak_source = peak_flops(d.device, c.train.precision, c.hardware.peak_tflops, c.train.tf32)
         if c.train.activation_checkpointing:
             if hasattr(model, "activation_checkpointing_enable"):      # transformers >= 5.x
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

@@ -129,6 +129,28 @@ def test_every_datasheet_entry_matches_its_own_gpu_name(monkeypatch, key):
             assert source.startswith(f"datasheet {key} ") and peak == hardware.PEAK_TFLOPS[key][figure] * 1e12
 
 
+def test_fp32_on_cuda_uses_tf32_and_its_peak_or_neither(monkeypatch):
+    """`train.tf32` (default on): fp32 matmuls on TF32 tensor cores, MFU against the datasheet's TF32 figure; off:
+    IEEE fp32, MFU against a measured fp32 matmul (the datasheet has no row for it), never the TF32 figure."""
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "NVIDIA H100 80GB HBM3")
+    seen = []
+    monkeypatch.setattr(hardware, "best_matmul_flops", lambda dev, dt, sizes, s: seen.append(dt) or 51e12)
+    assert hardware.peak_flops(cuda, "fp32", None, tf32=True) == (494.5e12, "datasheet H100 dense TF32")
+    peak, source = hardware.peak_flops(cuda, "fp32", None, tf32=False)
+    assert peak == 51e12 and seen == [torch.float32] and "TF32 off" in source and "H100" in source
+    assert hardware.peak_flops(cuda, "bf16", None, tf32=False)[0] == 989e12   # autocast matmuls: not fp32
+    before = torch.get_float32_matmul_precision()
+    try:
+        assert hardware.set_tf32(cuda, True) == "high" and torch.get_float32_matmul_precision() == "high"
+        assert hardware.set_tf32(cuda, False) == "highest" and torch.get_float32_matmul_precision() == "highest"
+        torch.set_float32_matmul_precision(before)
+        assert hardware.set_tf32(CPU, True) is None and torch.get_float32_matmul_precision() == before
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert load_config(None, ["data.path=x"]).train.tf32 is True
+
+
 def test_datasheet_has_the_current_gpus():
     assert {"GH200", "H200", "B200", "L40S", "A10", "A10G", "H100", "A100"} <= set(hardware.PEAK_TFLOPS)
 
