@@ -195,10 +195,10 @@ def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int],
         if job.fmt == "memmap":
             writer.add(ids, np.diff(offsets))
         elif job.fmt == "token-list":
-            writer.write(pqf.tokenlist_table(ids, offsets, writer.writer.schema), t)
+            writer.write(pqf.tokenlist_table(ids, offsets, writer.writer.schema), t, np.diff(offsets))
         else:
             table, st = pqf.padded_table(ids, offsets, writer.writer.schema)
-            writer.write(table, n * pol["row_length"])
+            writer.write(table, n * pol["row_length"], np.minimum(np.diff(offsets), pol["row_length"]))
             counts["padding"] += st.padding
             counts["truncated"] += st.truncated
             t -= st.truncated  # padded rows store the kept tokens only

@@ -61,3 +61,35 @@ def test_checksummed_part_records_the_hashes_of_both_files(tmp_path):
     assert not part_files_intact(tmp_path / "p", {**record, PART_HASH_KEY: part.hashes()[0]}, 2)  # older record layout
     (tmp_path / "p.lens").write_bytes(lens[:-4] + b"\x06\x00\x00\x00")  # same size, other bytes
     assert not part_files_intact(tmp_path / "p", record, 2)
+
+
+@pytest.mark.parametrize("fmt", ["memmap", "token-list", "padded"])
+def test_tokenizing_imports_nothing_heavy(tmp_path, fmt):
+    """A run (inline: the workers' own code path) imports neither pandas nor torch/datasets/transformers: `pa.array`
+    and `Array.to_numpy` import pandas (0.3-0.6 s per worker process), so the parquet writers build Arrow arrays
+    over numpy memory and take row lengths from numpy."""
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pretok_lib.formats import parquet as pqf
+
+    from ..conftest import GPT2_JSON, ROOT
+
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"text": [f"document {i} " * (i % 50 + 1) for i in range(3000)]}), corpus)
+    code = ("import sys; from pretok_lib.pretokenize import TokenizeConfig, run_tokenize; "
+            f"run_tokenize(TokenizeConfig(inputs=[{str(corpus)!r}], out={str(tmp_path / 'out')!r}, "
+            f"tokenizer={str(GPT2_JSON)!r}, format={fmt!r}, seq_len=64, workers=0, progress=False)); "
+            "print(sorted(m for m in ('pandas', 'torch', 'datasets', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    for part in sorted((tmp_path / "out").rglob("*.parquet")):  # the footer's row lengths, now given from numpy
+        key = pqf.DOC_LENGTHS_KEY if fmt == "token-list" else pqf.ROW_LENGTHS_KEY
+        recorded = pqf.doc_lengths_of(pq.ParquetFile(part).metadata, part, key)
+        assert recorded.tolist() == [len(d) for d in pqf.iter_documents(part)] and len(recorded) > 0
