@@ -5,7 +5,7 @@ What may change between the attempts of one run (requeue, elastic resume, anothe
 lives and what it is called, operational settings (loader workers, cache, checksum on open, logging, checkpoint
 cadence, device), and the split of the global batch (micro-batch x ranks x accumulation: the product, recorded in
 run.json, must stay). A value resolved at run time (`auto`, or unset: the run recorded what it resolved to) matches
-whatever was recorded. Paths compare after resolving links and relative paths.
+whatever was recorded. Existing paths compare after resolving links and relative paths.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def _path(p: Any) -> Any:
-    if isinstance(p, str) and p and "://" not in p:
+    """A local path that exists, resolved (links, relative to the working directory); anything else as written
+    (URLs, names such as a tiktoken encoding, paths gone since)."""
+    if isinstance(p, str) and p and "://" not in p and os.path.exists(p):
         return os.path.realpath(p)
     return [_path(x) for x in p] if isinstance(p, list) else p
 

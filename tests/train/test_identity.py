@@ -75,6 +75,10 @@ def test_paths_compare_resolved(tmp_path: Path, monkeypatch) -> None:
     mix = _set(Config().to_dict(), "data.mixture", [{"path": str(tmp_path / "data"), "weight": 1.0}])
     assert differences(mix, _set(mix, "data.mixture", [{"path": "link", "weight": 1.0}])) == []
     assert differences(mix, _set(mix, "data.mixture", [{"path": "link", "weight": 2.0}])) != []
+    named = _set(saved, "data.tokenizer", "cl100k_base")  # a name, not a file: compared as written, wherever run
+    monkeypatch.chdir(tmp_path / "data")
+    assert differences(named, _set(named, "data.tokenizer", "cl100k_base")) == []
+    assert differences(named, _set(named, "data.tokenizer", "o200k_base")) != []
     remote = _set(saved, "data.path", "s3://bucket/ds")
     assert differences(remote, _set(remote, "data.path", "s3://bucket/ds")) == []
 
