@@ -289,7 +289,7 @@ def _changed(config: Path, p: Point, runs: Path) -> str | None:
     why = changed(runs / p.run_id, cfg, p.world)
     if why and cfg.run.overwrite:
         return RERUN
-    return refusal(runs / p.run_id, why) if why else None
+    return f"{refusal(runs / p.run_id, why)} (a sweep: --rerun-changed starts such points over)" if why else None
 
 
 def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir: str | os.PathLike = "runs",
@@ -307,7 +307,7 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
         env: extra environment for the runs; slurm_script, slurm_options: the sbatch script and its flags.
         echo: where progress lines go (None: silent).
         changed: a point whose run directory holds a run of another config (say the base config changed since):
-            `refuse` (failed, nothing launched, the old run kept) or `rerun` (started over: run.overwrite=true).
+            `refuse` (failed, nothing launched, the old run kept) or `rerun` (its directory cleared, then run).
     """
     points = grid.points() if isinstance(grid, Grid) else list(grid)
     if launcher not in LAUNCHERS:

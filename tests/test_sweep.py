@@ -292,7 +292,7 @@ def test_a_killed_sweep_takes_its_runs_down(tmp_path: Path, config: Path, world:
     assert json.loads((rdir / "run.json").read_text())["status"] == "interrupted"
 
 
-def test_completed_point_of_another_config_is_refused_not_reused(tmp_path: Path) -> None:
+def test_completed_point_of_another_config_is_refused_not_reused(tmp_path: Path, monkeypatch, capsys) -> None:
     """A completed run under the point's id whose config differs (here the base config's learning rate changed)
     is not skipped as if it were this sweep's: the point fails with the difference named, nothing is launched;
     run.overwrite=true reruns it."""
@@ -315,9 +315,15 @@ def test_completed_point_of_another_config_is_refused_not_reused(tmp_path: Path)
     assert rec["attempts"][-1]["status"] == "failed" and "train.lr" in rec["attempts"][-1]["reason"]
 
     cfg.write_text(cfg.read_text().replace("lr: 0.002", "lr: 0.003"))  # the study's policy: run changed points again
-    lines = []
-    res = run_sweep(cfg, grid, runs, module=FAKE, env=env, echo=lines.append, changed="rerun")
-    assert [s for _, s in res] == ["completed"] * 2 and "starting it over" in lines[0]
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("FAKE_SAVE_CONFIG", "1")
+    args = ["sweep", "--config", str(cfg), "--axis", "world=1,2", "--set", "train.steps=1", "--runs-dir", str(runs),
+            "--module", FAKE]
+    capsys.readouterr()
+    assert cli_main(args) == 1 and "--rerun-changed starts such points over" in capsys.readouterr().out
+    assert cli_main(args + ["--rerun-changed"]) == 0
+    out = capsys.readouterr().out
+    assert "starting it over" in out and "2 completed now" in out
     assert (runs / "sweep-w1" / "invocations.txt").read_text() == "0/1\n"  # the old directory was cleared
     assert "lr: 0.003" in (runs / "sweep-w1" / "config.yaml").read_text()
     with pytest.raises(PretokError, match="changed must be one of"):
