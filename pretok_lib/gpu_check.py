@@ -104,7 +104,10 @@ def fresh_out(out: Path, dry_run: bool) -> None:
     if dry_run:
         return
     for e in entries:
-        shutil.rmtree(e) if e.is_dir() and not e.is_symlink() else e.unlink()
+        if e.is_dir() and not e.is_symlink():
+            shutil.rmtree(e)
+        else:
+            e.unlink()
     out.mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("work directory of `pretok gpu-check`: emptied at the start of every check\n")
 

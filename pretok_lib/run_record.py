@@ -31,6 +31,18 @@ def read_run_record(run_dir: str | os.PathLike, problems: list[str] | None = Non
     return None
 
 
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts (a run's config.yaml) as one level with dotted keys ({"a": {"b": 1}} -> {"a.b": 1})."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
 def run_status(run_dir: str | os.PathLike) -> str | None:
     """`status` of the run's record (one of RECORD_STATUSES), None if there is no readable record."""
     return (read_run_record(run_dir) or {}).get("status")

@@ -18,7 +18,7 @@ import numpy as np
 import yaml
 
 from ..datapaths import global_batch
-from ..run_record import read_run_record
+from ..run_record import flatten, read_run_record
 
 TABLE_STATUSES = ("completed", "failed", "incomplete")
 RUN_FILES = ("run.json", "metrics.jsonl", "launcher.json")  # launcher.json: `pretok_lib.sweep` tried to start it
@@ -107,18 +107,6 @@ class Run:
     def label(self) -> str:
         """The run id, with its status appended unless completed."""
         return self.run_id if self.status == "completed" else f"{self.run_id} [{self.status}]"
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as one level with dotted keys ({"a": {"b": 1}} -> {"a.b": 1})."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
 
 
 def _matches(key: str, patterns: Iterable[str]) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from ..run_record import flatten, read_run_record
 from .config import Config
 
 EXEMPT_KEYS = {"name", "run.id", "run.dir", "run.overwrite", "data.num_workers", "data.verify_on_open",
@@ -24,16 +25,6 @@ EXEMPT_KEYS = {"name", "run.id", "run.dir", "run.overwrite", "data.num_workers",
 EXEMPT_SECTIONS = ("log.", "checkpoint.")
 PATH_KEYS = {"data.path", "data.tokenizer", "eval.path"}
 RESOLVED_AT_RUN_TIME = (None, "auto")
-
-
-def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _path(p: Any) -> Any:
@@ -58,7 +49,7 @@ def _exempt(key: str) -> bool:
 
 def differences(saved: dict, new: dict) -> list[str]:
     """`key: saved -> new` for every identity key (present in both) whose values differ."""
-    a, b = _flat(saved), _flat(new)
+    a, b = flatten(saved), flatten(new)
     out = []
     for key in sorted(a.keys() & b.keys()):
         if _exempt(key) or b[key] in RESOLVED_AT_RUN_TIME:
@@ -73,7 +64,7 @@ def changed(run_dir: str | os.PathLike, cfg: Config, world: int) -> str | None:
     """Why `run_dir` (an earlier attempt: config.yaml, run.json) is not a run of `cfg` on `world` ranks; None when
     it is, or when it holds no earlier attempt. Unreadable records count as different (nothing is reused blind)."""
     run_dir = Path(run_dir)
-    saved_cfg, record = run_dir / "config.yaml", run_dir / "run.json"
+    saved_cfg = run_dir / "config.yaml"
     if not saved_cfg.exists():
         return None
     try:
@@ -83,10 +74,7 @@ def changed(run_dir: str | os.PathLike, cfg: Config, world: int) -> str | None:
     except (OSError, ValueError, yaml.YAMLError) as e:
         return f"its config.yaml cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
     diffs = differences(saved, cfg.to_dict())
-    try:
-        gb = json.loads(record.read_text()).get("global_batch") if record.exists() else None
-    except (OSError, ValueError):
-        gb = None
+    gb = (read_run_record(run_dir) or {}).get("global_batch")
     if gb is not None and gb != cfg.global_batch(world):
         diffs.append(f"global batch (micro-batch x ranks x grad_accum): {gb} -> {cfg.global_batch(world)}")
     if not diffs:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from pretok_lib.train.config import Config, load_config, save_config
-from pretok_lib.train.identity import EXEMPT_KEYS, EXEMPT_SECTIONS, _flat, changed, differences
+from pretok_lib.run_record import flatten as _flat
+from pretok_lib.train.identity import EXEMPT_KEYS, EXEMPT_SECTIONS, changed, differences
 
 
 def _other(v):
