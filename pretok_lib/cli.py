@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+from .cpu_affinity import usable_cpus
 from .errors import PretokError, os_error
 
 
@@ -102,8 +103,8 @@ def cmd_corpus(a: argparse.Namespace) -> None:
 
 
 def cmd_tokenize(a: argparse.Namespace) -> None:
-    from .pretokenize import run_tokenize
     from .engine.verify import format_inspect, inspect
+    from .pretokenize import run_tokenize
 
     run_tokenize(tokenize_config(a), _t0=_STARTED)
     print(format_inspect(inspect(a.out)))
@@ -291,7 +292,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--max-mb", type=float, default=20.0)
     p.add_argument("--vocab-size", type=int, default=8192)
-    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--workers", type=int, default=usable_cpus())
     p.set_defaults(fn=cmd_demo)
     p = sub.add_parser("train", help="train a causal LM on one data path (torchrun for DDP); see docs/RUNS.md")
     if heavy:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .cpu_affinity import usable_cpus
+
 PACKAGES = ("numpy", "pyarrow", "tokenizers", "fastokens", "tiktoken", "sentencepiece", "mistral-common",
             "transformers", "datasets", "torch")
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")
@@ -66,6 +68,6 @@ def environment() -> dict:
         except importlib.metadata.PackageNotFoundError:
             pass
     return {"python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
-            "cpu_model": cpu_model(), "hostname": socket.gethostname(), "cpus": len(os.sched_getaffinity(0)),
+            "cpu_model": cpu_model(), "hostname": socket.gethostname(), "cpus": usable_cpus(),
             "packages": versions, "git_commit": git_commit(),
             "slurm": {k: v for k, v in os.environ.items() if k in SLURM_VARS}}

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import procs
+from .cpu_affinity import usable_cpus
 from .errors import PretokError
 
 VERDICT_VERSION = 1
@@ -80,7 +81,7 @@ def environment() -> dict[str, Any]:
     env: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__,
                            "cuda_runtime": torch.version.cuda, "cuda_available": cuda,
                            "gpu_count": torch.cuda.device_count() if cuda else 0,
-                           "nccl": torch.distributed.is_nccl_available(), "cpus": len(os.sched_getaffinity(0)),
+                           "nccl": torch.distributed.is_nccl_available(), "cpus": usable_cpus(),
                            "packages": {p: ver(p) for p in ("transformers", "fastokens", "tokenizers", "papermill",
                                                              "pyarrow", "numpy")}}
     if cuda:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import resource
+import sys
 
 
 def peak_rss_mb() -> float:
@@ -15,4 +16,5 @@ def peak_rss_mb() -> float:
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024

@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from ..cpu_affinity import usable_cpus
 from ..datapaths import FORMAT_OF, KINDS, ON_THE_FLY, PACKED
 from ..errors import PretokError
 from . import fmt_num
@@ -372,7 +373,7 @@ def run(args: LoadersBench) -> dict:
     comp = bench_compression(corpus, tok, args, pre) if args.compressions else []
     load = [round(x, 2) for x in os.getloadavg()]  # other processes skew the rates: say how busy the machine was
     print(f"\nloader throughput: {Path(corpus).name}, {info.spec}, seq_len {L}, micro-batch {B}; "
-          f"load average {load[0]} (1 min), {len(os.sched_getaffinity(0))} cpus\n")
+          f"load average {load[0]} (1 min), {usable_cpus()} cpus\n")
     print(loader_table(res))
     if comp:
         print("\n" + compression_table(comp))

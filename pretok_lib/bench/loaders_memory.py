@@ -17,6 +17,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from ..memory import peak_rss_mb
 from . import fmt_num
 
 if TYPE_CHECKING:
@@ -50,8 +51,7 @@ def add_args(p: argparse.ArgumentParser, d: LoadersBench) -> None:
 
 
 def _hwm() -> int:
-    with open("/proc/self/status") as f:
-        return int(f.read().split("VmHWM:")[1].split()[0]) * 1024
+    return int(peak_rss_mb() * 2**20)
 
 
 def one(spec: dict) -> dict:

@@ -13,6 +13,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cpu_affinity import usable_cpus
 from .common import (GPT2_REL, BenchConfig, add_common_args, add_output_args, cached_corpus, check_targets,
                      environment, from_args, offline, resolve_tokenizer, write_json)
 from .tokenize_methods import (ChildRss, ceiling_parallel, child_ceiling, child_datasets, child_loop, hf_tokenizer,
@@ -34,7 +35,6 @@ NOTES = """\
 Peak RSS: (a), (c) VmHWM of the process (it holds all its texts); (b) max of its main process and any map worker,
     (d) the largest worker VmHWM recorded in the manifest. tokens/s: text tokens (no BOS/EOS). bytes/token: bytes on disk per
     stored token (BOS/EOS included, padding and truncated tokens excluded)."""
-LOOP, MAP, CEIL = "(a) per-doc tok(text) loop", "(b) datasets.map", "(c) ceiling 1 core"
 
 
 @dataclass
@@ -43,7 +43,7 @@ class TokenizeBench(BenchConfig):
 
     mb: float = 500.0
     workdir: str = "runs/bench/tokenize"
-    workers: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))  # datasets.map and the engine
+    workers: int = field(default_factory=usable_cpus)  # datasets.map and the engine
     formats: list[str] = field(default_factory=lambda: list(FORMATS))
     skip: list[str] = field(default_factory=list)  # methods left out (SKIPPABLE)
     loop_mb: float = 20.0  # corpus prefix measured by (a) and (b)

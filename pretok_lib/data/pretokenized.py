@@ -223,13 +223,26 @@ class MemmapPacked(_Packed):
         if len(self.ds) != self.m["counts"]["documents"]:
             raise PretokError(f"data.idx holds {len(self.ds)} documents, manifest.json says "
                               f"{self.m['counts']['documents']}", self.path)
-        self.starts = np.asarray(self.ds.pointers, dtype=np.int64) // self.ds.dtype.itemsize
-        self.tokens = self.ds.tokens.view(np.ndarray)  # same mapping, without np.memmap's per-slice overhead
-        lengths = np.asarray(self.ds.lengths, dtype=np.int64)
+        lengths = self._views()
         if len(lengths) and not np.array_equal(self.starts[1:], np.cumsum(lengths)[:-1]):  # windows assume this
             raise PretokError("sequence pointers are not contiguous in document order (corrupt index)",
                               self.ds.idx_path)
-        super().__init__(np.asarray(self.ds.lengths, dtype=np.int64), seq_len, seed, shuffle)
+        super().__init__(lengths, seq_len, seed, shuffle)
+
+    def _views(self) -> np.ndarray:
+        """Set the token view and document starts from the mapped files; return the document lengths."""
+        self.starts = np.asarray(self.ds.pointers, dtype=np.int64) // self.ds.dtype.itemsize
+        self.tokens = self.ds.tokens.view(np.ndarray)  # same mapping, without np.memmap's per-slice overhead
+        return np.asarray(self.ds.lengths, dtype=np.int64)
+
+    def __getstate__(self) -> dict:
+        """A DataLoader worker started by spawn or forkserver gets the paths (`MemmapDataset.__getstate__`), not
+        the tokens or the arrays derived from the index: they are mapped and derived again there."""
+        return {**self.__dict__, "starts": None, "tokens": None, "doc_lengths": None, "_index": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.doc_lengths = self._views()
 
     def doc_tokens(self, doc: int, a: int, b: int) -> np.ndarray:
         s = int(self.starts[doc])

@@ -3,10 +3,11 @@ command line derives its defaults from it). Light to import: the CLI builds its 
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
+
+from ..cpu_affinity import usable_cpus
 
 if TYPE_CHECKING:
     from ..sources import SourceOptions
@@ -23,7 +24,7 @@ class TokenizeConfig:
     tokenizer: str
     format: str = "memmap"
     seq_len: int = 2048  # padded rows hold seq_len + 1 tokens; no other format depends on it
-    workers: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
+    workers: int = field(default_factory=usable_cpus)
     text_column: str = "text"
     separator: str | None = None
     compression: str = "zstd:3"

@@ -13,6 +13,7 @@ part). `finish` fsyncs, renames the `.bin`, then streams the `.idx` from the len
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -32,6 +33,36 @@ COMMIT_EVERY_S = 1.0  # commit appends at most once a second (a crash redoes at 
 SYNC_EVERY_BYTES = 64 << 20  # fdatasync the .bin in a background thread every ~64 MB appended
 
 
+
+# copy_file_range is Linux's; a filesystem or kernel that refuses it (FUSE, a copy across filesystems on some kernels,
+# a seccomp filter) answers with one of these, and the bytes are then copied through a buffer. Any other error
+# (ENOSPC, EIO) is the copy's own failure and propagates.
+NO_KERNEL_COPY = frozenset({errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM})
+
+
+def append_bytes(src_fd: int, dst_fd: int, size: int, src: Path) -> None:
+    """Copy `size` bytes from `src_fd`'s position to `dst_fd`'s (both advance): in the kernel where it can, else
+    through a 1 MiB buffer. A source that ends early is an OSError naming `src`."""
+    done, kernel = 0, hasattr(os, "copy_file_range")
+    while done < size:
+        if kernel:
+            try:
+                n = os.copy_file_range(src_fd, dst_fd, size - done)
+            except OSError as e:
+                if e.errno not in NO_KERNEL_COPY:
+                    raise
+                kernel = False
+                continue
+        else:
+            view = memoryview(os.read(src_fd, min(size - done, 1 << 20)))
+            n = len(view)
+            while view:
+                view = view[os.write(dst_fd, view):]
+        if n == 0:
+            raise OSError(f"{src}: short copy")
+        done += n
+
+
 class _BackgroundSync:
     """fdatasync of a file in a thread each time `every` more bytes were appended (one at a time), so that the
     final fsync finds little to write or to flush out of the device's cache (measured here: 0.42 s → 0.03 s for
@@ -43,7 +74,7 @@ class _BackgroundSync:
 
     def _sync(self) -> None:
         try:
-            os.fdatasync(self.fd)
+            getattr(os, "fdatasync", os.fsync)(self.fd)  # macOS has fsync only
         except OSError as e:
             self.error = e
 
@@ -165,11 +196,7 @@ class MemmapAppender:
             if running is not None and size:
                 with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as view:
                     running.update(view)
-            while done < size:
-                n = os.copy_file_range(fh.fileno(), dst.fileno(), size - done)
-                if n == 0:
-                    raise OSError(f"{src}: short copy")
-                done += n
+            append_bytes(fh.fileno(), dst.fileno(), size, src)
         dst.seek(0, os.SEEK_END)
         return size
 

@@ -36,6 +36,12 @@ def _write_dtype(dtype: str) -> np.dtype:
     return _le(dtype)
 
 
+def _identity(path: str) -> tuple[int, int, int, int]:
+    """Which file this is and whether it changed: device, inode, size, modification time."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def _map(path: str, dtype: np.dtype | str, offset: int = 0, count: int | None = None) -> np.ndarray:
     """Read-only memmap of `path`; an empty array when there is nothing to map (np.memmap rejects empty files)."""
     dtype = np.dtype(dtype)
@@ -191,9 +197,8 @@ class MemmapDataset:
             )
         if n_doc_idx < 1:
             raise PretokError("no document indices (expected at least [0])", idx)
-        self.lengths = _map(idx, "<i4", _HEADER.size, n_seq)
-        self.pointers = _map(idx, "<i8", o_ptr, n_seq)
-        self.document_indices = _map(idx, "<i8", o_doc, n_doc_idx)
+        self._layout = (n_seq, n_doc_idx)
+        self._map_index()
         self._check_document_indices(n_seq)
         itemsize = self.dtype.itemsize
         self._num_tokens = _sum_lengths(self.lengths, idx)
@@ -206,6 +211,26 @@ class MemmapDataset:
         if bin_size != want:
             hint = "truncated?" if bin_size < want else "trailing bytes?"
             raise PretokError(f"size {bin_size} bytes, index expects {want} ({hint})", self.bin_path)
+        self.tokens = _map(self.bin_path, self.dtype)
+        self._files = (_identity(self.idx_path), _identity(self.bin_path))
+
+    def _map_index(self) -> None:
+        n_seq, n_doc_idx = self._layout
+        self.lengths = _map(self.idx_path, "<i4", _HEADER.size, n_seq)
+        self.pointers = _map(self.idx_path, "<i8", _HEADER.size + 4 * n_seq, n_seq)
+        self.document_indices = _map(self.idx_path, "<i8", _HEADER.size + 12 * n_seq, n_doc_idx)
+
+    def __getstate__(self) -> dict:
+        """Pickled (for a DataLoader worker started by spawn or forkserver: macOS, and Linux from Python 3.14) as
+        its paths and checked layout: the files are mapped again there, never copied into the pickle."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("lengths", "pointers", "document_indices", "tokens")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        for path, seen in zip((self.idx_path, self.bin_path), self._files):
+            if _identity(path) != seen:
+                raise PretokError("changed since the dataset was opened (rewritten or replaced)", path)
+        self._map_index()
         self.tokens = _map(self.bin_path, self.dtype)
 
     def _check_document_indices(self, n_seq: int) -> None:

@@ -12,9 +12,9 @@
 from __future__ import annotations
 
 import copy
-import os
 from typing import Any
 
+from ..cpu_affinity import usable_cpus
 from ..datapaths import KINDS
 
 PATHS = list(KINDS)
@@ -102,7 +102,7 @@ def profile_parameters(profile: str, overrides: dict[str, Any] | None = None) ->
     gpus = gpu_count()
     worlds = world_sizes(gpus) if gpus else [1, 2]
     if p.get("workers") == 0:
-        p["workers"] = len(os.sched_getaffinity(0))
+        p["workers"] = usable_cpus()
     if p.get("train_world") == 0:
         p["train_world"] = worlds[-1]
     for g in p.get("sweep_grids", []):

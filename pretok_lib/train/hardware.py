@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..cpu_affinity import usable_cpus
 from ..environment import cpu_flags, cpu_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -150,11 +151,7 @@ def cpu_matmul_rates(budget_s: float = 0.2) -> dict[str, float]:
 
 def cpu_threads() -> int:
     """Threads a CPU run computes with: torch's intra-op threads, at most the CPUs this process may use."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cpus = os.cpu_count() or 1
-    return max(1, min(torch.get_num_threads(), cpus))
+    return max(1, min(torch.get_num_threads(), usable_cpus()))
 
 
 def _cuda_bf16(device: torch.device) -> bool:

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..atomic import atomic_write_json
+from ..cpu_affinity import usable_cpus
 from ..environment import environment
 from ..errors import NonFiniteLoss, PretokError, os_error
 from ..run_record import RECORD_STATUSES, read_run_record
@@ -134,7 +135,7 @@ def train(cfg: Config) -> int:
 
     d = distributed.setup(cfg.hardware.device)
     if d.device.type == "cpu" and d.world > 1 and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+        torch.set_num_threads(max(1, usable_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     default_id = f"{cfg.name}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
     run_id = distributed.broadcast_object(cfg.run.id or default_id)
     cfg.run.id = run_id
