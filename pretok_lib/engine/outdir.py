@@ -1,6 +1,6 @@
 """The output directory of `pretok tokenize` / `pretok merge`: its lock, its checks, resume state, deletion.
 
-The lock is a file *beside* the output, `<parent>/.<name>.lock` (flock), taken before anything under the output
+The lock is a file *beside* the output, `<parent>/.<name>.lock` (flock, else lockf), taken before anything under the output
 is read or changed and held until the run ends. Being outside the directory, it outlives `--overwrite`'s
 replacement of the directory, so two writers never interleave (a lock inside the directory would be deleted with
 it). A second writer gets one line and exit 1; the lock file itself stays (removing a lock file races).
@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import stat
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -63,13 +64,34 @@ def output_lock(out: Path) -> Iterator[None]:
             return
         raise os_error(e, lock if e.filename is None else None, "cannot create the output's lock file") from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise PretokError(f"another pretok process is writing into this output (it holds {lock})", out) from None
+        _lock_or_say_why_not(fd, lock, out)
         yield
     finally:
         os.close(fd)
+
+
+# What a file system without locks answers (Lustre mounted without flock/localflock, some FUSE and NFS set-ups).
+NO_LOCKS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK, errno.EINVAL})
+
+
+def _lock_or_say_why_not(fd: int, lock: Path, out: Path) -> None:
+    """flock, else a POSIX record lock (NFS through lockd, Lustre with localflock); where the file system has
+    neither, the run goes on unlocked and says so in one line (a second writer would then not be detected)."""
+    busy = PretokError(f"another pretok process is writing into this output (it holds {lock})", out)
+    refusals = []
+    for take in (lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB),
+                 lambda: fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)):
+        try:
+            take()
+            return
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):  # held (lockf may say EACCES)
+                raise busy from None
+            if e.errno not in NO_LOCKS:
+                raise os_error(e, lock, "cannot lock the output") from None
+            refusals.append(os.strerror(e.errno))
+    print(f"pretok: warning: {lock}: the file system cannot lock ({'; '.join(refusals)}); writing without the "
+          f"lock, so make sure no other process writes into {out}", file=sys.stderr, flush=True)
 
 
 def _only_scaffolding(out: Path) -> bool:

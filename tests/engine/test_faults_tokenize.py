@@ -10,6 +10,7 @@ at seeded random moments, and bad SLURM array variables.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -313,6 +314,61 @@ def test_two_concurrent_writers(corpus, refs, tmp_path, overwrite):
         assert 0 in [rc for _, rc in results], results
         same_as_ref(out, refs["memmap"])
         assert not (out / ".pretok" / "lock").exists() and (tmp_path / f".out{trial}.lock").exists()
+
+
+LOCK_REFUSALS = [errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL]
+
+
+def _refuse(err: int):
+    def refuse(*a):
+        raise OSError(err, os.strerror(err))
+    return refuse
+
+
+@pytest.mark.parametrize("refusal", LOCK_REFUSALS)
+def test_a_file_system_without_flock_locks_with_record_locks(corpus, refs, tmp_path, monkeypatch, capsys, refusal):
+    """flock refused (Lustre without the flock mount option, some NFS/FUSE): POSIX record locks keep out a second
+    writer; the run itself completes silently with the reference bytes."""
+    import fcntl
+
+    monkeypatch.setattr(fcntl, "flock", _refuse(refusal))
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], "
+                               "os.O_CREAT | os.O_RDWR); fcntl.lockf(fd, fcntl.LOCK_EX); print('held', flush=True); "
+                               "time.sleep(60)", str(tmp_path / ".out.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        rc, err = cli(capsys, *tok_args(corpus, out, "memmap"))
+        assert rc == 1
+        one_line(err, "another pretok process is writing into this output", str(out))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert cli(capsys, *tok_args(corpus, out, "memmap")) == (0, "")
+    same_as_ref(out, refs["memmap"])
+
+
+def test_a_file_system_without_any_lock_writes_and_says_so(corpus, refs, tmp_path, monkeypatch, capsys):
+    import fcntl
+
+    monkeypatch.setattr(fcntl, "flock", _refuse(errno.ENOSYS))
+    monkeypatch.setattr(fcntl, "lockf", _refuse(errno.ENOLCK))
+    out = tmp_path / "out"
+    rc, err = cli(capsys, *tok_args(corpus, out, "memmap"))
+    assert rc == 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pretok: warning: ") and "cannot lock" in lines[0], err
+    same_as_ref(out, refs["memmap"])
+
+
+def test_a_lock_failing_otherwise_is_one_line(corpus, tmp_path, monkeypatch, capsys):
+    import fcntl
+
+    monkeypatch.setattr(fcntl, "flock", _refuse(errno.EIO))
+    rc, err = cli(capsys, *tok_args(corpus, tmp_path / "out", "memmap"))
+    assert rc == 1
+    one_line(err, "cannot lock the output", os.strerror(errno.EIO), ".out.lock")
+    assert not (tmp_path / "out").exists()
 
 
 def _signal_at(args: list[str], sig: int, delay: float) -> tuple[int, str]:
