@@ -19,6 +19,7 @@ import pytest
 from pretok_lib import cpu_affinity, memory
 from pretok_lib.engine import memmap_append
 from pretok_lib.engine.memmap_append import NO_KERNEL_COPY, append_bytes
+from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
 from .conftest import GPT2_JSON, ROOT, WIKI_EN, tiny_memmap
 
@@ -149,14 +150,15 @@ def test_engine_off_linux_writes_the_same_bytes(tmp_path, shared_data, fmt):
     docs = [v["extract"] for v in json.loads(WIKI_EN.read_text()).values()][:1500]
     corpus = tmp_path / "docs.parquet"
     pq.write_table(pa.table({"text": docs}), corpus, row_group_size=200)
-    outs = {}
-    for name, env in (("linux", None), ("not-linux", _not_linux_env(tmp_path))):
-        out = tmp_path / name
-        p = _cli(["-m", "pretok_lib.cli", "tokenize", str(corpus), "--out", str(out), "--tokenizer", str(GPT2_JSON),
-                  "--format", fmt, "--workers", "2", "--part-mb", "0.2", "--seq-len", "128", "--no-progress"], env)
-        assert p.returncode == 0, p.stderr[-2000:]
-        outs[name] = out
-        assert _cli(["-m", "pretok_lib.cli", "verify", str(out)], env).returncode == 0
+    outs = {"linux": tmp_path / "linux", "not-linux": tmp_path / "not-linux"}
+    run_tokenize(TokenizeConfig(inputs=[str(corpus)], out=str(outs["linux"]), tokenizer=str(GPT2_JSON), format=fmt,
+                                workers=2, part_mb=0.2, seq_len=128, progress=False))
+    env = _not_linux_env(tmp_path)
+    p = _cli(["-m", "pretok_lib.cli", "tokenize", str(corpus), "--out", str(outs["not-linux"]), "--tokenizer",
+              str(GPT2_JSON), "--format", fmt, "--workers", "2", "--part-mb", "0.2", "--seq-len", "128",
+              "--no-progress"], env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert _cli(["-m", "pretok_lib.cli", "verify", str(outs["not-linux"])], env).returncode == 0
     files = {name: {f.name: f.read_bytes() for f in sorted(out.iterdir()) if f.is_file() and f.name != "manifest.json"}
              for name, out in outs.items()}
     assert files["linux"] == files["not-linux"] and len(files["linux"]) >= 2

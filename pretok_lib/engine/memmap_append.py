@@ -33,7 +33,6 @@ COMMIT_EVERY_S = 1.0  # commit appends at most once a second (a crash redoes at 
 SYNC_EVERY_BYTES = 64 << 20  # fdatasync the .bin in a background thread every ~64 MB appended
 
 
-
 # copy_file_range is Linux's; a filesystem or kernel that refuses it (FUSE, a copy across filesystems on some kernels,
 # a seccomp filter) answers with one of these, and the bytes are then copied through a buffer. Any other error
 # (ENOSPC, EIO) is the copy's own failure and propagates.
