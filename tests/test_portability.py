@@ -38,7 +38,7 @@ builtins.open = io.open = _open_without_proc
 """
 
 
-def _fds(tmp_path: Path, data: bytes, prefix: bytes) -> tuple[Path, Path]:
+def _files(tmp_path: Path, data: bytes, prefix: bytes) -> tuple[Path, Path]:
     src, dst = tmp_path / "src", tmp_path / "dst"
     src.write_bytes(data)
     dst.write_bytes(prefix)
@@ -73,7 +73,7 @@ def test_append_falls_back_to_a_buffer_when_the_kernel_copy_is_refused(tmp_path,
     for size in SIZES:
         calls["n"] = 0
         data, prefix = rng.randbytes(size), rng.randbytes(rng.randrange(0, 5000))
-        src, dst = _fds(tmp_path, data, prefix)
+        src, dst = _files(tmp_path, data, prefix)
         _append(src, dst, size)
         assert dst.read_bytes() == prefix + data, (refusal, size)
 
@@ -84,7 +84,7 @@ def test_a_failing_copy_is_not_taken_for_a_refusal(tmp_path, monkeypatch, failur
         raise OSError(failure, os.strerror(failure))
 
     monkeypatch.setattr(os, "copy_file_range", fail, raising=False)
-    src, dst = _fds(tmp_path, b"x" * 100, b"")
+    src, dst = _files(tmp_path, b"x" * 100, b"")
     with pytest.raises(OSError) as e:
         _append(src, dst, 100)
     assert e.value.errno == failure and dst.read_bytes() == b""
@@ -94,7 +94,7 @@ def test_a_source_shorter_than_its_size_is_an_error_naming_it(tmp_path, monkeypa
     for kernel in (True, False):
         if not kernel:
             monkeypatch.delattr(os, "copy_file_range", raising=False)
-        src, dst = _fds(tmp_path, b"y" * 10, b"")
+        src, dst = _files(tmp_path, b"y" * 10, b"")
         with pytest.raises(OSError, match=f"{src}: short copy"):
             _append(src, dst, 20)
 

@@ -50,17 +50,13 @@ def add_args(p: argparse.ArgumentParser, d: LoadersBench) -> None:
     p.add_argument("--block-groups", type=int, default=d.block_groups, help="row groups per block-order window")
 
 
-def _hwm() -> int:
-    return int(peak_rss_mb() * 2**20)
-
-
 def one(spec: dict) -> dict:
     """Run in the child: build the reader, time batches, report peak RSS."""
     from ..data.inram import InRamPaddedRows, InRamTokenList
     from ..data.loader import ShardedBatches, StatefulLoader
     from ..data.pretokenized import BLOCK_GROUPS, CACHE_MB, PaddedRows, TokenListPacked
 
-    base = _hwm()
+    base = peak_rss_mb()
     t0 = time.perf_counter()
     kind, impl, path, L = spec["kind"], spec["impl"], spec["path"], spec["seq_len"]
     kw = {"seed": spec["seed"], "shuffle": True}
@@ -85,7 +81,7 @@ def one(spec: dict) -> dict:
     secs, cpu = time.perf_counter() - t1, time.process_time() - c1
     return {"kind": kind, "impl": impl, "setup_s": setup, "tokens_per_s": tokens / secs, "batches": n,
             "tokens_per_cpu_s": tokens / cpu,
-            "peak_rss_mb": _hwm() / 2**20, "rss_at_start_mb": base / 2**20, "digest": digest.hexdigest()[:16],
+            "peak_rss_mb": peak_rss_mb(), "rss_at_start_mb": base, "digest": digest.hexdigest()[:16],
             "decoded": getattr(getattr(src, "rows", None), "decoded", None)}
 
 
