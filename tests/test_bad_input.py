@@ -217,18 +217,24 @@ def test_verify_detects_a_modified_source(tmp_path, docs):
 
 
 def test_dead_worker_fails_the_run_instead_of_hanging(tmp_path, shared_data):
-    """multiprocessing.Pool replaces a dead worker and loses its task; the engine must notice and stop. A script
-    fed on stdin makes every spawned worker die at start (it cannot re-import __main__)."""
+    """multiprocessing.Pool replaces a dead worker and loses its task; the engine must notice and stop. Here every
+    spawned process dies as it starts (a sitecustomize exits any interpreter started by multiprocessing)."""
+    import os
     import subprocess
     import sys
 
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os, sys\nif '--multiprocessing-fork' in sys.argv:\n"
+                                           "    os._exit(3)\n")
     out = tmp_path / "out"
     script = (f"from pretok_lib.pretokenize import TokenizeConfig, run_tokenize\n"
               f"run_tokenize(TokenizeConfig(inputs=[{str(PYDOCS_JSONL)!r}], out={str(out)!r}, "
               f"tokenizer={str(GPT2_JSON)!r}, format='memmap', workers=2, progress=False))\n")
-    p = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=120,
-                       cwd=Path(__file__).resolve().parents[1])
-    assert p.returncode != 0 and "a tokenizer worker process died" in p.stderr
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=root,
+                       env=dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{root}"))
+    assert p.returncode != 0 and "a tokenizer worker process died" in p.stderr and "exit code 3" in p.stderr
     assert not (out / "manifest.json").exists()
 
 

@@ -16,9 +16,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import sys
 import threading
+import types
 from collections import deque
-from typing import TYPE_CHECKING, Callable
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
@@ -37,6 +40,22 @@ Encoded = tuple[np.ndarray, np.ndarray]  # (flat ids, offsets), as `Encoder.enco
 
 class Stopped(BaseException):
     """A wait on the pool given up because the run is ending (not an error of the work itself)."""
+
+
+@contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """While a spawned process starts, show multiprocessing a `__main__` with no file and no spec. Spawn otherwise
+    runs the parent's main script again in the child (as `__mp_main__`), for objects defined there; the zygote
+    needs none (its target and arguments live in pretok_lib). So a script that calls the engine at top level
+    without an `if __name__ == "__main__":` guard, or one fed on stdin, works, and a guarded one's top-level
+    imports (torch, a model...) are not paid again in the zygote, whose memory every forked worker inherits."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
 
 
 class Workers:
@@ -61,7 +80,8 @@ class Workers:
             saved = {k: os.environ.get(k) for k in WORKER_ENV}
             os.environ.update(WORKER_ENV)  # read by the spawned interpreter as it starts, before any import
             try:
-                self.zygote.start()
+                with _main_module_hidden():
+                    self.zygote.start()
             finally:
                 for k, v in saved.items():
                     if v is None:
@@ -202,6 +222,5 @@ class Workers:
         elif code == DIED_EXIT:
             why = "it exited with an error"
         else:
-            why = (f"the worker processes could not start or were killed, exit code {code}; scripts fed on stdin "
-                   "cannot start spawned workers: use a file or --workers 0")
+            why = f"the worker processes could not start or were killed, exit code {code}"
         raise PretokError(f"a tokenizer worker process died ({why}); rerun the same command to resume")

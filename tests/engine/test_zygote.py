@@ -164,3 +164,49 @@ print(json.dumps([ready.backend, threading.active_count(), len(os.listdir("/proc
     backend, py_threads, os_threads, pool = json.loads(out.stdout)
     assert backend is not None and py_threads == 1 and os_threads == 1, (backend, py_threads, os_threads)
     assert pool == "system"
+
+
+MAIN_SCRIPT = """import os, sys
+with open({marks!r}, "a") as f:
+    f.write(f"{{os.getpid()}} {{__name__}}\\n")
+from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
+def go():
+    run_tokenize(TokenizeConfig(inputs=[{data!r}], out=sys.argv[1], tokenizer={tok!r}, format="memmap",
+                                seq_len=64, workers=2, progress=False))
+{call}
+"""
+
+
+def test_a_users_main_script_of_any_form_starts_the_workers_and_runs_once(tmp_path):
+    """The zygote is spawned; spawn runs the parent's main script again in the child unless told otherwise. The
+    engine hides it: a script calling the engine at top level without a `__main__` guard, one fed on stdin, one
+    given by -c, and a guarded one all tokenize with 2 workers to the same bytes, and each script's top level
+    runs once (never again in the zygote as `__mp_main__`, paying its imports there)."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"text": [f"document {i}: " + "words and more words " * (i % 9 + 1)
+                                      for i in range(400)]}), data)
+    env = dict(__import__("os").environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    outs = {}
+    for form in ("unguarded", "guarded", "stdin", "-c"):
+        marks = tmp_path / f"{form}.marks"
+        call = 'if __name__ == "__main__":\n    go()' if form == "guarded" else "go()"
+        script = MAIN_SCRIPT.format(marks=str(marks), data=str(data), tok=str(GPT2_JSON), call=call)
+        out = tmp_path / f"out-{form}"
+        if form == "stdin":
+            cmd, stdin = [sys.executable, "-", str(out)], script
+        elif form == "-c":
+            cmd, stdin = [sys.executable, "-c", script, str(out)], None
+        else:
+            (tmp_path / f"{form}.py").write_text(script)
+            cmd, stdin = [sys.executable, str(tmp_path / f"{form}.py"), str(out)], None
+        p = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+        assert p.returncode == 0, (form, p.stderr[-2000:])
+        assert [line.split()[1] for line in marks.read_text().splitlines()] == ["__main__"], form
+        outs[form] = (out / "data.bin").read_bytes()
+    assert len(set(outs.values())) == 1 and len(outs["guarded"]) > 0
