@@ -100,6 +100,9 @@ class StatefulLoader:
 
     def __iter__(self) -> Iterator[dict]:
         start = self.position
+        prepare = getattr(self.dataset.source, "prepare", None)
+        if self.num_workers > 0 and prepare is not None:  # the epoch's index, built once and shared by the workers
+            prepare(start.epoch)
         loader = DataLoader(self.dataset, batch_size=None, num_workers=self.num_workers,
                             pin_memory=self.pin_memory, prefetch_factor=self.prefetch_factor)
         for batch in loader:

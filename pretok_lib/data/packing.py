@@ -12,6 +12,7 @@ from typing import Callable
 
 import numpy as np
 
+from .shared_index import share_state, unshare_state
 
 _NO_STARTS = np.zeros(0, dtype=np.int64)
 
@@ -36,6 +37,14 @@ class PackedIndex:
         self.lengths, self.order, self.window = np.asarray(lengths, np.int64), order, window
         self.ends = np.cumsum(self.lengths[order]) if len(order) else np.zeros(0, np.int64)
         self.num_windows = int(self.ends[-1]) // window if len(self.ends) else 0
+
+    ARRAYS = ("lengths", "order", "ends")
+
+    def __getstate__(self) -> dict:  # to a spawned DataLoader worker: in shared memory (`shared_index.py`)
+        return share_state(self.__dict__, self.ARRAYS)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(unshare_state(state, self.ARRAYS))
 
     def pieces(self, k: int) -> list[tuple[int, int, int]]:
         """[(document id, start, stop)] making up window k, in order."""

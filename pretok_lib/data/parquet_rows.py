@@ -28,6 +28,7 @@ from ..errors import PretokError
 from ..formats import checksum
 from ..formats import parquet as pqf
 from .parquet_pages import leaf_values
+from .shared_index import shareable, unshared
 from .verify_open import stamp_covers, verify_files
 
 MAX_OPEN_FILES = 32
@@ -99,10 +100,12 @@ class ParquetRows:
             state[k] = OrderedDict()
         state["_spares"] = []
         state["_cached_bytes"] = 0
+        state["lengths"] = shareable(self.lengths)  # 8 bytes a row: in shared memory when large
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.lengths = unshared(self.lengths)
         self._reset()
 
     def prefetch(self, gids) -> None:

@@ -22,6 +22,7 @@ from .collate import collate_padded
 from .order import ORDERS, block_permutation, block_windows, epoch_permutation
 from .packing import PackedIndex, Sample, assemble, boundaries
 from .parquet_rows import ParquetRows
+from .shared_index import share_state, shareable, shared, unshare_state, unshared
 from .source import EXACT
 from .verify_open import verify_files
 
@@ -131,6 +132,18 @@ class PaddedRows(_ParquetOrder):
             self.ahead.at(epoch, first, last)
         return collate_padded(*self.rows.padded_batch(self.permutation(epoch)[first:last], self.window))
 
+    def prepare(self, epoch: int) -> None:
+        """Build the epoch's order here, before the DataLoader starts its workers (they share it: `shared_index.py`)."""
+        self.permutation(epoch)
+
+    def __getstate__(self) -> dict:  # to a spawned DataLoader worker: the order in shared memory when large
+        return {**self.__dict__, "_perm": self._perm and (self._perm[0], shareable(self._perm[1]))}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self._perm is not None:
+            self._perm = (self._perm[0], unshared(self._perm[1]))
+
     def permutation(self, epoch: int) -> np.ndarray:
         """Global row ids in the epoch's order."""
         if self._perm is None or self._perm[0] != epoch:
@@ -158,6 +171,10 @@ class _Packed:
 
     def doc_order(self, epoch: int) -> np.ndarray:
         return epoch_permutation(len(self.doc_lengths), self.seed, epoch, self.shuffle)
+
+    def prepare(self, epoch: int) -> None:
+        """Build the epoch's index here, before the DataLoader starts its workers (they share it: `shared_index.py`)."""
+        self.index(epoch)
 
     def index(self, epoch: int) -> PackedIndex:
         if self._index is None or self._index[0] != epoch:
@@ -206,6 +223,12 @@ class TokenListPacked(_ParquetOrder, _Packed):
     def doc_order(self, epoch: int) -> np.ndarray:
         return row_order(self.rows.group_rows, self.seed, epoch, self.shuffle, self.order, self.block_groups)
 
+    def __getstate__(self) -> dict:
+        return share_state(self.__dict__, ("doc_lengths",))
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(unshare_state(state, ("doc_lengths",)))
+
     def doc_tokens(self, doc: int, a: int, b: int) -> np.ndarray:
         return self.rows.doc_tokens(doc, a, b)
 
@@ -237,12 +260,19 @@ class MemmapPacked(_Packed):
 
     def __getstate__(self) -> dict:
         """A DataLoader worker started by spawn or forkserver gets the paths (`MemmapDataset.__getstate__`), not
-        the tokens or the arrays derived from the index: they are mapped and derived again there."""
-        return {**self.__dict__, "starts": None, "tokens": None, "doc_lengths": None, "_index": None}
+        the tokens: they are mapped again there. The arrays derived from the index (starts, lengths) travel in
+        shared memory when large (`shared_index.py`), else are derived again there; the epoch's index (when
+        built) travels in shared memory when large, else by value."""
+        return {**self.__dict__, "tokens": None, "starts": shared(self.starts),
+                "doc_lengths": shared(self.doc_lengths)}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.doc_lengths = self._views()
+        if self.starts is None or self.doc_lengths is None:  # small, or no shared memory: derived again here
+            self.doc_lengths = self._views()
+        else:
+            self.starts, self.doc_lengths = unshared(self.starts), unshared(self.doc_lengths)
+            self.tokens = self.ds.tokens.view(np.ndarray)
 
     def doc_tokens(self, doc: int, a: int, b: int) -> np.ndarray:
         s = int(self.starts[doc])

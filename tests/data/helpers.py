@@ -22,6 +22,7 @@ GPT2 = str(GPT2_JSON)
 BOS = PAD = 50256  # GPT-2: <|endoftext|> is BOS (stored at every document start) and the padding id
 PAD_SEQ_LEN = 128  # the padded outputs hold rows of 129 tokens
 KINDS = ("padded", "padding-free", "pretok-padded", "pretok-token-list", "pretok-memmap")
+PRETOK_KINDS = ("pretok-padded", "pretok-token-list", "pretok-memmap")
 PADDED_KINDS = ("padded", "pretok-padded")
 PACKED_KINDS = ("padding-free", "pretok-token-list", "pretok-memmap")
 

@@ -1,20 +1,27 @@
 """DataLoader workers started by spawn or forkserver (macOS's default; Linux's from Python 3.14) receive the dataset
 pickled: every path serves the stream it serves in-process, and a memmap dataset travels as its paths, never as
-its tokens, so the worker memory bound holds whatever the dataset's size."""
+its tokens, so the worker memory bound holds whatever the dataset's size. The per-document arrays (lengths,
+starts, the epoch's order and packing ends) are built once per rank and shared with its workers: forked ones
+inherit them, spawned ones map them from shared memory (`shared_index.py`)."""
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import pickle
+from multiprocessing.reduction import ForkingPickler
 
+import numpy as np
 import pytest
+import torch
 
-from pretok_lib.data import make_loader, open_mixture
+from pretok_lib.data import ShardedBatches, make_loader, open_mixture
+from pretok_lib.data import shared_index
 from pretok_lib.errors import PretokError
 from pretok_lib.formats.memmap import MemmapDataset
 
-from .helpers import KINDS, content, dataset, run
+from .helpers import KINDS, PRETOK_KINDS, content, dataset, run
 
 
 @pytest.fixture
@@ -74,3 +81,78 @@ def test_a_memmap_file_changed_after_opening_is_refused_where_it_is_mapped_again
         os.utime(copy / name, ns=(0, os.stat(copy / name).st_mtime_ns + 10**9))  # rewritten (same bytes, newer)
         with pytest.raises(PretokError, match=f"{name}: changed since the dataset was opened"):
             pickle.loads(state)
+
+
+def _index_arrays(source) -> list[np.ndarray]:
+    """The epoch's per-document arrays a pretokenized source holds once built (None where not built yet)."""
+    if hasattr(source, "_perm"):  # padded rows: the order of rows
+        return [source._perm[1]] if source._perm is not None else None
+    if source._index is None:
+        return None
+    index = source._index[1]
+    return [index.order, index.ends, index.lengths]
+
+
+class Probe(ShardedBatches):
+    """Says, in each worker, whether the epoch's index was already there when the worker started (built by the
+    main process, not by the worker) and whether its arrays are in shared memory."""
+
+    def __iter__(self):
+        arrays = _index_arrays(self.source)
+        flags = {"prebuilt": int(arrays is not None),
+                 "shared": int(arrays is not None and all(isinstance(a.base, torch.Tensor) and a.base.is_shared()
+                                                          for a in arrays))}
+        for batch in super().__iter__():
+            yield dict(batch, **flags)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"], indirect=True)
+@pytest.mark.parametrize("kind", PRETOK_KINDS)
+def test_the_epoch_index_is_built_once_and_shared_by_the_workers(wiki, kind, start_method, monkeypatch):
+    """Built in the main process before the workers start (so forked workers share its pages), and sent to
+    spawned workers through shared memory (every array counts as large here): the same stream either way."""
+    monkeypatch.setattr(shared_index, "MIN_BYTES", 0)
+    whole = _stream(lambda: dataset(wiki, kind, 64, micro_batch=4), 0)
+    got = [content(b) for b in run(Probe(dataset(wiki, kind, 64).source, 4, 0, 1), num_workers=2, limit=12)[1]]
+    assert [{k: v for k, v in b.items() if k not in ("prebuilt", "shared")} for b in got] == whole
+    assert {b["prebuilt"] for b in got} == {1}
+    assert {b["shared"] for b in got} == ({1} if start_method == "spawn" else {0})
+
+
+@pytest.mark.parametrize("start_method", ["spawn"], indirect=True)
+def test_without_room_in_shared_memory_the_arrays_travel_by_value(wiki, start_method, monkeypatch, tmp_path):
+    """A container's small /dev/shm (or none): nothing is put there; spawned workers get copies, same stream."""
+    monkeypatch.setattr(shared_index, "MIN_BYTES", 0)
+    monkeypatch.setattr(shared_index, "SHM_DIR", str(tmp_path / "no-shm"))
+    for kind in PRETOK_KINDS:
+        whole = _stream(lambda: dataset(wiki, kind, 64, micro_batch=4), 0)
+        got = [content(b) for b in run(Probe(dataset(wiki, kind, 64).source, 4, 0, 1), num_workers=2, limit=12)[1]]
+        assert [{k: v for k, v in b.items() if k not in ("prebuilt", "shared")} for b in got] == whole, kind
+        assert {(b["prebuilt"], b["shared"]) for b in got} == {(1, 0)}, kind
+
+
+@pytest.mark.parametrize("kind", PRETOK_KINDS)
+def test_a_workers_pickle_does_not_grow_with_the_documents(wiki, pydocs, kind, monkeypatch):
+    """What a spawned worker receives (torch's ForkingPickler) once the epoch's index is built: handles to the
+    shared arrays, a few KB whatever the number of documents."""
+    monkeypatch.setattr(shared_index, "MIN_BYTES", 0)
+    sizes = {}
+    for corpus in (wiki, pydocs):
+        ds = dataset(corpus, kind, 64, micro_batch=4)
+        ds.source.prepare(0)
+        buf = io.BytesIO()
+        ForkingPickler(buf).dump(ds)
+        docs = ds.source.rows.num_rows if hasattr(ds.source, "rows") else len(ds.source.doc_lengths)
+        sizes[corpus.name] = (len(buf.getvalue()), docs)
+        assert _stream(lambda: ForkingPickler.loads(buf.getvalue()), 0, 6) == _stream(lambda: ds, 0, 6)
+    (small, few), (large, many) = sorted(sizes.values(), key=lambda s: s[1])
+    assert many > 2 * few and large < small + 1024 and large < 16_384, sizes
+
+
+def test_shared_arrays_are_made_once_per_array():
+    a = np.arange(300_000, dtype=np.int64)
+    t = shared_index.shared(a)
+    assert t is not None and t.is_shared() and shared_index.shared(a) is t
+    assert np.array_equal(shared_index.unshared(t), a)
+    assert shared_index.shared(a[:10]) is None  # below MIN_BYTES: by value
+    assert shared_index.shareable(a[:10]) is not None and np.array_equal(shared_index.unshared(a[:10]), a[:10])
