@@ -1,11 +1,11 @@
 """`pretok gpu-check`: acceptance test of a GPU machine (no network needed), ending in one JSON verdict.
 
 On CUDA it trains the tiny model through torchrun (one process per GPU, NCCL) with bf16 autocast, pinned-memory
-batches and `torch.compile`, kills a second run with SIGKILL after its first checkpoint and resumes it (the losses
-must follow the uninterrupted run's), then runs the smoke study (`pretok study --profile smoke`, world sizes up to
-the GPUs present). `--device cpu` runs the same checks with gloo and fp32 where they mean something on a CPU and
-marks the others skipped ("no CUDA"); `--dry-run` runs nothing and prints the plan as the verdict. Exit code 0 when
-no check failed. See docs/GPU_CHECK.md.
+batches and `torch.compile`, trains once more in fp32 with TF32 matmuls (`train.tf32`), kills a second run with
+SIGKILL after its first checkpoint and resumes it (the losses must follow the uninterrupted run's), then runs the
+smoke study (`pretok study --profile smoke`, world sizes up to the GPUs present). `--device cpu` runs the same
+checks with gloo and fp32 where they mean something on a CPU and marks the others skipped ("no CUDA"); `--dry-run`
+runs nothing and prints the plan as the verdict. Exit code 0 when no check failed. See docs/GPU_CHECK.md.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .cpu_affinity import usable_cpus
 from .errors import PretokError
 
 VERDICT_VERSION = 1
-CHECKS = ("cuda", "pin_memory", "data", "train", "nccl", "bf16", "compile", "resume", "study")
+CHECKS = ("cuda", "pin_memory", "data", "train", "nccl", "bf16", "compile", "tf32", "resume", "study")
 NO_CUDA = "no CUDA (cpu mode)"
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -154,12 +154,14 @@ class CheckFailed(Exception):
         self.details = details
 
 
-def train_command(out: Path, run_id: str, data: Path, s: dict) -> list[str]:
-    """torchrun (one process per GPU; gloo on CPU) of the tiny model on the check's memmap data."""
+def train_command(out: Path, run_id: str, data: Path, s: dict, **extra: Any) -> list[str]:
+    """torchrun (one process per GPU; gloo on CPU) of the tiny model on the check's memmap data; `extra`: more
+    overrides (dotted keys as keyword names with "__" for ".")."""
     over = {"run.dir": out / "runs", "run.id": run_id, "data.kind": "pretok-memmap", "data.path": data,
             "data.seq_len": s["seq_len"], "data.micro_batch": 8, "train.steps": s["steps"], "train.warmup_steps": 2,
             "train.precision": s["precision"], "train.compile": str(s["compile"]).lower(),
-            "checkpoint.every": s["checkpoint_every"], "log.tensorboard": "false", "log.skip_steps": 1}
+            "checkpoint.every": s["checkpoint_every"], "log.tensorboard": "false", "log.skip_steps": 1,
+            **{k.replace("__", "."): v for k, v in extra.items()}}
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={s['world']}",
             "-m", "pretok_lib.train", "--config", str(TINY), *(f"{k}={v}" for k, v in over.items())]
 
@@ -217,6 +219,46 @@ def prepare_data(out: Path, a: argparse.Namespace, seq_len: int) -> dict:
                                     format="memmap", seq_len=seq_len, workers=0, progress=False))
     return {"corpus": str(corpus), "tokenizer": str(tok), "memmap": str(out / "data" / "memmap"),
             "tokens": m["counts"]["tokens"]}
+
+
+def fp32_matmul_rates() -> dict[str, float]:
+    """This GPU's best fp32 matmul TFLOP/s with TF32 tensor cores allowed ("high") and in IEEE fp32 ("highest")."""
+    import torch
+
+    from .train.hardware import GPU_SIZES, best_matmul_flops
+
+    before, dev = torch.get_float32_matmul_precision(), torch.device("cuda", 0)
+    try:
+        rates = {}
+        for mode in ("high", "highest"):
+            torch.set_float32_matmul_precision(mode)
+            rates[mode] = best_matmul_flops(dev, torch.float32, GPU_SIZES, 0.5) / 1e12
+        return rates
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def tf32_verdict(info: dict, recs: list[dict], steps: int, rates: dict[str, float]) -> dict:
+    """The fp32 run with `train.tf32=true`: it trained (every step, finite loss) in fp32 with torch's matmul
+    precision "high" (TF32), and its MFU, against the TF32 datasheet peak or a measured one, stayed <= 1. The
+    measured TF32 / IEEE fp32 matmul speed-up is reported (Ampere and later: several x; it is not a pass
+    condition, since some cards' TF32 is no faster)."""
+    losses = [r["loss"] for r in recs]
+    if len(recs) != steps or not all(map(math.isfinite, losses)):
+        raise CheckFailed(f"{len(recs)} of {steps} steps logged, losses {losses[:1]} -> {losses[-1:]}")
+    if info.get("precision") != "fp32" or info.get("matmul_precision") != "high":
+        raise CheckFailed(f"the run computed in {info.get('precision')!r} with matmul precision "
+                          f"{info.get('matmul_precision')!r}, expected 'fp32' with 'high' (TF32)")
+    mfu = max(r["mfu"] for r in recs)
+    if not 0 < mfu <= 1:
+        raise CheckFailed(f"MFU {mfu:.3g} is outside (0, 1] (peak {info.get('peak_source')})")
+    tail = recs[1:] or recs
+    return {"precision": "fp32", "matmul_precision": "high", "peak_source": info.get("peak_source"),
+            "peak_tflops": info.get("peak_flops", 0) / 1e12, "mfu_max": mfu,
+            "tokens_per_s": sum(r["tokens_per_s"] for r in tail) / len(tail),
+            "loss_first": losses[0], "loss_last": losses[-1],
+            "fp32_matmul_tflops": {"tf32": round(rates["high"], 1), "ieee": round(rates["highest"], 1)},
+            "tf32_speedup": round(rates["high"] / rates["highest"], 2)}
 
 
 def check_pinned(data: str, seq_len: int) -> dict:
@@ -286,6 +328,8 @@ def run_check(a: argparse.Namespace) -> dict:
     v = Verdict(mode, out, a.dry_run, env, s)
     data_path = out / "data" / "memmap"
     cmds = {"train": train_command(out, "reference", data_path, s),
+            "tf32": train_command(out, "fp32-tf32", data_path, {**s, "precision": "fp32", "compile": False},
+                                  train__tf32="true", checkpoint__every=a.steps + 1),
             "resume": train_command(out, "resumed", data_path, s), "study": study_command(out, world)}
     s["commands"] = {k: shlex.join(c) for k, c in cmds.items()}
     why = lambda name, cuda_only=False: (NO_CUDA if cuda_only and not cuda else "--skip" if name in a.skip  # noqa
@@ -330,6 +374,13 @@ def run_check(a: argparse.Namespace) -> dict:
     v.run("nccl", from_run("backend", "nccl"), why("nccl", True) or no_train)
     v.run("bf16", from_run("precision", "bf16"), why("bf16", True) or no_train)
     v.run("compile", from_run("compile", True), why("compile", True) or no_train)
+
+    def tf32() -> dict:
+        info, recs = _finished_run(out, "fp32-tf32", _launch(cmds["tf32"], out / "runs" / "fp32-tf32" / "launcher.log",
+                                                             a.timeout))
+        return tf32_verdict(info, recs, a.steps, fp32_matmul_rates())
+
+    v.run("tf32", tf32, why("tf32", True) or no_train)
 
     def resume() -> dict:
         rc = kill_and_resume(out, cmds["resume"], "resumed", a.timeout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +43,7 @@ def test_dry_run_cpu_verdict(tmp_path: Path, capsys) -> None:
     v = json.loads(capsys.readouterr().out)
     _check_schema(v)
     assert v["ok"] and v["dry_run"] and v["mode"] == "cpu" and not v["passed"]
-    cuda_only = {"cuda", "pin_memory", "nccl", "bf16", "compile", "study"}
+    cuda_only = {"cuda", "pin_memory", "nccl", "bf16", "compile", "tf32", "study"}
     assert {n for n, r in v["skipped"].items() if r == G.NO_CUDA} == cuda_only
     assert {n for n, r in v["skipped"].items() if r == "dry run"} == set(G.CHECKS) - cuda_only
     s = v["settings"]
@@ -50,6 +51,9 @@ def test_dry_run_cpu_verdict(tmp_path: Path, capsys) -> None:
                                                                                           False, 1)
     assert "torch.distributed.run --standalone --nproc_per_node=1 -m pretok_lib.train" in s["commands"]["train"]
     assert "--profile smoke" in s["commands"]["study"]
+    tf32 = s["commands"]["tf32"]
+    assert all(f" {o}" in tf32 for o in ("train.precision=fp32", "train.compile=false", "train.tf32=true",
+                                          "run.id=fp32-tf32", "checkpoint.every=21"))
     assert json.loads((tmp_path / "gc" / "verdict.json").read_text())["checks"] == v["checks"]
     assert json.loads((tmp_path / "v.json").read_text())["checks"] == v["checks"]
     assert not (tmp_path / "gc" / "data").exists()  # a dry run builds nothing
@@ -171,3 +175,26 @@ def test_study_check_fails_at_once_on_a_broken_install(tmp_path: Path, monkeypat
     with pytest.raises(G.CheckFailed, match="import plotly failed: ModuleNotFoundError"):
         G.run_study_check(tmp_path, 1, 5.0)
     assert not (tmp_path / "study.log").exists()
+
+
+def _tf32_run(mfu: float = 0.004, matmul: str | None = "high", precision: str = "fp32", steps: int = 6):
+    info = {"precision": precision, "matmul_precision": matmul, "peak_flops": 494.5e12,
+            "peak_source": "datasheet H100 dense TF32"}
+    return info, [{"step": i + 1, "loss": 7.0 - 0.1 * i, "mfu": mfu, "tokens_per_s": 9e4} for i in range(steps)]
+
+
+def test_tf32_verdict_passes_a_tf32_run_and_reports_the_speedup() -> None:
+    d = G.tf32_verdict(*_tf32_run(), 6, {"high": 350.4, "highest": 50.7})
+    assert d["matmul_precision"] == "high" and d["tf32_speedup"] == 6.91 and d["peak_tflops"] == 494.5
+    assert d["fp32_matmul_tflops"] == {"tf32": 350.4, "ieee": 50.7} and d["mfu_max"] == 0.004
+    # a card whose TF32 is no faster still passes: the speed-up is reported, not required
+    assert G.tf32_verdict(*_tf32_run(), 6, {"high": 80.0, "highest": 80.0})["tf32_speedup"] == 1.0
+
+
+@pytest.mark.parametrize("run, message", [
+    (dict(matmul=None), "matmul precision None"), (dict(matmul="highest"), "'highest'"),
+    (dict(precision="bf16"), "computed in 'bf16'"), (dict(mfu=1.7), "MFU 1.7 is outside"),
+    (dict(mfu=0.0), "MFU 0 is outside"), (dict(steps=5), "5 of 6 steps logged")])
+def test_tf32_verdict_fails_what_is_not_a_tf32_run(run: dict, message: str) -> None:
+    with pytest.raises(G.CheckFailed, match=re.escape(message)):
+        G.tf32_verdict(*_tf32_run(**run), 6, {"high": 350.0, "highest": 50.0})

@@ -169,7 +169,7 @@ class Trainer:
         self.vocab = vocab_size_for(c.model, tok_vocab)
         model = build_model(c.model, self.vocab, c.data.seq_len, c.run.seed, d.device)
         self.flops_per_token = model_flops_per_token(model, c.model, c.data.seq_len)
-        set_tf32(d.device, c.train.tf32)
+        self.matmul_precision = set_tf32(d.device, c.train.tf32)
         self.peak, self.peak_source = peak_flops(d.device, c.train.precision, c.hardware.peak_tflops, c.train.tf32)
         if c.train.activation_checkpointing:
             if hasattr(model, "activation_checkpointing_enable"):      # transformers >= 5.x
@@ -194,7 +194,7 @@ class Trainer:
         return {"params": sum(p.numel() for p in self.model.parameters()), "vocab_size": self.vocab,
                 "flops_per_token": self.flops_per_token, "peak_flops": self.peak, "peak_source": self.peak_source,
                 "precision": self.precision.used, "precision_requested": self.precision.requested,
-                "precision_reason": self.precision.reason,
+                "precision_reason": self.precision.reason, "matmul_precision": self.matmul_precision,
                 "resumed_from_step": self.resumed_from, "tokenizer": tokenizer_record(self.dataset.source, self.cfg.data.tokenizer)}
 
     def _val_dataset(self, fingerprint: str):

@@ -209,6 +209,7 @@ def test_run_records_the_precision_used_and_why(runs):
     for run_id, used in expected.items():
         info = json.loads((runs / run_id / "run.json").read_text())
         assert info["precision"] == used and info["precision_requested"] == run_id
+        assert info["matmul_precision"] is None        # TF32 is a CUDA setting: CPUs keep IEEE fp32
         assert info["precision_reason"] == ("requested" if run_id != "auto" else
                                             hardware.resolve_precision("auto", CPU).reason)
         # config.yaml holds what the run computed in: running it again reproduces the run on any machine
