@@ -73,6 +73,17 @@ class MixtureSource:
         e, i = divmod(g, self.sizes[j])
         return j, e, i
 
+    def prepare(self, epoch: int) -> None:
+        """Each dataset's index for the epoch it is in where this mixture epoch begins, built before the DataLoader
+        starts its workers (they share it: `shared_index.py`); a dataset that wraps later builds its next one
+        where it is read."""
+        if self.exhausted == "stop":
+            epochs = [epoch] * len(self.sources)
+        else:
+            epochs = [c // n for c, n in zip(self.blend.counts(epoch * self.num_samples), self.sizes)]
+        for source, e in zip(self.sources, epochs):
+            source.prepare(e)
+
     def sample(self, epoch: int, k: int) -> Sample:
         j, e, i = self.locate(epoch, k)
         return dataclasses.replace(self.sources[j].sample(e, i), origin=j)

@@ -95,10 +95,12 @@ def _index_arrays(source) -> list[np.ndarray]:
 
 class Probe(ShardedBatches):
     """Says, in each worker, whether the epoch's index was already there when the worker started (built by the
-    main process, not by the worker) and whether its arrays are in shared memory."""
+    main process, not by the worker) and whether its arrays are in shared memory (every dataset's, in a mixture)."""
 
     def __iter__(self):
-        arrays = _index_arrays(self.source)
+        sources = getattr(self.source, "sources", [self.source])
+        each = [_index_arrays(s) for s in sources]
+        arrays = None if any(a is None for a in each) else [a for arrs in each for a in arrs]
         flags = {"prebuilt": int(arrays is not None),
                  "shared": int(arrays is not None and all(isinstance(a.base, torch.Tensor) and a.base.is_shared()
                                                           for a in arrays))}
@@ -117,6 +119,29 @@ def test_the_epoch_index_is_built_once_and_shared_by_the_workers(wiki, kind, sta
     assert [{k: v for k, v in b.items() if k not in ("prebuilt", "shared")} for b in got] == whole
     assert {b["prebuilt"] for b in got} == {1}
     assert {b["shared"] for b in got} == ({1} if start_method == "spawn" else {0})
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"], indirect=True)
+@pytest.mark.parametrize("exhausted", ["epoch", "stop"])
+def test_a_mixtures_datasets_are_indexed_before_the_workers_start(wiki, pydocs, start_method, exhausted,
+                                                                monkeypatch):
+    """Every dataset of a mixture, at the epoch it is in where the mixture epoch begins (epoch 1 here: the
+    `epoch` policy has wrapped the smaller dataset by then)."""
+    from pretok_lib.data.order import Position
+
+    monkeypatch.setattr(shared_index, "MIN_BYTES", 0)
+
+    def mixture(probe=ShardedBatches, **kw):
+        src = open_mixture([(wiki.dirs["pretok-token-list"], 3), (pydocs.dirs["pretok-memmap"], 1)], 64,
+                           exhausted=exhausted)
+        ds = probe(src, 4, 0, 1, **kw)
+        ds.position = Position(1, 0, None)
+        return ds
+
+    whole = [content(b) for b in run(mixture(), num_workers=0, limit=8)[1]]
+    got = [content(b) for b in run(mixture(Probe), num_workers=2, limit=8)[1]]
+    assert [{k: v for k, v in b.items() if k not in ("prebuilt", "shared")} for b in got] == whole
+    assert {(b["prebuilt"], b["shared"]) for b in got} == {(1, int(start_method == "spawn"))}
 
 
 @pytest.mark.parametrize("start_method", ["spawn"], indirect=True)
