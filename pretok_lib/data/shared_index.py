@@ -20,6 +20,8 @@ import torch
 
 MIN_BYTES = 1 << 20  # smaller arrays travel by value: a shared segment costs a file descriptor in every worker
 SHM_DIR = "/dev/shm"  # where torch's shared memory lives on Linux; its free space is checked before use
+MAX_SHARED = 64  # shared arrays per process at most: each holds a file descriptor in every worker (a mixture of
+                 # hundreds of datasets would otherwise approach `ulimit -n`); beyond it, arrays travel by value
 _SHARED: dict[int, tuple[weakref.ref, torch.Tensor]] = {}  # id(array) -> (the array, its shared copy)
 
 
@@ -34,13 +36,14 @@ def _room(nbytes: int) -> bool:
 
 def shared(a) -> torch.Tensor | None:
     """A torch tensor in shared memory holding numpy array `a` (made once per array, while the array lives), or
-    None: `a` is smaller than MIN_BYTES, not a plain numeric array, or shared memory has no room."""
+    None: `a` is smaller than MIN_BYTES, not a plain numeric array, MAX_SHARED arrays are shared already, or
+    shared memory has no room."""
     if not isinstance(a, np.ndarray) or a.nbytes < MIN_BYTES or a.dtype.hasobject:
         return None
     hit = _SHARED.get(id(a))
     if hit is not None and hit[0]() is a:
         return hit[1]
-    if not _room(a.nbytes):
+    if len(_SHARED) >= MAX_SHARED or not _room(a.nbytes):
         return None
     try:
         t = torch.empty(a.shape, dtype=torch.from_numpy(a[:0].copy()).dtype).share_memory_()

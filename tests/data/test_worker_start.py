@@ -174,10 +174,20 @@ def test_a_workers_pickle_does_not_grow_with_the_documents(wiki, pydocs, kind, m
     assert many > 2 * few and large < small + 1024 and large < 16_384, sizes
 
 
-def test_shared_arrays_are_made_once_per_array():
+def test_shared_arrays_are_made_once_per_array_and_bounded_in_number(monkeypatch):
     a = np.arange(300_000, dtype=np.int64)
     t = shared_index.shared(a)
     assert t is not None and t.is_shared() and shared_index.shared(a) is t
     assert np.array_equal(shared_index.unshared(t), a)
     assert shared_index.shared(a[:10]) is None  # below MIN_BYTES: by value
     assert shared_index.shareable(a[:10]) is not None and np.array_equal(shared_index.unshared(a[:10]), a[:10])
+    # each shared array is a file descriptor in every worker: past MAX_SHARED, arrays travel by value
+    monkeypatch.setattr(shared_index, "MAX_SHARED", len(shared_index._SHARED))
+    b = a + 1
+    assert shared_index.shared(b) is None and shared_index.shared(a) is t
+    assert shared_index.shareable(b) is b
+    del t, a
+    import gc
+
+    gc.collect()
+    assert shared_index.shared(b) is not None  # a freed array's slot is taken again
