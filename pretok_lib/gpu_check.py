@@ -154,14 +154,14 @@ class CheckFailed(Exception):
         self.details = details
 
 
-def train_command(out: Path, run_id: str, data: Path, s: dict, **extra: Any) -> list[str]:
+def train_command(out: Path, run_id: str, data: Path, s: dict, extra: dict[str, Any] | None = None) -> list[str]:
     """torchrun (one process per GPU; gloo on CPU) of the tiny model on the check's memmap data; `extra`: more
-    overrides (dotted keys as keyword names with "__" for ".")."""
+    config overrides (dotted keys)."""
     over = {"run.dir": out / "runs", "run.id": run_id, "data.kind": "pretok-memmap", "data.path": data,
             "data.seq_len": s["seq_len"], "data.micro_batch": 8, "train.steps": s["steps"], "train.warmup_steps": 2,
             "train.precision": s["precision"], "train.compile": str(s["compile"]).lower(),
             "checkpoint.every": s["checkpoint_every"], "log.tensorboard": "false", "log.skip_steps": 1,
-            **{k.replace("__", "."): v for k, v in extra.items()}}
+            **(extra or {})}
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={s['world']}",
             "-m", "pretok_lib.train", "--config", str(TINY), *(f"{k}={v}" for k, v in over.items())]
 
@@ -329,7 +329,7 @@ def run_check(a: argparse.Namespace) -> dict:
     data_path = out / "data" / "memmap"
     cmds = {"train": train_command(out, "reference", data_path, s),
             "tf32": train_command(out, "fp32-tf32", data_path, {**s, "precision": "fp32", "compile": False},
-                                  train__tf32="true", checkpoint__every=a.steps + 1),
+                                  {"train.tf32": "true", "checkpoint.every": a.steps + 1}),
             "resume": train_command(out, "resumed", data_path, s), "study": study_command(out, world)}
     s["commands"] = {k: shlex.join(c) for k, c in cmds.items()}
     why = lambda name, cuda_only=False: (NO_CUDA if cuda_only and not cuda else "--skip" if name in a.skip  # noqa

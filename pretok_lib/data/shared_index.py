@@ -46,7 +46,8 @@ def shared(a) -> torch.Tensor | None:
     if len(_SHARED) >= MAX_SHARED or not _room(a.nbytes):
         return None
     try:
-        t = torch.empty(a.shape, dtype=torch.from_numpy(a[:0].copy()).dtype).share_memory_()
+        dtype = torch.from_numpy(a[:0].copy()).dtype  # (an empty writable copy: `a` may be read-only)
+        t = torch.empty(a.shape, dtype=dtype).share_memory_()
     except (RuntimeError, TypeError):  # no shared memory here, or a dtype torch lacks: by value
         return None
     t.numpy()[...] = a

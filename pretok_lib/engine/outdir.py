@@ -1,7 +1,7 @@
 """The output directory of `pretok tokenize` / `pretok merge`: its lock, its checks, resume state, deletion.
 
-The lock is a file *beside* the output, `<parent>/.<name>.lock` (flock, else lockf), taken before anything under the output
-is read or changed and held until the run ends. Being outside the directory, it outlives `--overwrite`'s
+The lock is a file *beside* the output, `<parent>/.<name>.lock` (flock, else lockf), taken before anything under the
+output is read or changed and held until the run ends. Being outside the directory, it outlives `--overwrite`'s
 replacement of the directory, so two writers never interleave (a lock inside the directory would be deleted with
 it). A second writer gets one line and exit 1; the lock file itself stays (removing a lock file races).
 """

@@ -42,6 +42,11 @@ def _identity(path: str) -> tuple[int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def _index_offsets(n_seq: int) -> tuple[int, int]:
+    """Byte offsets in the .idx of the pointers (after the int32 lengths) and of the document indices."""
+    return _HEADER.size + 4 * n_seq, _HEADER.size + 12 * n_seq
+
+
 def _map(path: str, dtype: np.dtype | str, offset: int = 0, count: int | None = None) -> np.ndarray:
     """Read-only memmap of `path`; an empty array when there is nothing to map (np.memmap rejects empty files)."""
     dtype = np.dtype(dtype)
@@ -186,8 +191,7 @@ class MemmapDataset:
         self.dtype = _le(READ_DTYPES[code])
         if expect_dtype is not None and self.dtype != _le(expect_dtype):
             raise PretokError(f"dtype {self.dtype.name}, expected {np.dtype(expect_dtype).name}", idx)
-        o_ptr, o_doc = _HEADER.size + 4 * n_seq, _HEADER.size + 12 * n_seq
-        expected = o_doc + 8 * n_doc_idx
+        expected = _index_offsets(n_seq)[1] + 8 * n_doc_idx
         if idx_size != expected:
             hint = "truncated?" if idx_size < expected else "trailing bytes?"
             if idx_size == expected + n_seq > expected:
@@ -216,14 +220,16 @@ class MemmapDataset:
 
     def _map_index(self) -> None:
         n_seq, n_doc_idx = self._layout
+        o_ptr, o_doc = _index_offsets(n_seq)
         self.lengths = _map(self.idx_path, "<i4", _HEADER.size, n_seq)
-        self.pointers = _map(self.idx_path, "<i8", _HEADER.size + 4 * n_seq, n_seq)
-        self.document_indices = _map(self.idx_path, "<i8", _HEADER.size + 12 * n_seq, n_doc_idx)
+        self.pointers = _map(self.idx_path, "<i8", o_ptr, n_seq)
+        self.document_indices = _map(self.idx_path, "<i8", o_doc, n_doc_idx)
 
     def __getstate__(self) -> dict:
         """Pickled (for a DataLoader worker started by spawn or forkserver: macOS, and Linux from Python 3.14) as
         its paths and checked layout: the files are mapped again there, never copied into the pickle."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("lengths", "pointers", "document_indices", "tokens")}
+        mapped = ("lengths", "pointers", "document_indices", "tokens")
+        return {k: v for k, v in self.__dict__.items() if k not in mapped}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

@@ -182,6 +182,7 @@ def test_a_users_main_script_of_any_form_starts_the_workers_and_runs_once(tmp_pa
     engine hides it: a script calling the engine at top level without a `__main__` guard, one fed on stdin, one
     given by -c, and a guarded one all tokenize with 2 workers to the same bytes, and each script's top level
     runs once (never again in the zygote as `__mp_main__`, paying its imports there)."""
+    import os
     import subprocess
     import sys
 
@@ -191,7 +192,7 @@ def test_a_users_main_script_of_any_form_starts_the_workers_and_runs_once(tmp_pa
     data = tmp_path / "docs.parquet"
     pq.write_table(pa.table({"text": [f"document {i}: " + "words and more words " * (i % 9 + 1)
                                       for i in range(400)]}), data)
-    env = dict(__import__("os").environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     outs = {}
     for form in ("unguarded", "guarded", "stdin", "-c"):
         marks = tmp_path / f"{form}.marks"
