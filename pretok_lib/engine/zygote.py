@@ -172,7 +172,10 @@ def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, rea
 
         preload_filesystems(preload)
     report = _prepare(spec, backend, build, early)
-    ready_conn.send(report)
+    try:
+        ready_conn.send(report)
+    except OSError:  # the main process stopped (or was stopped) while this one started: nothing to run
+        os._exit(0)
     ready_conn.close()
     if report.backend is None:  # nothing the workers could run: the main process reports why and ends the run
         n = 0
@@ -198,20 +201,26 @@ def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, rea
 
 def _answer(conn) -> bool:
     """One `encode` request of the main process's backend check: (texts, backend) → (ids, offsets) | exception.
-    False once the main process has closed the connection."""
+    False once the main process has closed the connection, before the request or while it was being answered
+    (a completed run closes it with a check still in flight, a stopped one may exit first): that is the end of the
+    checks, not an error of the zygote."""
     try:
         texts, backend = conn.recv()
     except (EOFError, OSError):
         return False
     try:
-        conn.send(_encoder(backend).encode_batch(texts))
+        answer = _encoder(backend).encode_batch(texts)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:  # sent as an error the main process can unpickle (not e.g. a Rust PanicException)
         from ..errors import PretokError
         from ..tokenizer import _reason
 
-        conn.send(e if isinstance(e, PretokError) else RuntimeError(_reason(e)))
+        answer = e if isinstance(e, PretokError) else RuntimeError(_reason(e))
+    try:
+        conn.send(answer)
+    except OSError:  # EPIPE / ECONNRESET / a closed handle: nobody left to answer
+        return False
     return True
 
 

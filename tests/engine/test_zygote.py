@@ -211,3 +211,28 @@ def test_a_users_main_script_of_any_form_starts_the_workers_and_runs_once(tmp_pa
         assert [line.split()[1] for line in marks.read_text().splitlines()] == ["__main__"], form
         outs[form] = (out / "data.bin").read_bytes()
     assert len(set(outs.values())) == 1 and len(outs["guarded"]) > 0
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.3, None])
+def test_the_main_process_closing_mid_check_ends_the_zygote_quietly(capfd, delay: float | None) -> None:
+    """A completed run closes the backend check's connection with a request still in flight (and a stopped run may
+    exit first): whether the zygote is reading the request, encoding it or sending the answer, or has answered, it
+    stops answering, lets its workers finish and exits 0 without a traceback on the user's stderr."""
+    import time
+
+    from pretok_lib.engine.workers import Workers
+
+    info = identify(str(GPT2_JSON))
+    texts = [TEXTS[0] * 2000] * 40  # a few MB: encoding and answering take a moment
+    with Workers(str(GPT2_JSON), None, 1) as w:
+        backend = w.backend(info, None)
+        capfd.readouterr()
+        w.conn.send((texts, backend))
+        if delay is None:
+            assert not isinstance(w.conn.recv(), BaseException)
+        else:
+            time.sleep(delay)
+        w.drained = True  # as after a completed run: close() sends the workers None and closes the connection
+        zyg = w.zygote
+    assert zyg.exitcode == 0
+    assert capfd.readouterr().err == ""
