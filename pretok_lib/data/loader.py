@@ -17,6 +17,7 @@ from ..errors import PretokError
 from .collate import collate
 from .order import Position, Shard, my_steps
 from .source import BatchedSource, IndexedSource, StreamingSource
+from .worker_exit import end_spawned_worker_at_once
 
 
 def dist_rank_world() -> tuple[int, int]:
@@ -50,6 +51,8 @@ class ShardedBatches(IterableDataset):
                      self.micro_batch)
 
     def __iter__(self) -> Iterator[dict]:
+        if get_worker_info() is not None:  # a DataLoader worker: if spawned, it ends without finalizing
+            end_spawned_worker_at_once()
         shard, pos = self.shard(), self.position
         if self.source.streaming:
             yield from self._stream(shard, pos)
