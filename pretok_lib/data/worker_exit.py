@@ -3,11 +3,12 @@
 Under spawn, a worker returns from the loop into multiprocessing's `spawn_main`, which calls `sys.exit`, so the
 interpreter finalizes while the worker queue's feeder thread (a daemon) may still be pickling a prefetched batch
 inside libtorch with the GIL released (`_share_fd_cpu_`). When that thread takes the GIL back during finalization,
-CPython ends it with `pthread_exit`; the forced unwind through a C++ destructor calls `std::terminate`. The user
-sees "terminate called without an active exception" and, from the dropped loader in the main process, an ignored
-`RuntimeError: DataLoader worker (pid N) is killed by signal: Aborted` with its traceback: about one loader in 20
-dropped right after its first batch, measured. Fork and forkserver children already end with `os._exit` after
-the same loop (multiprocessing's popen_fork, forkserver), so nothing of the worker's state is lost that they keep.
+CPython before 3.14 ends it with `pthread_exit` (3.14 parks it: gh-87135); the forced unwind through a C++
+destructor calls `std::terminate`. The user sees "terminate called without an active exception" and, from the
+dropped loader in the main process, an ignored `RuntimeError: DataLoader worker (pid N) is killed by signal:
+Aborted` with its traceback: about one loader in 20 dropped right after its first batch, measured. Fork and
+forkserver children already end with `os._exit` after the same loop (multiprocessing's popen_fork, forkserver), so
+nothing of the worker's state is lost that they keep.
 """
 
 from __future__ import annotations

@@ -52,6 +52,8 @@ def _spawned(install: bool, ending: str = "return") -> int:
     return p.exitcode
 
 
+@pytest.mark.skipif(sys.version_info >= (3, 14), reason="CPython 3.14 parks such threads at finalization "
+                    "(gh-87135) instead of pthread_exit: no abort to show")
 def test_without_it_a_thread_in_libtorch_aborts_the_ending_spawned_process() -> None:
     """The injected fault is the real one: finalizing with the thread inside libtorch ends in SIGABRT."""
     assert any(_spawned(False) == -signal.SIGABRT for _ in range(3))
