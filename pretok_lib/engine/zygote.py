@@ -208,19 +208,24 @@ def _answer(conn) -> bool:
         texts, backend = conn.recv()
     except (EOFError, OSError):
         return False
+    from ..errors import PretokError
+    from ..tokenizer import _reason
+
     try:
         answer = _encoder(backend).encode_batch(texts)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:  # sent as an error the main process can unpickle (not e.g. a Rust PanicException)
-        from ..errors import PretokError
-        from ..tokenizer import _reason
-
         answer = e if isinstance(e, PretokError) else RuntimeError(_reason(e))
     try:
         conn.send(answer)
     except OSError:  # EPIPE / ECONNRESET / a closed handle: nobody left to answer
         return False
+    except Exception as e:  # the answer cannot be pickled (pickling comes first: nothing was written)
+        try:
+            conn.send(RuntimeError(f"the answer could not be sent ({_reason(e)})"))
+        except OSError:
+            return False
     return True
 
 

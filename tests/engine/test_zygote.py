@@ -236,3 +236,21 @@ def test_the_main_process_closing_mid_check_ends_the_zygote_quietly(capfd, delay
         zyg = w.zygote
     assert zyg.exitcode == 0
     assert capfd.readouterr().err == ""
+
+
+def test_an_answer_that_cannot_be_sent_is_an_error_for_the_main_process(monkeypatch) -> None:
+    """An encode result that cannot be pickled reaches the main process as an error; the zygote answers on."""
+    import multiprocessing as mp
+
+    class Unpicklable:
+        def encode_batch(self, texts):
+            return lambda: texts
+
+    monkeypatch.setattr(zygote, "_encoder", lambda backend: Unpicklable())
+    main, child = mp.Pipe()
+    main.send((TEXTS, "any"))
+    assert zygote._answer(child) is True
+    got = main.recv()
+    assert isinstance(got, RuntimeError) and "could not be sent" in str(got)
+    main.close()
+    assert zygote._answer(child) is False  # the main process closed its end: the checks end
