@@ -48,7 +48,7 @@ def shared(a) -> torch.Tensor | None:
     try:
         dtype = torch.from_numpy(a[:0].copy()).dtype  # (an empty writable copy: `a` may be read-only)
         t = torch.empty(a.shape, dtype=dtype).share_memory_()
-    except (RuntimeError, TypeError):  # no shared memory here, or a dtype torch lacks: by value
+    except (RuntimeError, TypeError, ValueError):  # no shared memory here, a dtype or byte order torch lacks: by value
         return None
     t.numpy()[...] = a
     key = id(a)

@@ -10,6 +10,7 @@ the same text file. Nothing from ../shared/data is copied into the repository (o
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 from pathlib import Path
 
 import pyarrow as pa
@@ -53,3 +54,12 @@ def pydocs(tmp_path_factory, shared_data) -> Corpus:
 @pytest.fixture(scope="session", params=["wiki", "pydocs"])
 def corpus(request) -> Corpus:
     return request.getfixturevalue(request.param)
+
+
+@pytest.fixture
+def start_method(request):
+    """The global start method DataLoader workers use (torch takes Python's default), restored afterwards."""
+    before = mp.get_start_method()
+    mp.set_start_method(request.param, force=True)
+    yield request.param
+    mp.set_start_method(before, force=True)

@@ -76,15 +76,8 @@ class BusyWorkers(ShardedBatches):
         yield from super().__iter__()
 
 
-@pytest.fixture
-def spawn_start():
-    before = mp.get_start_method()
-    mp.set_start_method("spawn", force=True)
-    yield
-    mp.set_start_method(before, force=True)
-
-
-def test_a_dropped_spawned_loader_ends_its_workers_with_exit_code_0(wiki, spawn_start, capfd) -> None:
+@pytest.mark.parametrize("start_method", ["spawn"], indirect=True)
+def test_a_dropped_spawned_loader_ends_its_workers_with_exit_code_0(wiki, start_method, capfd) -> None:
     """Workers started by spawn and dropped mid-epoch exit 0 whatever their threads are doing; no message."""
     ds = dataset(wiki, "pretok-memmap", 64, micro_batch=4)
     whole = [content(b) for b in run(ds, num_workers=0, limit=3)[1]]

@@ -7,7 +7,6 @@ inherit them, spawned ones map them from shared memory (`shared_index.py`)."""
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
 import os
 import pickle
 from multiprocessing.reduction import ForkingPickler
@@ -22,15 +21,6 @@ from pretok_lib.errors import PretokError
 from pretok_lib.formats.memmap import MemmapDataset
 
 from .helpers import KINDS, PRETOK_KINDS, content, dataset, run
-
-
-@pytest.fixture
-def start_method(request):
-    """The global start method DataLoader workers use (torch takes Python's default), restored afterwards."""
-    before = mp.get_start_method()
-    mp.set_start_method(request.param, force=True)
-    yield request.param
-    mp.set_start_method(before, force=True)
 
 
 def _stream(ds_factory, workers: int, limit: int = 12) -> list[dict]:
@@ -191,3 +181,9 @@ def test_shared_arrays_are_made_once_per_array_and_bounded_in_number(monkeypatch
 
     gc.collect()
     assert shared_index.shared(b) is not None  # a freed array's slot is taken again
+
+
+@pytest.mark.parametrize("dtype", [">i8", "datetime64[s]", "U2", object])
+def test_arrays_torch_cannot_hold_travel_by_value(dtype):
+    a = np.zeros(1 << 18, dtype=dtype)  # >= MIN_BYTES
+    assert shared_index.shared(a) is None and shared_index.shareable(a) is a
