@@ -24,6 +24,7 @@ from ..datapaths import ON_THE_FLY
 from ..data.order import Position
 from ..errors import NonFiniteLoss, PretokError
 from . import checkpoint
+from .compile import compile_model
 from .config import Config
 from .distributed import Dist, all_reduce, barrier, broadcast_object
 from .hardware import peak_flops, resolve_precision, set_tf32
@@ -187,7 +188,10 @@ class Trainer:
         if d.backend is not None:
             net = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
-        self.net = torch.compile(net) if c.train.compile else net
+        self.inductor_cache = None
+        if c.train.compile:
+            net, self.inductor_cache = compile_model(net)
+        self.net = net
 
     def facts(self) -> dict:
         """Model and throughput facts recorded in run.json."""
@@ -195,7 +199,7 @@ class Trainer:
                 "flops_per_token": self.flops_per_token, "peak_flops": self.peak, "peak_source": self.peak_source,
                 "precision": self.precision.used, "precision_requested": self.precision.requested,
                 "precision_reason": self.precision.reason, "matmul_precision": self.matmul_precision,
-                "resumed_from_step": self.resumed_from, "tokenizer": tokenizer_record(self.dataset.source, self.cfg.data.tokenizer)}
+                "resumed_from_step": self.resumed_from, "inductor_cache": self.inductor_cache, "tokenizer": tokenizer_record(self.dataset.source, self.cfg.data.tokenizer)}
 
     def _val_dataset(self, fingerprint: str):
         """The held-out split, sharded like the training data; refused if another tokenizer made it."""

@@ -172,10 +172,14 @@ def test_prediction_matches_measured_stall_on_cpu(data, tmp_path, monkeypatch) -
     skip = 8  # the warm-up and, with a worker, the batches it prefetched before the first step
     fast = _train("pretok-memmap", data, 0.0, 0, tmp_path, monkeypatch)
     c = S.check_run(fast, _supply("pretok-memmap", data, 0.0, 0), 0, skip)
-    # both ~0: the loader's supply measured apart is far above the model's consumption. Their difference is not
-    # asserted tighter than that: beside a parallel test process the logged stall of this path drifts by a few
-    # points (0.039 measured against a prediction of 0.007 in one `make test`), a scheduling floor, not the model.
-    assert c["predicted_stall"] < 0.02 and c["data_stall"] < 0.05, c
+    # both ~0: the loader's supply measured apart is far above the model's consumption. The measured side is taken
+    # as the median step: a fetch of a few ms that a parallel test process preempts is one step at a stall of
+    # 0.3-0.5, which moves the mean of 16 steps by 0.02-0.03 (means of 0.039 and 0.056 measured in `make test`
+    # against predictions of 0.007 and 0.004), a scheduling floor, not the model. A loader that cannot keep up
+    # stalls every step, and so the median (0.010-0.015 measured with four busy processes beside this one).
+    per_step = sorted([r["data_stall"] for r in fast if r.get("kind") == "train"][skip:])
+    assert c["predicted_stall"] < 0.02 and per_step[len(per_step) // 2] < 0.05 and c["data_stall"] < 0.2, \
+        (c, per_step)
 
     # a batch takes 6x as long to load as to compute (stall 6/7, 5/6): still a real stall when the compute speed
     # measured above changes by 2x under other load (a parallel test process, a busy machine)

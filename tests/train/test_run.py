@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import yaml
 
 from pretok_lib.data import KINDS
 from pretok_lib.train import load_config, train
+from pretok_lib.train.compile import KIND_NAME
 
 from ..conftest import CL100K_JSON
 from .conftest import SEQ, records, run_cli, tiny_overrides
@@ -147,3 +149,5 @@ def test_torch_compile_trains_like_eager(train_data, tmp_path):
     eager, compiled = records(tmp_path / "eager"), records(tmp_path / "compiled")
     assert [r["loss"] for r in compiled] == pytest.approx([r["loss"] for r in eager], rel=1e-4)
     assert compiled[0]["step_time_s"] > compiled[1]["step_time_s"]        # step 1 paid for the compilation
+    cache = json.loads((tmp_path / "compiled" / "run.json").read_text())["inductor_cache"]
+    assert KIND_NAME.fullmatch(Path(cache).name) and Path(cache).is_dir()   # this CPU kind's own cache
