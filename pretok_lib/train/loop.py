@@ -199,7 +199,8 @@ class Trainer:
                 "flops_per_token": self.flops_per_token, "peak_flops": self.peak, "peak_source": self.peak_source,
                 "precision": self.precision.used, "precision_requested": self.precision.requested,
                 "precision_reason": self.precision.reason, "matmul_precision": self.matmul_precision,
-                "resumed_from_step": self.resumed_from, "inductor_cache": self.inductor_cache, "tokenizer": tokenizer_record(self.dataset.source, self.cfg.data.tokenizer)}
+                "resumed_from_step": self.resumed_from, "inductor_cache": self.inductor_cache,
+                "tokenizer": tokenizer_record(self.dataset.source, self.cfg.data.tokenizer)}
 
     def _val_dataset(self, fingerprint: str):
         """The held-out split, sharded like the training data; refused if another tokenizer made it."""
