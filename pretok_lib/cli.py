@@ -364,7 +364,12 @@ class Terminated(BaseException):
     """SIGTERM (e.g. `scancel`, a job's time limit) turned into an exception, so the run unwinds its cleanup."""
 
 
+_sigterm_seen = False  # set by _on_sigterm: whatever the command fails with afterwards is the termination
+
+
 def _on_sigterm(signum, frame) -> None:
+    global _sigterm_seen
+    _sigterm_seen = True
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
     raise Terminated()
 
@@ -372,14 +377,17 @@ def _on_sigterm(signum, frame) -> None:
 def main(argv: list[str] | None = None, *, script: bool = False) -> int:
     """Run one subcommand. The error boundary: a PretokError, and any OSError that reaches it (disk full,
     read-only file system, permissions, ...), is printed as one line `pretok: error: <file>: <problem>`, exit 1;
-    Ctrl-C exits 130 and SIGTERM 143, each with one line. None of them leaves a manifest of a partial output.
+    Ctrl-C exits 130 and SIGTERM 143, each with one line (also when the exception the SIGTERM raised was turned
+    into another error by an import or a library it interrupted). None of them leaves a manifest of a partial
+    output.
 
     tokenize and merge take SIGTERM first thing, before parsing (train and sweep handle it themselves). Earlier,
     in interpreter start-up, the default action kills the process before it has written anything. When the work
     is over, the previous handler comes back, or with `script=True` (the `pretok` command) SIGTERM is ignored, so a
     late one cannot kill a finished command in interpreter shutdown (exit -15 over a complete output)."""
+    global _sigterm_seen
     argv = sys.argv[1:] if argv is None else argv
-    previous = None
+    previous, _sigterm_seen = None, False
     if argv[:1] in (["tokenize"], ["merge"]) and threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
@@ -389,19 +397,29 @@ def main(argv: list[str] | None = None, *, script: bool = False) -> int:
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, signal.SIG_IGN if script else previous)
-    except PretokError as e:
-        print(f"pretok: error: {e}", file=sys.stderr)
-        return getattr(e, "exit_code", 1)  # 3: a sweep/study stopped by a signal (pretok_lib.procs.Stopped)
-    except OSError as e:
-        print(f"pretok: error: {os_error(e)}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("pretok: interrupted (rerun the same command to resume)", file=sys.stderr)
-        return 130
-    except Terminated:
+    except BaseException as e:
+        return _exit_code(e)
+    return rc or 0
+
+
+def _exit_code(e: BaseException) -> int:
+    """The error boundary's line and exit code for `e`; anything else is re-raised (a bug: its traceback)."""
+    # The handler's Terminated can be caught and turned into another error on its way up: an import it interrupts
+    # fails with ImportError (numpy: "multiarray failed to import"), a library may wrap it. After a SIGTERM, any
+    # failure is that termination.
+    if isinstance(e, Terminated) or (_sigterm_seen and isinstance(e, Exception)):
         print("pretok: terminated by SIGTERM (rerun the same command to resume)", file=sys.stderr)
         return 143
-    return rc or 0
+    if isinstance(e, PretokError):
+        print(f"pretok: error: {e}", file=sys.stderr)
+        return getattr(e, "exit_code", 1)  # 3: a sweep/study stopped by a signal (pretok_lib.procs.Stopped)
+    if isinstance(e, OSError):
+        print(f"pretok: error: {os_error(e)}", file=sys.stderr)
+        return 1
+    if isinstance(e, KeyboardInterrupt):
+        print("pretok: interrupted (rerun the same command to resume)", file=sys.stderr)
+        return 130
+    raise e
 
 
 _STARTED: float | None = None  # when the `pretok` command's process started (None: main() called in-process)
