@@ -17,8 +17,7 @@ import re
 
 import torch
 
-from ..environment import cpu_flags, cpu_model
-from .hardware import KERNEL_ENV
+from .hardware import cpu_identity
 
 KIND_NAME = re.compile(r"cpu-[a-z0-9_]+-[0-9a-f]{10}")   # what cpu_kind() returns
 
@@ -27,8 +26,7 @@ def cpu_kind() -> str:
     """A directory name for this CPU's kind: the architecture, then a hash of what decides which vector ISA
     Inductor picks and which instructions `-march=native` allows (CPU model and flags, the kernel-selecting
     environment). Computed without asking Inductor, whose ISA probes would be built in the shared cache."""
-    kernels = [f"{k}={os.environ[k]}" for k in KERNEL_ENV if os.environ.get(k)]
-    facts = "|".join([platform.machine(), cpu_model(), " ".join(sorted(cpu_flags())), *kernels])
+    facts = f"{platform.machine()}|{cpu_identity()}"
     arch = re.sub(r"[^a-z0-9_]+", "_", platform.machine().lower()) or "unknown"
     return f"cpu-{arch}-{hashlib.sha1(facts.encode()).hexdigest()[:10]}"
 

@@ -113,10 +113,15 @@ def cache_path() -> Path:
 KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
-def _cache_key() -> str:
+def cpu_identity() -> str:
+    """What decides which CPU kernels run: the CPU model, a hash of its flags, the kernel-selecting environment."""
     flags = " ".join(sorted(cpu_flags()))
     kernels = "".join(f"|{k}={os.environ[k]}" for k in KERNEL_ENV if os.environ.get(k))
-    return f"{cpu_model()}|torch {torch.__version__}|flags {hashlib.sha1(flags.encode()).hexdigest()[:8]}{kernels}"
+    return f"{cpu_model()}|flags {hashlib.sha1(flags.encode()).hexdigest()[:8]}{kernels}"
+
+
+def _cache_key() -> str:
+    return f"{cpu_identity()}|torch {torch.__version__}"
 
 
 def _read_cache(path: Path) -> dict:

@@ -42,36 +42,34 @@ def _other_capability() -> str:
 
 
 def _probe(how: str, cache: Path, capability: str | None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache), OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
     if capability is not None:
         env["ATEN_CPU_CAPABILITY"] = capability
-    elif os.environ.get("ATEN_CPU_CAPABILITY"):
-        env["ATEN_CPU_CAPABILITY"] = os.environ["ATEN_CPU_CAPABILITY"]
     return subprocess.run([sys.executable, "-c", PROBE, how], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
 
 
-def _diff(p: subprocess.CompletedProcess) -> float:
+def _result(p: subprocess.CompletedProcess) -> dict:
+    """The probe's {diff, cache}; it must have run."""
     assert p.returncode == 0, p.stderr[-2000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])["diff"]
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64", reason="x86 vector ISAs")
 def test_a_shared_inductor_cache_serves_each_cpu_kind_its_own_kernels(tmp_path):
     shared, other = tmp_path / "shared", _other_capability()
-    first = _probe("pretok", shared, None)
-    assert _diff(first) < 1e-4
-    mine = json.loads(first.stdout.strip().splitlines()[-1])["cache"]
+    first = _result(_probe("pretok", shared, None))
+    mine = first["cache"]
+    assert first["diff"] < 1e-4
     # The fault, shown without pretok: another kind of process on that very directory is served the first one's
     # graph and computes garbage (or, from AVX2 to no vectors, fails to build it).
     served = _probe("torch", Path(mine), other)
-    assert served.returncode != 0 or json.loads(served.stdout.strip().splitlines()[-1])["diff"] > 1e-2, \
+    assert served.returncode != 0 or _result(served)["diff"] > 1e-2, \
         "this torch keys its cache by CPU kind: the subdirectories of pretok_lib/train/compile.py may be dropped"
     # With pretok's compile on the shared cache: right, in a subdirectory of its own.
-    second = _probe("pretok", shared, other)
-    assert _diff(second) < 1e-4
-    theirs = json.loads(second.stdout.strip().splitlines()[-1])["cache"]
+    second = _result(_probe("pretok", shared, other))
+    theirs = second["cache"]
+    assert second["diff"] < 1e-4
     assert theirs != mine and Path(theirs).parent == Path(mine).parent == shared
     assert sorted(p.name for p in shared.iterdir()) == sorted([Path(mine).name, Path(theirs).name])
 
