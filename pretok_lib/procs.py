@@ -37,23 +37,50 @@ class Stopped(PretokError):
     exit_code = EXIT_STOPPED
 
 
+_signal_seen: int | None = None  # the stop signal the default handler of `stop_signals` raised for, if any
+
+
 @contextlib.contextmanager
 def stop_signals(handler: Callable[[int, object], None] | None = None):
     """While inside, SIGTERM/SIGINT/SIGHUP call `handler` (default: raise SweepStopped). A no-op outside the
-    main thread, where Python cannot take signals."""
+    main thread, where Python cannot take signals.
+
+    With the default handler, an Exception that leaves the block after a signal is that stop (`as_stopped`): the
+    SweepStopped raised inside an import or a library can come out as their own error (numpy's import: ImportError).
+    """
+    global _signal_seen
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def raise_stopped(signum, frame):
+        global _signal_seen
+        _signal_seen = signum
         raise SweepStopped(signum)
 
+    saved = _signal_seen
+    if handler is None:
+        _signal_seen = None
     previous = {s: signal.signal(s, handler or raise_stopped) for s in STOP_SIGNALS}
     try:
         yield
+    except Exception as e:
+        stopped = as_stopped(e) if handler is None else e
+        if stopped is e:
+            raise
+        raise stopped from e
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        _signal_seen = saved
+
+
+def as_stopped(e: BaseException) -> BaseException:
+    """`e`, or a SweepStopped when `e` is an Exception and a stop signal was taken by `stop_signals` (then `e` is
+    what the interrupted code made of the SweepStopped)."""
+    if _signal_seen is None or not isinstance(e, Exception):
+        return e
+    return SweepStopped(_signal_seen)
 
 
 def ignore(signum: int, frame) -> None:

@@ -371,7 +371,10 @@ def _run_local(config: Path, todo: list[Point], runs: Path, module: str, timeout
         try:
             rdir.mkdir(parents=True, exist_ok=True)
             rc, problem = _launch_local(cmd, rdir / "launcher.log", child_env, timeout_s)
-        except KeyboardInterrupt as e:
+        except BaseException as caught:
+            e = procs.as_stopped(caught)  # a stop signal's SweepStopped turned into another error on its way
+            if not isinstance(e, KeyboardInterrupt):
+                raise
             st = run_status(rdir)
             why = f"{e.args[0] if e.args else 'interrupted'} (sweep stopped); run.json status {st!r}"
             _record(rdir, p, {**attempt, "finished": _now(), "seconds": round(time.monotonic() - t0, 2),
@@ -379,7 +382,7 @@ def _run_local(config: Path, todo: list[Point], runs: Path, module: str, timeout
             if isinstance(e, SweepStopped):
                 raise procs.Stopped(f"sweep {e.args[0]} during {p.run_id} (run.json: {st}); its processes "
                                     f"are stopped; rerun the same command to resume", runs) from None
-            raise
+            raise e
         st, why = _outcome(rdir, rc, problem)
         secs = time.monotonic() - t0
         _record(rdir, p, {**attempt, "finished": _now(), "seconds": round(secs, 2), "returncode": rc,

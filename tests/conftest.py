@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pretok_lib.errors import PretokError
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # megatron-core imports torch.utils.cpp_extension → setuptools, whose distutils shim asserts after the corpus
@@ -46,6 +48,25 @@ def tiny_memmap(directory: Path) -> tuple[Path, Path]:
     run_tokenize(TokenizeConfig(inputs=[corpus.path], out=str(directory / "memmap"), tokenizer=str(tok),
                                 format="memmap", workers=0, progress=False))
     return directory / "memmap", Path(tok)
+
+
+# What an import or a library can make of the exception a stop signal's handler raises inside it: numpy's import
+# fails with "ImportError: numpy._core.multiarray failed to import" (seen in `make test`), others wrap or swallow it
+# and raise their own error.
+SIGNAL_CONVERSIONS = [ImportError, RuntimeError, ValueError, OSError, PretokError]
+
+
+def sigterm_turned_into(error: type) -> None:
+    """A real SIGTERM to this process, the handler's exception caught by the code it interrupted, `error` raised."""
+    import signal
+    import time
+
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the handler raises here
+    except BaseException:
+        raise error("multiarray failed to import") from None
+    raise AssertionError("no SIGTERM arrived")
 
 
 @pytest.fixture(scope="session")

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 import pretok_lib
 from pretok_lib.cli import build_parser
 from pretok_lib.errors import PretokError
+
+from .conftest import SIGNAL_CONVERSIONS, sigterm_turned_into
 
 
 def test_help_opens_with_the_purpose_and_every_subcommand() -> None:
@@ -61,23 +60,12 @@ def test_tokenize_counts_its_wall_time_from_the_process_start(tmp_path, shared_d
     assert json.loads((tmp_path / "p" / "manifest.json").read_text())["run"]["wall_seconds"] <= time.time() - t
 
 
-# What an import, or a library, can make of the exception the SIGTERM handler raises inside it: numpy's import
-# fails with "ImportError: numpy._core.multiarray failed to import" (seen in `make test`), others wrap or swallow
-# it and raise their own error.
-CONVERSIONS = [ImportError, RuntimeError, ValueError, OSError, PretokError]
-
-
-@pytest.mark.parametrize("turned_into", CONVERSIONS)
+@pytest.mark.parametrize("turned_into", SIGNAL_CONVERSIONS)
 def test_a_sigterm_turned_into_another_error_still_ends_as_terminated(monkeypatch, capsys, turned_into) -> None:
     from pretok_lib import cli
 
     def merge_interrupted_in_an_import(args):
-        try:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(10)  # the handler raises here
-        except BaseException:
-            raise turned_into("multiarray failed to import") from None
-        raise AssertionError("no SIGTERM arrived")
+        sigterm_turned_into(turned_into)
 
     monkeypatch.setattr(cli, "cmd_merge", merge_interrupted_in_an_import)
     assert cli.main(["merge", "shard-0", "--out", "out"]) == 143

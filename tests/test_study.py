@@ -138,3 +138,54 @@ def test_a_stopped_study_stops_the_runs_of_its_notebook(tmp_path: Path, sig: str
     assert not (tmp_path / "ran-02").exists()
     record = json.loads((tmp_path / "study" / "study.json").read_text())
     assert record["notebooks"]["01_sweep"]["status"] == "stopped" and "02_never" not in record["notebooks"]
+
+
+@pytest.mark.parametrize("turned_into", [RuntimeError, ImportError, OSError, PretokError])
+def test_a_stop_signal_turned_into_another_error_still_stops_the_study(tmp_path: Path, monkeypatch, capsys,
+                                                                       turned_into: type) -> None:
+    """A SIGTERM while a notebook runs, after which papermill or the interrupted kernel raises an error of its
+    own (not papermill's cell failure): the study still ends stopped (one line, exit 3, study.json `stopped`), the
+    next notebook never runs; the same error without a signal keeps its usual outcome."""
+    import json
+    import os
+    import signal
+    import time
+
+    import nbformat
+
+    import pretok_lib.study.run as r
+
+    d = tmp_path / "nb"
+    d.mkdir()
+    for name in ("01_first", "02_never"):
+        nbformat.write(nbformat.v4.new_notebook(), str(d / f"{name}.ipynb"))
+    ran: list[str] = []
+
+    def execute(name, out_dir, params, kernel, stream):
+        ran.append(name)
+        os.kill(os.getpid(), signal.SIGTERM)   # the study's handler remembers it and interrupts the kernel
+        time.sleep(0.2)
+        raise turned_into("kernel died")
+
+    monkeypatch.setattr(r, "NOTEBOOK_DIR", d)
+    monkeypatch.setattr(r, "NOTEBOOKS", ("01_first", "02_never"))
+    monkeypatch.setattr(r, "execute", execute)
+    monkeypatch.setattr(r.procs, "forward", lambda sig, pids: None)  # no kernel here to interrupt
+    monkeypatch.setattr("pretok_lib.analysis.report.ensure_kernel", lambda kernel: None)
+    args = ["study", "--profile", "smoke", "--out", str(tmp_path / "s")]
+    assert cli_main(args) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "study stopped by SIGTERM during 01_first" in err, err
+    assert ran == ["01_first"]
+    assert json.loads((tmp_path / "s" / "study.json").read_text())["notebooks"] == {
+        "01_first": {"status": "stopped", "error": err.split("error: ", 1)[1].strip()}}
+
+    def failing(*a):
+        raise turned_into("bad")
+
+    monkeypatch.setattr(r, "execute", failing)
+    if turned_into is PretokError:
+        assert cli_main(args) == 1
+    else:
+        with pytest.raises(turned_into):
+            r.run_study("smoke", out=tmp_path / "t", echo=None, report=False, publish=None)

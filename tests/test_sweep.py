@@ -22,7 +22,7 @@ from pretok_lib.sweep import (
     yaml_scalar,
 )
 
-from .conftest import tiny_memmap
+from .conftest import SIGNAL_CONVERSIONS, sigterm_turned_into, tiny_memmap
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = "tests.fake_train"
@@ -334,3 +334,49 @@ def test_completed_point_of_another_config_is_refused_not_reused(tmp_path: Path,
     assert [s for _, s in run_sweep(cfg, over, runs, module=FAKE, env=env, echo=None)] == ["completed"] * 2
     assert (runs / "sweep-w1" / "invocations.txt").read_text() == "0/1\n0/1\n"  # the trainer starts over
     assert [s for _, s in run_sweep(cfg, grid, runs, module=FAKE, env=env, echo=None)] == ["skipped"] * 2
+
+
+@pytest.mark.parametrize("turned_into", SIGNAL_CONVERSIONS)
+@pytest.mark.parametrize("where", ["during a point", "between two points"])
+def test_a_stop_signal_turned_into_another_error_still_stops_the_sweep(tmp_path: Path, config: Path, monkeypatch,
+                                                                       capsys, turned_into: type,
+                                                                       where: str) -> None:
+    """The stop signal's exception turned into another error, while a point runs or after it: the sweep still
+    ends as stopped (one line, exit 3, the attempt recorded), not as that error's traceback; later points never
+    run; a sweep after it, failing the same way without a signal, is not taken for a stopped one."""
+    from pretok_lib import sweep
+
+    runs = tmp_path / "runs"
+    launched: list[str] = []
+
+    def launch(cmd, log, env, timeout_s):
+        launched.append(log.parent.name)
+        if where == "during a point":
+            sigterm_turned_into(turned_into)
+        return 0, None
+
+    def outcome(run_dir, rc, problem):
+        sigterm_turned_into(turned_into)
+
+    monkeypatch.setattr(sweep, "_launch_local", launch)
+    if where == "between two points":
+        monkeypatch.setattr(sweep, "_outcome", outcome)
+    args = ["sweep", "--config", str(config), "--runs-dir", str(runs), "--axis", "train.lr=0.1,0.2"]
+    assert cli_main(args) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stopped by SIGTERM" in err, err
+    assert launched == ["sweep-w1-lr1e-1"]
+    if where == "during a point":
+        rec = json.loads((runs / launched[0] / "launcher.json").read_text())
+        assert rec["attempts"][-1]["status"] == "failed" and "stopped by SIGTERM" in rec["attempts"][-1]["reason"]
+
+    def failing(*a):
+        raise turned_into("bad")
+
+    monkeypatch.setattr(sweep, "_launch_local", failing)
+    if turned_into in (OSError, PretokError):
+        assert cli_main(args) == 1
+        assert capsys.readouterr().err.startswith("pretok: error: ")
+    else:
+        with pytest.raises(turned_into):
+            cli_main(args)

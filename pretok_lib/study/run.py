@@ -107,7 +107,9 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
                 secs = execute(name, out_dir, params, kernel, stream)
                 record["notebooks"][name] = {"status": "completed", "seconds": round(secs, 1)}
                 say(f"== {name}: done in {secs:.0f} s")
-            except PretokError as e:
+            except Exception as e:  # after a stop signal, whatever the interrupted kernel or papermill raises
+                if not (stop.signum or isinstance(e, PretokError)):
+                    raise
                 record["notebooks"][name] = {"status": "failed", "error": str(e)}
                 failure = e
                 break
