@@ -47,17 +47,20 @@ class Counters:
 
 class StopFlag:
     """Set by SIGTERM / SIGUSR1 (preemption, time limit) / SIGINT (Ctrl-C; torchrun forwards it): the loop
-    checkpoints at the end of the step and stops. A second SIGINT stops at once (KeyboardInterrupt). `restore()`
-    puts the previous handlers back (an in-process caller keeps its own)."""
+    checkpoints at the end of the step and stops. A second SIGINT stops at once (KeyboardInterrupt; `aborted`
+    stays set, since the code it interrupts may turn it into another error). `restore()` puts the previous handlers
+    back (an in-process caller keeps its own)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self):
         self.signum: int | None = None
+        self.aborted = False
         self.previous = {s: signal.signal(s, self._set) for s in self.SIGNALS}
 
     def _set(self, signum, frame):
         if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            self.aborted = True
             raise KeyboardInterrupt
         self.signum = signum
 

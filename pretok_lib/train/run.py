@@ -195,15 +195,16 @@ def train(cfg: Config) -> int:
             _log(f"{status}: {run_dir}")
         code = 0 if status == "completed" else EXIT_INTERRUPTED
     except BaseException as e:
-        if isinstance(e, OSError) and (not isinstance(e, PretokError) or _inside(e.filename, run_dir)):
+        # the second SIGINT's KeyboardInterrupt, also when the import or library it interrupted made another error of it
+        if isinstance(e, KeyboardInterrupt) or (stop.aborted and isinstance(e, Exception)):
+            msg, code = "stopped by a second SIGINT before its checkpoint (a rerun resumes from the last one)", \
+                EXIT_ABORTED
+        elif isinstance(e, OSError) and (not isinstance(e, PretokError) or _inside(e.filename, run_dir)):
             msg, code = str(os_error(e, run_dir)), EXIT_FAILED     # the run directory's I/O (disk full, ...)
         elif isinstance(e, PretokError):
             msg, code = str(e), EXIT_BAD_INPUT
         elif isinstance(e, NonFiniteLoss):
             msg, code = str(e), EXIT_FAILED
-        elif isinstance(e, KeyboardInterrupt):
-            msg, code = "stopped by a second SIGINT before its checkpoint (a rerun resumes from the last one)", \
-                EXIT_ABORTED
         elif not d.is_main and d.backend is not None:   # another rank died; rank 0 reports the cause
             msg, code = f"rank {d.rank}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}", EXIT_FAILED
         else:

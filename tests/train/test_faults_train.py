@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ import torch
 from pretok_lib.cli import main as cli_main
 from pretok_lib.train import checkpoint
 
-from ..conftest import ROOT, tiny_memmap
+from ..conftest import ROOT, SIGNAL_CONVERSIONS, tiny_memmap
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs / bind mount needs root")
 STEPS = 8
@@ -343,6 +344,37 @@ def test_second_sigint_stops_at_once(tiny, reference, tmp_path, capsys, monkeypa
     monkeypatch.setattr(loop.Trainer, "step", step)
     rc, errors, err = train_cli(overrides(tiny, tmp_path), capsys)
     assert rc == 130 and len(errors) == 1 and "second SIGINT" in errors[0] and "Traceback" not in err
+    assert status(tmp_path / "run")["status"] == "failed"
+    monkeypatch.setattr(loop.Trainer, "step", real)
+    rc, errors, err = train_cli(overrides(tiny, tmp_path), capsys)
+    assert rc == 0 and "step_00000004" in err and curve(tmp_path / "run") == reference
+
+
+@pytest.mark.parametrize("turned_into", SIGNAL_CONVERSIONS)
+def test_second_sigint_turned_into_another_error_still_stops_at_once(tiny, reference, tmp_path, capsys, monkeypatch,
+                                                                    turned_into):
+    """Two real SIGINTs mid-step whose KeyboardInterrupt the interrupted code turns into another error (an import:
+    ImportError): still the second Ctrl-C (exit 130, one line, run.json failed, no traceback), and the rerun
+    resumes bit-exactly."""
+    from pretok_lib.train import loop
+
+    real = loop.Trainer.step
+
+    def step(self, batches):
+        if self.progress.step == 4 and not self.resumed_from:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)  # the first: checkpoint at the end of the step
+                time.sleep(0.05)
+                os.kill(os.getpid(), signal.SIGINT)  # the second: stop at once
+                time.sleep(10)
+            except BaseException:
+                raise turned_into("multiarray failed to import") from None
+            raise AssertionError("no second SIGINT arrived")
+        return real(self, batches)
+
+    monkeypatch.setattr(loop.Trainer, "step", step)
+    rc, errors, err = train_cli(overrides(tiny, tmp_path), capsys)
+    assert rc == 130 and len(errors) == 1 and "second SIGINT" in errors[0] and "Traceback" not in err, err
     assert status(tmp_path / "run")["status"] == "failed"
     monkeypatch.setattr(loop.Trainer, "step", real)
     rc, errors, err = train_cli(overrides(tiny, tmp_path), capsys)
