@@ -379,3 +379,30 @@ def test_second_sigint_turned_into_another_error_still_stops_at_once(tiny, refer
     monkeypatch.setattr(loop.Trainer, "step", real)
     rc, errors, err = train_cli(overrides(tiny, tmp_path), capsys)
     assert rc == 0 and "step_00000004" in err and curve(tmp_path / "run") == reference
+
+
+def test_ctrl_c_in_a_terminal_reaches_the_loader_workers_too(tiny, tmp_path, capsys):
+    """Ctrl-C in a terminal sends SIGINT to the whole foreground process group: the trainer and its DataLoader
+    workers alike. The workers must not take the run down with them: exit 3, one line, run.json `interrupted`, a
+    checkpoint at the last logged step; the rerun resumes and equals an uninterrupted run bit for bit."""
+    steps = 100
+    o = overrides(tiny, tmp_path) + [f"train.steps={steps}", "checkpoint.every=50", "data.num_workers=2"]
+    rc, errors, err = train_cli(o + ["run.id=ref"], capsys)
+    assert rc == 0, err
+    proc = subprocess.Popen([sys.executable, "-m", "pretok_lib.train", *o], cwd=ROOT, start_new_session=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run, end = tmp_path / "run", time.monotonic() + 120
+    while _last_step(run) < 3:
+        assert proc.poll() is None and time.monotonic() < end, proc.communicate()[1]
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    errors = [ln for ln in err.splitlines() if "error:" in ln or "Traceback" in ln]
+    assert proc.returncode == 3 and not errors, err
+    assert status(run)["status"] == "interrupted"
+    step = _last_step(run)
+    assert step < steps and checkpoint.list_checkpoints(run / "checkpoints")[-1].name == f"step_{step:08d}"
+    rc, errors, err = train_cli(o, capsys)
+    assert rc == 0 and "resumed from" in err, err
+    assert curve(run) == curve(tmp_path / "ref")
