@@ -56,17 +56,20 @@ def tiny_memmap(directory: Path) -> tuple[Path, Path]:
 SIGNAL_CONVERSIONS = [ImportError, RuntimeError, ValueError, OSError, PretokError]
 
 
-def sigterm_turned_into(error: type) -> None:
-    """A real SIGTERM to this process, the handler's exception caught by the code it interrupted, `error` raised."""
+def signals_turned_into(error: type, *signums: int) -> None:
+    """Real signals to this process (default: one SIGTERM), one after the other; the exception a handler raises is
+    caught by the code it interrupted and `error` raised instead."""
     import signal
     import time
 
     try:
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(10)  # the handler raises here
+        for signum in signums or (signal.SIGTERM,):
+            os.kill(os.getpid(), signum)
+            time.sleep(0.05)  # each one handled before the next (a second one pending would merge with it)
+        time.sleep(10)
     except BaseException:
         raise error("multiarray failed to import") from None
-    raise AssertionError("no SIGTERM arrived")
+    raise AssertionError("no handler raised")
 
 
 @pytest.fixture(scope="session")

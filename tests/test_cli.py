@@ -11,7 +11,7 @@ import pretok_lib
 from pretok_lib.cli import build_parser
 from pretok_lib.errors import PretokError
 
-from .conftest import SIGNAL_CONVERSIONS, sigterm_turned_into
+from .conftest import SIGNAL_CONVERSIONS, signals_turned_into
 
 
 def test_help_opens_with_the_purpose_and_every_subcommand() -> None:
@@ -61,11 +61,11 @@ def test_tokenize_counts_its_wall_time_from_the_process_start(tmp_path, shared_d
 
 
 @pytest.mark.parametrize("turned_into", SIGNAL_CONVERSIONS)
-def test_a_sigterm_turned_into_another_error_still_ends_as_terminated(monkeypatch, capsys, turned_into) -> None:
+def test_a_signals_turned_into_another_error_still_ends_as_terminated(monkeypatch, capsys, turned_into) -> None:
     from pretok_lib import cli
 
     def merge_interrupted_in_an_import(args):
-        sigterm_turned_into(turned_into)
+        signals_turned_into(turned_into)
 
     monkeypatch.setattr(cli, "cmd_merge", merge_interrupted_in_an_import)
     assert cli.main(["merge", "shard-0", "--out", "out"]) == 143

@@ -22,7 +22,7 @@ from pretok_lib.sweep import (
     yaml_scalar,
 )
 
-from .conftest import SIGNAL_CONVERSIONS, sigterm_turned_into, tiny_memmap
+from .conftest import SIGNAL_CONVERSIONS, signals_turned_into, tiny_memmap
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = "tests.fake_train"
@@ -352,11 +352,11 @@ def test_a_stop_signal_turned_into_another_error_still_stops_the_sweep(tmp_path:
     def launch(cmd, log, env, timeout_s):
         launched.append(log.parent.name)
         if where == "during a point":
-            sigterm_turned_into(turned_into)
+            signals_turned_into(turned_into)
         return 0, None
 
     def outcome(run_dir, rc, problem):
-        sigterm_turned_into(turned_into)
+        signals_turned_into(turned_into)
 
     monkeypatch.setattr(sweep, "_launch_local", launch)
     if where == "between two points":
