@@ -429,6 +429,10 @@ def script() -> None:
     """The `pretok` command (and `python -m pretok_lib.cli`)."""
     global _STARTED
     _STARTED = process_start_time()
+    if sys.argv[1:2] == ["train"]:
+        from .train.collector import import_training_modules
+
+        import_training_modules()  # as `python -m pretok_lib.train` does (train/collector.py)
     sys.exit(main(script=True))
 
 

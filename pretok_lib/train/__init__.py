@@ -6,6 +6,14 @@
 """
 
 from .config import Config, load_config
-from .run import train
 
 __all__ = ["Config", "load_config", "train"]
+
+
+def __getattr__(name: str):
+    # `train` imports torch: on first use, so `python -m pretok_lib.train` can import it under its own terms (__main__)
+    if name == "train":
+        from .run import train
+
+        return train
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,11 @@
 import signal
 import sys
 
-from .run import main
+from . import collector
+
+collector.import_training_modules()  # torch and transformers, without collection passes over them
+
+from .run import main  # noqa: E402
 
 code = main()
 # The run has ended and its status is written: a stop signal arriving during interpreter shutdown changes nothing

@@ -87,6 +87,8 @@ class TrainConfig:
     #                                 false: IEEE fp32, MFU against a measured fp32 matmul rate
     compile: bool = False
     activation_checkpointing: bool = False
+    gc_every: int = 50              # Python GC in the loop: automatic collection off, young generations every N steps
+    #                                 on every rank, a full one at checkpoints and evals (collector.py); 0: automatic
     target_loss: float | None = None   # time-to-target is reported when set
 
 
@@ -327,7 +329,7 @@ LIMITS: dict[str, Limit] = {
     "train.steps": _ONE, "train.grad_accum": _ONE, "train.lr": _POS, "train.min_lr_ratio": Limit(0, 1),
     "train.warmup_steps": _NONNEG, "train.weight_decay": _NONNEG, "train.beta1": Limit(0, 1, hi_open=True),
     "train.beta2": Limit(0, 1, hi_open=True), "train.eps": _POS, "train.grad_clip": _NONNEG,
-    "train.target_loss": _NONNEG, "train.time_budget_s": _POS,
+    "train.target_loss": _NONNEG, "train.time_budget_s": _POS, "train.gc_every": _NONNEG,
     "eval.every": _ONE, "eval.batches": _ONE,
     "log.every": _ONE, "log.skip_steps": _NONNEG,
     "checkpoint.every": _NONNEG, "checkpoint.keep": _ONE,

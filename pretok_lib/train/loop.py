@@ -23,7 +23,7 @@ from ..data import ShardedBatches, make_dataset, make_loader, open_mixture
 from ..datapaths import ON_THE_FLY
 from ..data.order import Position
 from ..errors import NonFiniteLoss, PretokError
-from . import checkpoint
+from . import checkpoint, collector
 from .compile import compile_model
 from .config import Config
 from .distributed import Dist, all_reduce, barrier, broadcast_object
@@ -323,9 +323,13 @@ class Trainer:
 
     def run(self, metrics: MetricsLog | None, stop: StopFlag) -> str:
         """Train to cfg.train.steps; 'completed', or 'interrupted' after a stop signal (checkpoint saved)."""
-        c, d, p = self.cfg, self.d, self.progress
         self.net.train()
         batches = _endless(self.loader)
+        with collector.scheduled(self.cfg.train.gc_every) as after_step:
+            return self._steps(metrics, stop, batches, after_step)
+
+    def _steps(self, metrics: MetricsLog | None, stop: StopFlag, batches, after_step) -> str:
+        c, d, p = self.cfg, self.d, self.progress
         started, wall0 = time.perf_counter(), p.wall_s
         global_batch = c.global_batch(d.world)
         while p.step < c.train.steps:
@@ -357,17 +361,20 @@ class Trainer:
             if logging and d.is_main and (p.step % max(1, c.log.every * 10) == 0 or last or p.step == 1):
                 self.log(f"step {p.step}/{c.train.steps} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
                          f"{rec['tokens_per_s']:,.0f} tok/s stall {rec['data_stall']:.1%}")
-            if self.val is not None and (p.step % c.eval.every == 0 or last):
+            evaluated = self.val is not None and (p.step % c.eval.every == 0 or last)
+            if evaluated:
                 v = self.evaluate()
                 if metrics is not None:
                     with checkpoint.names_path(metrics.path):
                         metrics.write({"kind": "val", "step": p.step, "wall_s": round(p.wall_s, 4), **v})
                 if d.is_main:
                     self.log(f"step {p.step} val loss {v['val_loss']:.4f} ppl {v['val_ppl']:.2f}")
-            if flag[0] or last or (c.checkpoint.every and p.step % c.checkpoint.every == 0):
+            saved = bool(flag[0] or last or (c.checkpoint.every and p.step % c.checkpoint.every == 0))
+            if saved:
                 self.save()
             if flag[0]:
                 return "interrupted"
             if last:
                 break
+            after_step(p.step, evaluated or saved)
         return "completed"
