@@ -47,8 +47,10 @@ def declared_parameters(notebook: str | Path) -> set[str]:
     return set(papermill.inspect_notebook(str(notebook)))
 
 
-def execute(name: str, out_dir: Path, params: dict[str, Any], kernel: str, stream: bool) -> float:
-    """Run one notebook with papermill (cwd: the repository root) into `out_dir/notebooks/<name>.ipynb`."""
+def execute(name: str, out_dir: Path, params: dict[str, Any], kernel: str, stream: bool,
+            ended: Callable[[], None] = lambda: None) -> float:
+    """Run one notebook with papermill (cwd: the repository root) into `out_dir/notebooks/<name>.ipynb`;
+    `ended()` is called when a cell fails (the end of the execution), before papermill shuts the kernel down."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
@@ -59,7 +61,8 @@ def execute(name: str, out_dir: Path, params: dict[str, Any], kernel: str, strea
     try:
         papermill.execute_notebook(str(src), str(dst), parameters=mine, kernel_name=kernel, cwd=str(ROOT),
                                    progress_bar=False, stdout_file=sys.stdout if stream else None,
-                                   stderr_file=sys.stderr if stream else None)
+                                   stderr_file=sys.stderr if stream else None,
+                                   on_cell_error=lambda **_: ended())
     except PapermillExecutionError as e:
         raise PretokError(f"cell {e.exec_count} failed: {e.ename}: {e.evalue} (executed notebook kept)", dst) from None
     return time.monotonic() - t0
@@ -104,7 +107,7 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
                 break
             say(f"== pretok study ({profile}): {name}")
             try:
-                secs = execute(name, out_dir, params, kernel, stream)
+                secs = execute(name, out_dir, params, kernel, stream, ended=stop.notebook_ended)
                 record["notebooks"][name] = {"status": "completed", "seconds": round(secs, 1)}
                 say(f"== {name}: done in {secs:.0f} s")
             except Exception as e:  # after a stop signal, whatever the interrupted kernel or papermill raises
@@ -160,6 +163,12 @@ class _Stop:
             raise KeyboardInterrupt
         self.signum = signum
         threading.Thread(target=self._interrupt_kernel, daemon=True).start()
+
+    def notebook_ended(self) -> None:
+        """After a stop, the interrupted notebook's cell has failed: no more SIGINTs, since one landing in the kernel
+        while papermill shuts it down raises there and prints a traceback under the study's one line."""
+        if self.signum is not None:
+            self.done.set()
 
     def _interrupt_kernel(self) -> None:
         while not self.done.is_set():

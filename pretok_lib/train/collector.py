@@ -9,7 +9,8 @@ recent steps allocated), and a full collection runs where all ranks pause togeth
 
 `python -m pretok_lib.train` and `pretok train` also keep it off while they import torch and transformers
 (`import_training_modules`): those passes find no garbage, and a tiny run's process took 30% longer with them
-(docs/TRAINING.md).
+(docs/TRAINING.md). Frozen, those objects are also left alone by the collections of the DataLoader workers forked
+later, so their memory pages stay shared instead of being copied (what `gc.freeze` is documented for).
 """
 
 from __future__ import annotations
