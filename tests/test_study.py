@@ -208,8 +208,7 @@ def test_a_failed_cell_is_told_while_its_kernel_still_runs(tmp_path: Path, monke
     ensure_kernel(study_run.KERNEL)
     others = set(procs.children())  # this test process's other children (of other tests), not the kernel
     kernels_at_end: list[set] = []
-    run = lambda: study_run.execute("nb", tmp_path / "out", {}, study_run.KERNEL, False,  # noqa: E731
-                                    ended=lambda: kernels_at_end.append(set(procs.children()) - others))
     with pytest.raises(PretokError, match="ValueError: boom"):
-        run()
+        study_run.execute("nb", tmp_path / "out", {}, study_run.KERNEL, False,
+                          ended=lambda: kernels_at_end.append(set(procs.children()) - others))
     assert len(kernels_at_end) == 1 and kernels_at_end[0] and not set(procs.children()) - others
