@@ -39,8 +39,10 @@ lab: setup
 sysdeps:
 	bash scripts/install_system_deps.sh
 
+# Bytecode caching on even where the environment turns it off (PYTHONDONTWRITEBYTECODE): the suite starts hundreds
+# of Python processes, and each would compile pretok_lib again.
 test: setup sysdeps
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=$(DURATIONS) tests
+	PYTHONDONTWRITEBYTECODE= HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=$(DURATIONS) tests
 
 bench: setup
 	$(VENV)/bin/pretok bench tokenize --json runs/bench/tokenize.json

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -70,6 +72,20 @@ def signals_turned_into(error: type, *signums: int) -> None:
     except BaseException:
         raise error("multiarray failed to import") from None
     raise AssertionError("no handler raised")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temp_dir_of_this_session():
+    """The suite's subprocesses put their temporary files (torchrun leaves a /tmp/torchelastic_* directory per
+    launch, ~100 a run) in one directory per test process, removed at its end."""
+    before, mine = os.environ.get("TMPDIR"), tempfile.mkdtemp(prefix="pretok-tests-")
+    os.environ["TMPDIR"] = mine
+    yield mine
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    shutil.rmtree(mine, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,9 @@ selection, grids over the study's datasets, path resolution, and the CLI's param
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -74,6 +77,9 @@ def test_unknown_parameter_is_refused_before_anything_runs(tmp_path: Path, capsy
 
 STUDY_SCRIPT = """
 import sys
+import contextlib
+import signal
+import time
 from pathlib import Path
 import pretok_lib.study.run as r
 r.NOTEBOOK_DIR = Path(sys.argv[1])
@@ -106,10 +112,8 @@ def test_a_stopped_study_stops_the_runs_of_its_notebook(tmp_path: Path, sig: str
     process is left (the kernel included), the next notebook never runs, the study exits 3 with one line."""
     import json
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
     import psutil
 
@@ -148,8 +152,6 @@ def test_a_stop_signal_turned_into_another_error_still_stops_the_study(tmp_path:
     next notebook never runs; the same error without a signal keeps its usual outcome."""
     import json
     import os
-    import signal
-    import time
 
     import nbformat
 
@@ -191,24 +193,51 @@ def test_a_stop_signal_turned_into_another_error_still_stops_the_study(tmp_path:
             r.run_study("smoke", out=tmp_path / "t", echo=None, report=False, publish=None)
 
 
-def test_a_failed_cell_is_told_while_its_kernel_still_runs(tmp_path: Path, monkeypatch) -> None:
-    """The stop handler stops interrupting the kernel at `ended` (the interrupted cell failed): it must come before
-    papermill shuts the kernel down (a SIGINT landing in a kernel that shuts down prints its traceback under the
-    study's one line; seen once in `make test` under a CPU held to 1.38 cores)."""
+@pytest.mark.parametrize("fails", [True, False], ids=["a-cell-fails", "it-completes"])
+def test_the_end_of_a_notebook_is_told_while_its_kernel_still_runs(fails: bool, tmp_path: Path, monkeypatch) -> None:
+    """The stop handler stops interrupting the kernel at `ended` (the interrupted cell failed, or the last cell ran
+    although a stop came): it must come before papermill shuts the kernel down (a SIGINT landing in a kernel that
+    shuts down prints its traceback under the study's one line; seen once in `make test` under a CPU held to
+    1.38 cores), and once: not after each cell."""
     import nbformat
 
     from pretok_lib import procs
     from pretok_lib.analysis.report import ensure_kernel
     from pretok_lib.study import run as study_run
 
-    cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("raise ValueError('boom')"),
-             nbformat.v4.new_code_cell("y = 2")]
+    cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("raise ValueError('boom')" if fails
+                                                                          else "y = 2"),
+             nbformat.v4.new_code_cell("z = 3"), nbformat.v4.new_code_cell(""), nbformat.v4.new_markdown_cell("end")]
     nbformat.write(nbformat.v4.new_notebook(cells=cells), str(tmp_path / "nb.ipynb"))
     monkeypatch.setattr(study_run, "NOTEBOOK_DIR", tmp_path)
     ensure_kernel(study_run.KERNEL)
     others = set(procs.children())  # this test process's other children (of other tests), not the kernel
     kernels_at_end: list[set] = []
-    with pytest.raises(PretokError, match="ValueError: boom"):
+    with pytest.raises(PretokError, match="ValueError: boom") if fails else contextlib.nullcontext():
         study_run.execute("nb", tmp_path / "out", {}, study_run.KERNEL, False,
                           ended=lambda: kernels_at_end.append(set(procs.children()) - others))
     assert len(kernels_at_end) == 1 and kernels_at_end[0] and not set(procs.children()) - others
+
+
+def test_a_stop_after_the_notebook_ended_sends_no_sigint_and_one_before_stops_at_its_end(monkeypatch) -> None:
+    from pretok_lib.study import run as study_run
+
+    sent: list[int] = []
+    monkeypatch.setattr(study_run.procs, "forward", lambda sig, pids: sent.append(sig))
+    monkeypatch.setattr(study_run.procs, "children", lambda: [])
+    after = study_run._Stop()
+    after.notebook_ended()
+    after(signal.SIGTERM, None)
+    time.sleep(0.2)
+    assert after.signum == signal.SIGTERM and sent == []
+    before = study_run._Stop()
+    before(signal.SIGTERM, None)
+    deadline = time.monotonic() + 10
+    while not sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sent == [signal.SIGINT]
+    before.notebook_ended()
+    time.sleep(0.2)
+    n = len(sent)
+    time.sleep(2.5)                     # past the 2 s repeat: the interrupting thread has ended
+    assert len(sent) == n

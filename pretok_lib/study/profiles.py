@@ -66,7 +66,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "config": "configs/tiny.yaml", "train_data_kind": "pretok-memmap", "train_world": 1,
         "train_overrides": {"train.steps": 3, "train.warmup_steps": 1, "eval.every": 3, "eval.batches": 1,
                             "model.hidden_size": 64, "model.num_layers": 1, **QUIET_RUN},
-        "sweep_grids": [{"data": ["padded", "pretok-memmap"], "world": [1, 2]}],
+        "sweep_grids": [{"data": ["padded", "pretok-memmap"], "world": [1]}, {"data": ["pretok-memmap"], "world": [2]}],
         "sweep_base": {"train.steps": 2, "train.warmup_steps": 1, "eval.every": 2, "eval.batches": 1,
                        "model.hidden_size": 64, "model.num_layers": 1, **QUIET_RUN, **NO_EXPORT},
         "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 300,

@@ -50,22 +50,33 @@ def declared_parameters(notebook: str | Path) -> set[str]:
 def execute(name: str, out_dir: Path, params: dict[str, Any], kernel: str, stream: bool,
             ended: Callable[[], None] = lambda: None) -> float:
     """Run one notebook with papermill (cwd: the repository root) into `out_dir/notebooks/<name>.ipynb`;
-    `ended()` is called when a cell fails (the end of the execution), before papermill shuts the kernel down."""
+    `ended()` is called when its execution ends (a cell failed, or the last code cell ran), before papermill shuts
+    the kernel down."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
     src, dst = NOTEBOOK_DIR / f"{name}.ipynb", out_dir / "notebooks" / f"{name}.ipynb"
     dst.parent.mkdir(parents=True, exist_ok=True)
     mine = {k: v for k, v in params.items() if k in declared_parameters(src)}
+    last = _last_code_cell_id(src)
     t0 = time.monotonic()
     try:
         papermill.execute_notebook(str(src), str(dst), parameters=mine, kernel_name=kernel, cwd=str(ROOT),
                                    progress_bar=False, stdout_file=sys.stdout if stream else None,
                                    stderr_file=sys.stderr if stream else None,
-                                   on_cell_error=lambda **_: ended())
+                                   on_cell_error=lambda **_: ended(),
+                                   on_cell_executed=lambda cell, **_: cell.get("id") == last and ended())
     except PapermillExecutionError as e:
         raise PretokError(f"cell {e.exec_count} failed: {e.ename}: {e.evalue} (executed notebook kept)", dst) from None
     return time.monotonic() - t0
+
+
+def _last_code_cell_id(notebook: Path) -> str | None:
+    """The id of the notebook's last non-empty code cell (nbclient runs no hook for empty ones)."""
+    import nbformat
+
+    cells = [c for c in nbformat.read(str(notebook), as_version=4).cells if c.cell_type == "code" and c.source.strip()]
+    return cells[-1].get("id") if cells else None
 
 
 def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: Sequence[str] | None = None,
@@ -103,6 +114,7 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     stop = _Stop()
     with procs.stop_signals(stop):
         for name in names:
+            stop.done.clear()    # cleared first: a stop that comes now still interrupts this notebook
             if stop.signum:
                 break
             say(f"== pretok study ({profile}): {name}")
@@ -165,10 +177,10 @@ class _Stop:
         threading.Thread(target=self._interrupt_kernel, daemon=True).start()
 
     def notebook_ended(self) -> None:
-        """After a stop, the interrupted notebook's cell has failed: no more SIGINTs, since one landing in the kernel
-        while papermill shuts it down raises there and prints a traceback under the study's one line."""
-        if self.signum is not None:
-            self.done.set()
+        """The running notebook's execution has ended (a cell failed, e.g. the interrupted one, or its last cell
+        ran): no more SIGINTs, since one landing in the kernel while papermill shuts it down raises there and prints
+        a traceback under the study's one line. run_study clears `done` before the next notebook."""
+        self.done.set()
 
     def _interrupt_kernel(self) -> None:
         while not self.done.is_set():

@@ -49,11 +49,13 @@ def train_data(tmp_path_factory, shared_data) -> TrainData:
 
 
 def tiny_overrides(data: TrainData, runs: Path, kind: str = "pretok-memmap", **extra) -> list[str]:
-    """CLI overrides of a tiny fp32 run on `kind` (no config file needed)."""
+    """CLI overrides of a tiny fp32 run on `kind` (no config file needed); no end-of-run export (test_export opts
+    in: it costs a subprocess run ~0.8 CPU-s)."""
     o = {"run.dir": str(runs), "run.id": "run", "model.hidden_size": 64, "model.num_layers": 2,
          "model.num_heads": 4, "model.num_kv_heads": 2, "data.kind": kind, "data.path": str(data.path_for(kind)),
          "data.tokenizer": str(GPT2_JSON), "data.seq_len": SEQ, "data.micro_batch": 4, "train.steps": 3,
-         "train.warmup_steps": 2, "train.precision": "fp32", "log.tensorboard": False, "checkpoint.every": 0}
+         "train.warmup_steps": 2, "train.precision": "fp32", "log.tensorboard": False, "checkpoint.every": 0,
+         "checkpoint.export": False}
     o.update(extra)
     return [f"{k}={v}" for k, v in o.items()]
 

@@ -32,7 +32,7 @@ EVAL = {"eval.every": 3, "eval.batches": 2, "train.steps": 3}
 def runs(train_data, tmp_path_factory) -> Path:
     """`one`: 1 rank, micro_batch 8; `two`: 2 gloo ranks, micro_batch 4 (the same global batch); both export."""
     base = tmp_path_factory.mktemp("export-runs")
-    overrides = tiny_overrides(train_data, base, **{"eval.path": train_data.val, **EVAL})
+    overrides = tiny_overrides(train_data, base, **{"eval.path": train_data.val, "checkpoint.export": True, **EVAL})
     run_here(overrides + ["run.id=one", "data.micro_batch=8"])
     run_cli(overrides + ["run.id=two", "data.micro_batch=4"], nproc=2)
     return base

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from ..conftest import ROOT
-from .conftest import records, run_cli, tiny_overrides
+from .conftest import records, run_cli, run_here, tiny_overrides
 
 STEPS = 30  # the kill test, fp32: the resume's bit-exactness does not depend on the precision
 BF16_STEPS = 8  # the signal test also checks bf16 autocast; bf16 is emulated on CPUs without AVX-512 BF16 (~2.5 s/step)
@@ -55,7 +55,7 @@ def _reference(train_data, tmp_path_factory, steps: int, every: int, precision: 
     runs = tmp_path_factory.mktemp("ref")
     o = tiny_overrides(train_data, runs, "pretok-memmap", **{"train.steps": steps, "checkpoint.every": every,
                                                                "train.precision": precision, "run.id": "ref"})
-    run_cli(o)
+    run_here(o)   # in this process: a run's losses do not depend on it (test_faults_train compares both ways)
     return o, runs / "ref"
 
 
