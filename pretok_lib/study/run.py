@@ -65,14 +65,15 @@ def execute(name: str, out_dir: Path, params: dict[str, Any], kernel: str, strea
                                    progress_bar=False, stdout_file=sys.stdout if stream else None,
                                    stderr_file=sys.stderr if stream else None,
                                    on_cell_error=lambda **_: ended(),
-                                   on_cell_executed=lambda cell, **_: cell.get("id") == last and ended())
+                                   on_cell_executed=lambda cell, **_: last and cell.get("id") == last and ended())
     except PapermillExecutionError as e:
         raise PretokError(f"cell {e.exec_count} failed: {e.ename}: {e.evalue} (executed notebook kept)", dst) from None
     return time.monotonic() - t0
 
 
 def _last_code_cell_id(notebook: Path) -> str | None:
-    """The id of the notebook's last non-empty code cell (nbclient runs no hook for empty ones)."""
+    """The id of the notebook's last non-empty code cell (nbclient runs no hook for empty ones); None without
+    cell ids (nbformat < 4.5): such a notebook's end is then told only by a failing cell."""
     import nbformat
 
     cells = [c for c in nbformat.read(str(notebook), as_version=4).cells if c.cell_type == "code" and c.source.strip()]

@@ -37,6 +37,7 @@ def test_notebook_committed_clean(name: str) -> None:
     assert "parameters" in code[0].metadata.get("tags", []), "the first code cell must be tagged `parameters`"
     assert all(not c.outputs and c.execution_count is None for c in code), "commit notebooks without outputs"
     assert nb.metadata["kernelspec"]["name"] == KERNEL
+    assert all(c.get("id") for c in nb.cells), "cell ids (nbformat 4.5): the study tells a notebook's end by its last"
     assert "study_dir" in declared_parameters(NOTEBOOK_DIR / f"{name}.ipynb")
     for profile, params in PROFILES.items():  # every profile sets every parameter a notebook declares
         assert declared_parameters(NOTEBOOK_DIR / f"{name}.ipynb") - {"study_dir"} <= set(params), (profile, name)
