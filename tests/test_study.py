@@ -249,3 +249,24 @@ def test_a_stop_after_the_notebook_ended_sends_no_sigint_and_one_before_stops_at
     n = len(sent)
     time.sleep(2.5)                     # past the 2 s repeat: the interrupting thread has ended
     assert len(sent) == n
+
+
+def test_the_kernel_channels_are_encrypted_and_its_start_is_quiet(tmp_path: Path, monkeypatch, capfd) -> None:
+    """ipykernel >= 7.4 warns on every start over plain TCP (5 times a study); the study's kernels get CurveZMQ keys
+    from jupyter_client instead, and where pyzmq cannot do Curve they start as before."""
+    import nbformat
+    import zmq
+
+    from pretok_lib.analysis.report import ensure_kernel
+    from pretok_lib.study import run as study_run
+
+    code = "from ipykernel.connect import get_connection_info\nprint(sorted(get_connection_info(unpack=True)))"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)]), str(tmp_path / "nb.ipynb"))
+    monkeypatch.setattr(study_run, "NOTEBOOK_DIR", tmp_path)
+    ensure_kernel(study_run.KERNEL)
+    study_run.execute("nb", tmp_path / "out", {}, study_run.KERNEL, False)
+    out = nbformat.read(str(tmp_path / "out" / "notebooks" / "nb.ipynb"), as_version=4).cells[-1].outputs
+    assert "'curve_secretkey'" in out[0]["text"], out
+    assert "without encryption" not in capfd.readouterr().err
+    monkeypatch.setattr(zmq, "has", lambda capability: False)
+    assert study_run.encrypted_kernel_channels() == {}
