@@ -179,12 +179,16 @@ def test_prediction_matches_measured_stall_on_cpu(data, tmp_path, monkeypatch) -
     skip = 8  # the warm-up and, with a worker, the batches it prefetched before the first step
     fast = _train("pretok-memmap", data, 0.0, 0, tmp_path, monkeypatch)
     c = S.check_run(fast, _supply("pretok-memmap", data, 0.0, 0), 0, skip)
-    # both ~0: the loader's supply measured apart is far above the model's consumption. The measured side is taken
-    # as the median step: a fetch of a few ms that a parallel test process preempts is one step at a stall of
-    # 0.3-0.5, which moves the mean of 16 steps by 0.02-0.03 (means of 0.039 and 0.056 measured in `make test`
-    # against predictions of 0.007 and 0.004), a scheduling floor, not the model. A loader that cannot keep up
-    # stalls every step, and so the median (0.010-0.015 measured with four busy processes beside this one).
-    assert c["predicted_stall"] < 0.02 and _median_step_stall(fast, skip) < 0.05 and c["data_stall"] < 0.2, c
+    # both small and in agreement: the loader's supply measured apart is far above the model's consumption (140-250x
+    # usually; once 31x in `make test`, a prediction of 0.031 beside a measured mean of 0.035, so the bound is not
+    # 0.02). The measured side is taken as the median step: a fetch of a few ms that a parallel test process
+    # preempts is one step at a stall of 0.3-0.5, which moves the mean of 16 steps by 0.02-0.03 (means of 0.039
+    # and 0.056 measured in `make test` against predictions of 0.007 and 0.004), a scheduling floor, not the model.
+    # A loader that cannot keep up stalls every step, and so the median (0.010-0.015 measured with four busy
+    # processes beside this one).
+    median = _median_step_stall(fast, skip)
+    assert c["predicted_stall"] < 0.05 and median < 0.05 and abs(c["predicted_stall"] - median) < 0.03, (c, median)
+    assert c["data_stall"] < 0.2, c
 
     # a batch takes 15x as long to load as to compute (stall 15/16, 14/15): still a real stall when the compute
     # measured above slows down up to 11x under other load (a parallel test process, a busy machine). At 6x, one

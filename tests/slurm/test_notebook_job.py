@@ -28,7 +28,9 @@ def make_notebook(path: Path, fail: bool = False) -> None:
     nb.cells = [nbformat.v4.new_markdown_cell("# A test report"), params,
                 nbformat.v4.new_code_cell(SECRET_CODE + "\nprint(f'{label}: {answer}')"),
                 nbformat.v4.new_code_cell("import os, sys\nopen('side-effect.txt', 'w').write(os.getcwd())\n"
-                                          "print('prefix', sys.prefix)")]
+                                          "print('prefix', sys.prefix)"),
+                nbformat.v4.new_code_cell("from ipykernel.connect import get_connection_info\n"
+                                          "print('connection', sorted(get_connection_info(unpack=True)))")]
     if fail:
         nb.cells.append(nbformat.v4.new_code_cell("raise RuntimeError('boom from the notebook')"))
     nbformat.write(nb, path)
@@ -48,6 +50,9 @@ def test_notebook_job_executes_and_exports_html(slurm_cluster, tmp_path):
     assert "from-yaml: 42\n" in outputs
     assert any("injected-parameters" in c.metadata.get("tags", []) for c in executed.cells)
     assert f"prefix {ROOT / '.venv'}\n" in outputs  # the venv's kernel (`pretok`) ran it
+    # on channels encrypted with CurveZMQ (`--engine pretok`), so ipykernel did not warn of plain TCP
+    assert any(o.startswith("connection") and "'curve_secretkey'" in o for o in outputs), outputs
+    assert "without encryption" not in job_logs(tmp_path)
     assert (tmp_path / "side-effect.txt").read_text() == str(tmp_path)  # cwd = the job's working directory
     full = (tmp_path / "out" / "report.html").read_text()
     hidden = (tmp_path / "out" / "report.no-input.html").read_text()
