@@ -77,9 +77,6 @@ def test_unknown_parameter_is_refused_before_anything_runs(tmp_path: Path, capsy
 
 STUDY_SCRIPT = """
 import sys
-import contextlib
-import signal
-import time
 from pathlib import Path
 import pretok_lib.study.run as r
 r.NOTEBOOK_DIR = Path(sys.argv[1])
@@ -200,8 +197,8 @@ def test_the_end_of_a_notebook_is_told_while_its_kernel_still_runs(fails: bool, 
     """The stop handler stops interrupting the kernel at `ended` (the interrupted cell failed, or the last cell ran
     although a stop came): it must come before papermill shuts the kernel down (a SIGINT landing in a kernel that
     shuts down prints its traceback under the study's one line; seen once in `make test` under a CPU held to
-    1.38 cores), and once: not after each cell. A notebook without cell ids (nbformat 4.4) has no last cell to
-    recognise: never `ended` early, only by a failure."""
+    1.38 cores), and once: not after each cell. A notebook without cell ids (nbformat 4.4; papermill gives its copy
+    ids the source does not have) has no last cell to recognise: never `ended` early, only by a failure."""
     import nbformat
 
     from pretok_lib import procs
