@@ -31,9 +31,11 @@ demo: setup
 	bash scripts/install_system_deps.sh chromium || echo "make demo: Chromium not installed; continuing (no PNG figures)"
 	$(VENV)/bin/pretok study --profile quick --out $(STUDY_DIR)
 
-# JupyterLab on notebooks/ with the project's kernel ("Python (pretok)", this venv) registered.
+# JupyterLab on notebooks/ with the project's kernel ("Python (pretok)", this venv) registered, kernels on encrypted
+# channels (CurveZMQ, where pyzmq supports it; set in the venv's jupyter_server_config.json).
 lab: setup
 	$(PY) -m ipykernel install --sys-prefix --name pretok --display-name "Python (pretok)"
+	$(PY) -c "from pretok_lib.study.kernels import main; main()"
 	$(VENV)/bin/jupyter lab notebooks/
 
 sysdeps:

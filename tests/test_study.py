@@ -255,6 +255,7 @@ def test_the_kernel_channels_are_encrypted_and_its_start_is_quiet(tmp_path: Path
     import zmq
 
     from pretok_lib.analysis.report import ensure_kernel
+    from pretok_lib.study import kernels
     from pretok_lib.study import run as study_run
 
     code = "from ipykernel.connect import get_connection_info\nprint(sorted(get_connection_info(unpack=True)))"
@@ -266,4 +267,4 @@ def test_the_kernel_channels_are_encrypted_and_its_start_is_quiet(tmp_path: Path
     assert "'curve_secretkey'" in out[0]["text"], out
     assert "without encryption" not in capfd.readouterr().err
     monkeypatch.setattr(zmq, "has", lambda capability: False)
-    assert study_run.encrypted_kernel_channels() == {}
+    assert kernels.encrypted_kernel_channels() == {}

@@ -1,5 +1,5 @@
 """`papermill --engine pretok`: papermill's nbclient engine with the kernel's channels encrypted
-(`run.encrypted_kernel_channels`), for notebooks run by the papermill command (slurm/notebook.sbatch); `pretok
+(`kernels.encrypted_kernel_channels`), for notebooks run by the papermill command (slurm/notebook.sbatch); `pretok
 study` sets the same itself. Registered in pyproject.toml under the `papermill.engine` entry points."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from papermill.engines import NBClientEngine
 
-from .run import encrypted_kernel_channels
+from .kernels import encrypted_kernel_channels
 
 
 class EncryptedChannelsEngine(NBClientEngine):

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import procs
 from ..errors import PretokError
+from .kernels import encrypted_kernel_channels
 from .profiles import profile_parameters
 from .steps import ROOT, resolve
 
@@ -70,20 +71,6 @@ def execute(name: str, out_dir: Path, params: dict[str, Any], kernel: str, strea
     except PapermillExecutionError as e:
         raise PretokError(f"cell {e.exec_count} failed: {e.ename}: {e.evalue} (executed notebook kept)", dst) from None
     return time.monotonic() - t0
-
-
-def encrypted_kernel_channels() -> dict[str, Any]:
-    """nbclient settings that encrypt the kernel's ZeroMQ channels (CurveZMQ keys provisioned by jupyter_client for
-    kernelspecs that declare support, as ipykernel's do) where jupyter_client (>= 8.10) and pyzmq can: otherwise
-    they are plain TCP on localhost, readable by other users of a shared login node, and ipykernel >= 7.4 warns
-    so on every kernel start. {} where unsupported: the kernel then runs as before."""
-    import zmq
-    from jupyter_client.manager import KernelManager
-    from traitlets.config import Config
-
-    if "transport_encryption" not in KernelManager.class_trait_names() or not zmq.has("curve"):
-        return {}
-    return {"config": Config({"KernelManager": {"transport_encryption": "auto"}})}
 
 
 def _last_code_cell_id(notebook: Path) -> str | None:

@@ -5,6 +5,7 @@ a real browser; and JupyterLab starts with the notebooks and the project kernel.
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 import os
 import re
@@ -161,21 +162,50 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
+def _get(url: str, method: str = "GET", body: dict | None = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    with urllib.request.urlopen(urllib.request.Request(url, data=data, method=method), timeout=10) as r:
+        text = r.read()
+    return json.loads(text) if text else {}
+
+
+async def _run_cell(ws_url: str, code: str) -> str:
+    """Execute `code` over the server's websocket bridge (the path JupyterLab's frontend takes); its stdout."""
+    from tornado.websocket import websocket_connect
+
+    ws = await websocket_connect(ws_url)
+    msg_id = secrets.token_hex(16)
+    header = {"msg_id": msg_id, "msg_type": "execute_request", "username": "test", "session": secrets.token_hex(16),
+              "version": "5.3", "date": ""}
+    content = {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False,
+               "stop_on_error": True}
+    await ws.write_message(json.dumps({"header": header, "parent_header": {}, "metadata": {}, "content": content,
+                                       "channel": "shell", "buffers": []}))
+    while True:
+        msg = json.loads(await ws.read_message())
+        if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] in ("stream", "error"):
+            ws.close()
+            return msg["content"].get("text") or str(msg["content"])
 
 
 @pytest.mark.slow
-def test_jupyterlab_lists_notebooks_and_kernel(tmp_path: Path) -> None:
+def test_jupyterlab_lists_notebooks_and_runs_the_kernel_on_encrypted_channels(tmp_path: Path) -> None:
+    """`make lab` as a user gets it: the notebooks, the `pretok` kernel, and (with the config `make lab` writes into
+    the venv, here into a prefix of its own) a kernel whose channels carry Curve keys, reached through the server's
+    websocket, with no warning of plain TCP in the server's log."""
     from pretok_lib.analysis.report import ensure_kernel
+    from pretok_lib.study.kernels import configure_lab
 
     ensure_kernel(KERNEL)
     jupyter = Path(sys.executable).parent / "jupyter"
     if not jupyter.exists() and not shutil.which("jupyter"):
         pytest.skip("jupyter not installed")
     port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
+    configure_lab(tmp_path / "prefix")
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
+           "JUPYTER_CONFIG_PATH": str(tmp_path / "prefix" / "etc" / "jupyter")}
     cmd = [str(jupyter if jupyter.exists() else shutil.which("jupyter")), "lab", "--no-browser", "--ip", "127.0.0.1",
            "--port", str(port), f"--IdentityProvider.token={token}", "--allow-root", f"--ServerApp.root_dir={ROOT}"]
     proc = subprocess.Popen(cmd, stdout=(tmp_path / "lab.log").open("wb"), stderr=subprocess.STDOUT, env=env,
@@ -197,8 +227,15 @@ def test_jupyterlab_lists_notebooks_and_kernel(tmp_path: Path) -> None:
         assert KERNEL in specs["kernelspecs"]
         with pytest.raises(urllib.error.HTTPError):  # the token is required
             _get(f"{base}/api/contents/notebooks")
+        kernel = _get(f"{base}/api/kernels?token={token}", "POST", {"name": KERNEL})
+        ws_url = f"ws://127.0.0.1:{port}/api/kernels/{kernel['id']}/channels?token={token}"
+        probe = "from ipykernel.connect import get_connection_info\nprint(sorted(get_connection_info(unpack=True)))"
+        printed = asyncio.run(asyncio.wait_for(_run_cell(ws_url, probe), timeout=90))
+        assert "'curve_secretkey'" in printed, printed
+        _get(f"{base}/api/kernels/{kernel['id']}?token={token}", "DELETE")
     finally:
         stop_tree(proc, grace_s=15)
+    assert "without encryption" not in (tmp_path / "lab.log").read_text()
 
 
 def test_analysis_notebook_runs_on_an_empty_study(tmp_path: Path) -> None:
