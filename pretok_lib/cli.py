@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -36,6 +37,20 @@ def _slurm_default(name: str, fallback: int) -> int:
     return _env_int("SLURM_ARRAY_TASK_ID", fallback) - _env_int("SLURM_ARRAY_TASK_MIN", 0)
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _fraction(text: str) -> float:
     value = float(text)
     if not 0 <= value <= 1:
@@ -57,7 +72,8 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
                    help="worker processes (0 = inline; default: the CPUs this process may use)")
     p.add_argument("--text-column", default=default("text_column"), help="parquet column / JSON key holding the text")
     p.add_argument("--separator", default=default("separator"),
-                   help="txt inputs: regex splitting a file into documents (re.split)")
+                   help="txt inputs: regex splitting a file into documents, as re.split on the whole file (groups "
+                        "are not documents; a match and its look-arounds within 64 Ki characters)")
     p.add_argument("--compression", default=default("compression"),
                    help="parquet formats: none, snappy, zstd[:level], ...")
     p.add_argument("--dtype", default=default("dtype"), choices=["auto", "uint16", "int32"])
@@ -255,19 +271,26 @@ SUBCOMMANDS_LIGHT = ("corpus", "tokenize", "merge", "inspect", "verify", "demo",
                      "export")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Argument errors in one line, as every other error (argparse prints its usage block first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; `command` (the subcommand about to run, if known) spares the others' heavy imports: the
     `train` and `bench` arguments live next to code that imports torch, which `pretok tokenize` does not need."""
     heavy = command is None or command not in SUBCOMMANDS_LIGHT
     from . import __version__
 
-    ap = argparse.ArgumentParser(prog="pretok", description=DESCRIPTION,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(prog="pretok", description=DESCRIPTION,
+                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"pretok {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("corpus", help="build the embedded default corpus (Python sources + docstrings) as parquet")
     p.add_argument("--out", required=True)
-    p.add_argument("--max-mb", type=float, default=50.0)
+    p.add_argument("--max-mb", type=_positive, default=50.0)
     p.add_argument("--packages", nargs="*", default=None, help="installed packages to add after the stdlib")
     p.set_defaults(fn=cmd_corpus)
     p = sub.add_parser("tokenize", help="pretokenize inputs into padded / token-list / memmap")
@@ -285,14 +308,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="checksums + re-tokenize a sample from the source and compare")
     p.add_argument("dir")
     p.add_argument("--source", nargs="+", default=None, help="the inputs, if they moved since pretokenization")
-    p.add_argument("--sample", type=int, default=64)
+    p.add_argument("--sample", type=_count, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_verify)
     p = sub.add_parser("demo", help="the main job on the embedded default corpus and tokenizer")
     p.add_argument("--out", default="runs/demo")
-    p.add_argument("--max-mb", type=float, default=20.0)
-    p.add_argument("--vocab-size", type=int, default=8192)
-    p.add_argument("--workers", type=int, default=usable_cpus())
+    p.add_argument("--max-mb", type=_positive, default=20.0)
+    p.add_argument("--vocab-size", type=_count, default=8192)
+    p.add_argument("--workers", type=_count, default=usable_cpus())
     p.set_defaults(fn=cmd_demo)
     p = sub.add_parser("train", help="train a causal LM on one data path (torchrun for DDP); see docs/RUNS.md")
     if heavy:
@@ -318,7 +341,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--prefix", default=None, help="run id prefix (default: sweep)")
     p.add_argument("--runs-dir", default="runs")
     p.add_argument("--launcher", default="local", choices=["local", "slurm"])
-    p.add_argument("--timeout", type=float, default=None, help="seconds per local run before it is stopped")
+    p.add_argument("--timeout", type=_positive, default=None, help="seconds per local run before it is stopped")
     p.add_argument("--rerun-changed", action="store_true",
                    help="start over a point whose run directory holds a run of another config (default: refuse it)")
     p.add_argument("--dry-run", action="store_true", help="print run ids, their status and commands; run nothing")

@@ -14,6 +14,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import math
 import os
 import sysconfig
 from collections.abc import Iterator, Sequence
@@ -158,7 +159,7 @@ def build_corpus(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if not max_mb > 0:
+    if not (math.isfinite(max_mb) and max_mb > 0):
         raise PretokError(f"max_mb must be > 0, got {max_mb}", out)
     if not row_group_mb > 0:
         raise PretokError(f"row_group_mb must be > 0, got {row_group_mb}", out)

@@ -253,16 +253,29 @@ def expand(spec: str) -> list[tuple[str, int, tuple]]:
     return expand_all([spec])[0]
 
 
-def _expand_one(spec: str) -> list[tuple[str, int, tuple]]:
+def _has_magic(path: str) -> bool:
+    return any(c in path for c in "*?[")
+
+
+def _expand_one(spec: str, as_glob: bool) -> list[tuple[str, int, tuple]] | None:
+    """The objects `spec` names as a glob, or as one object (None if there is no such object and it has glob
+    characters: then it is a glob)."""
     fs, path = filesystem(spec)
-    if any(c in path for c in "*?["):
+    if as_glob:
         infos = call(spec, lambda: fs.glob(path, detail=True), "cannot list")
         found = [i for i in infos.values() if i.get("type", "file") == "file"]
         if not found:
             raise PretokError("no input matches this pattern", spec)
     else:
-        info = call(spec, lambda: fs.info(path))
+        try:
+            info = call(spec, lambda: fs.info(path))
+        except PretokError:
+            if _has_magic(path):
+                return None
+            raise
         if info.get("type") == "directory":
+            if _has_magic(path):
+                return None
             raise PretokError("is a directory (a prefix); give a glob such as URL/*.parquet", spec)
         found = [info]
     out = sorted((fs.unstrip_protocol(i["name"]), int(i.get("size") or 0), identity(i)) for i in found)
@@ -272,22 +285,23 @@ def _expand_one(spec: str) -> list[tuple[str, int, tuple]]:
 
 def expand_all(specs: list[str]) -> list[list[tuple[str, int, tuple]]]:
     """`expand` of each spec, in order, `LIST_THREADS` at a time (one round trip each would add up over thousands
-    of inputs); the first failing spec in order raises. Listing caches are dropped first, and the single objects
-    are asked (HEAD) before any glob is listed, so each one's identity comes from its HEAD, never from a listing
-    another spec left in the cache: every process gets the same identities whatever the timing."""
+    of inputs); the first failing spec in order raises. An object whose name holds glob characters (`[`, `?`,
+    `*`) is that object, not a pattern. Listing caches are dropped first, and every spec is asked as one object
+    (HEAD) before any glob is listed, so each one's identity comes from its HEAD, never from a listing another
+    spec left in the cache: every process gets the same identities whatever the timing."""
     for spec in specs:
         filesystem(spec)[0].invalidate_cache()
     out: list = [None] * len(specs)
 
-    def one(i: int):
+    def one(i: int, as_glob: bool):
         try:
-            return _expand_one(specs[i])
+            return _expand_one(specs[i], as_glob)
         except Exception as e:  # raised below, the first in order
             return e
 
-    for globs in (False, True):
-        todo = [i for i, s in enumerate(specs) if any(c in filesystem(s)[1] for c in "*?[") == globs]
-        for i, found in zip(todo, _map(one, todo)):
+    for as_glob in (False, True):
+        todo = [i for i in range(len(specs)) if out[i] is None]
+        for i, found in zip(todo, _map(lambda i: one(i, as_glob), todo)):
             out[i] = found
     for found in out:
         if isinstance(found, Exception):

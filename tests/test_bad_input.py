@@ -272,3 +272,98 @@ def test_killed_worker_fails_the_run_and_the_rerun_completes(tmp_path, shared_da
     assert not (out / "manifest.json").exists()
     assert run_cli(*args, str(out)).returncode == 0
     assert data_files(out) == data_files(ref)
+
+
+BAD_SETTINGS = [("batch_mb", v) for v in (0, 1e-9, -1, float("nan"), float("inf"), "1")] + \
+    [("part_mb", v) for v in (0, -0.5, float("nan"), float("inf"))] + \
+    [("workers", v) for v in (-1, 1.5, True)] + [("seq_len", v) for v in (0, -3, 2.5)] + \
+    [("num_shards", 0), ("shard_index", -1), ("shard_index", 1), ("max_bad_fraction", 1.5),
+     ("max_bad_fraction", float("nan")), ("compression", "zstd:99"), ("compression", "gzip:10"),
+     ("compression", "snappy:1"), ("compression", "lzma"), ("format", "csv"), ("dtype", "int8"), ("eos", "auto"),
+     ("bos", "true"), ("bad_docs", "warn")]
+
+
+@pytest.mark.parametrize("name,value", BAD_SETTINGS, ids=lambda v: str(v))
+def test_a_setting_the_run_cannot_honour_is_refused_before_any_output(tmp_path, name, value):
+    """`--batch-mb 0` read 0 bytes, took that for the end of every text file and lost all its documents (rc 0);
+    nan / inf / negative values gave tracebacks or were accepted. Every setting is checked first, in one line
+    naming its option, and nothing is written."""
+    txt = tmp_path / "s.txt"
+    txt.write_text("\n\n".join(f"doc {i} " + "word " * 50 for i in range(30)))
+    with pytest.raises(PretokError) as e:
+        tok([txt], tmp_path / "out", separator=r"\n\n+", **{"format": "padded" if name == "compression" else "memmap",
+                                                             name: value})
+    assert "\n" not in str(e.value)
+    assert name.replace("_", "-") in str(e.value) or name == "compression" and "compression" in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_smallest_settings_still_read_every_document(tmp_path):
+    """The edge of what is allowed: one byte per read and per part still gives every document, as the default."""
+    txt = tmp_path / "s.txt"
+    txt.write_text("\n\n".join(f"doc {i} " + "word " * 5 for i in range(12)))
+    small = tok([txt], tmp_path / "small", separator=r"\n\n+", batch_mb=1e-6, part_mb=1e-6)
+    default = tok([txt], tmp_path / "default", separator=r"\n\n+")
+    assert small["counts"]["documents"] == default["counts"]["documents"] == 12
+    assert [d.tolist() for d in stored_docs(tmp_path / "small")] == [d.tolist() for d in stored_docs(tmp_path / "default")]
+
+
+@pytest.mark.parametrize("option", ["tokenize --batch-mb nan", "tokenize --part-mb inf", "tokenize --workers -1",
+                                    "corpus --max-mb inf"])
+def test_bad_numbers_on_the_command_line_are_one_line(tmp_path, option):
+    command, flag, value = option.split()
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "a document"}\n')
+    out = tmp_path / "out"
+    args = {"tokenize": [str(src), "--out", str(out), "--tokenizer", str(GPT2_JSON)], "corpus": ["--out", str(out)]}
+    fails([command, *args[command], flag, value], flag)
+    assert not out.exists()
+
+
+def _empty_inputs(d: Path) -> dict[str, list[Path]]:
+    """Inputs that hold no document, one of each kind (and a glob over several)."""
+    import zstandard
+
+    (d / "e.jsonl").write_bytes(b"")
+    (d / "blank.jsonl").write_bytes(b"\n\n  \n")
+    (d / "e.jsonl.gz").write_bytes(gzip.compress(b""))
+    (d / "e.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b""))
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), d / "zero.parquet")
+    (d / "e.txt").write_bytes(b"")
+    (d / "seps.txt").write_bytes(b"\n\n\n\n")
+    import datasets
+
+    datasets.Dataset.from_dict({"text": []}).save_to_disk(str(d / "hf"))
+    (d / "glob").mkdir()
+    for name in ("a.jsonl", "b.jsonl"):
+        (d / "glob" / name).write_bytes(b"")
+    return {"e.jsonl": [d / "e.jsonl"], "blank.jsonl": [d / "blank.jsonl"], "e.jsonl.gz": [d / "e.jsonl.gz"],
+            "e.jsonl.zst": [d / "e.jsonl.zst"], "zero.parquet": [d / "zero.parquet"], "e.txt": [d / "e.txt"],
+            "seps.txt": [d / "seps.txt"], "hf": [d / "hf"], "glob": [d / "glob" / "*.jsonl"],
+            "several": [d / "e.jsonl", d / "zero.parquet"]}
+
+
+EMPTY = ["e.jsonl", "blank.jsonl", "e.jsonl.gz", "e.jsonl.zst", "zero.parquet", "e.txt", "hf", "glob", "several"]
+
+
+# A file of newlines read whole (no separator) is one whitespace document, so "seps.txt" only with a separator.
+@pytest.mark.parametrize("name,separator", [(n, None) for n in EMPTY] + [(n, r"\n\n+") for n in EMPTY + ["seps.txt"]])
+def test_an_input_without_documents_fails_without_an_output(tmp_path, name, separator):
+    """An empty JSONL or a zero-row parquet gave a complete, empty dataset (rc 0) where an empty text file failed:
+    every input kind that holds no document fails in one line, and no manifest is written."""
+    inputs = _empty_inputs(tmp_path)[name]
+    with pytest.raises(PretokError, match="no document could be read") as e:
+        tok(inputs, tmp_path / "out", separator=separator)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_too_many_skipped_documents_name_the_file_holding_most(tmp_path):
+    """With several inputs the error named no file; it names the one holding the most skipped documents."""
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps({"text": f"fine {i}"}) + "\n" for i in range(40)))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps({"text": None if i % 2 else f"half {i}"}) + "\n" for i in range(40)))
+    with pytest.raises(PretokError, match="more than --max-bad-fraction") as e:
+        tok([good, bad], tmp_path / "out")
+    assert str(e.value).startswith(f"{bad}: "), str(e.value)

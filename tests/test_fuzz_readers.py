@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -339,3 +340,52 @@ def test_cli_end_to_end_exit_0_complete_or_one_line(tmp_path_factory, gen, codec
             assert (shape_error_expected(plain) or not docs or
                     sum(bad.values()) > float(threshold) * (len(docs) + sum(bad.values()))), err[0]
     CASES[(f"cli jsonl{'.' + codec if codec else ''} {damage}", "exit 0" if r.returncode == 0 else "error")] += 1
+
+
+# ---------------------------------------------------------------- separators split as on the whole file
+
+
+SEPARATORS = [r"\n\n+", r"(?<=\.)\n", r"\n(?=[A-Z])", r"\b\.\s", r"(?m)^(?=S)", r"(x)y", r"(?<=\.)", r"a|(?=b)",
+              r"(?<=a)(?=b)", r"\.\s*", r"(?<!a)b+", r"^S|E$", r"(?s)S(?:.{0,3}?E)?"]
+
+
+def whole_text_pieces(sep: re.Pattern, text: str) -> list[str]:
+    """The contract: the pieces between the separator's matches on the whole text (`re.split` without groups)."""
+    pieces, at = [], 0
+    for m in sep.finditer(text):
+        pieces.append(text[at:m.start()])
+        at = m.end()
+    return pieces + [text[at:]]
+
+
+@settings(FUZZ, max_examples=400)
+@given(parts=st.lists(st.sampled_from(["a", "b", ".", " ", "\n", "\n\n", "S", "E", "xy", "x", "A", ".\n", ". "]),
+                     max_size=60),
+       pattern=st.sampled_from(SEPARATORS), sizes=st.lists(st.integers(1, 6), min_size=1, max_size=8),
+       window=st.sampled_from([6, 8, 16]))
+def test_streamed_split_equals_the_whole_text_split(parts, pattern, sizes, window):
+    """Look-behinds, look-aheads, word boundaries, `^`/`$`, empty matches, groups and lazy tails that span less than
+    the window split in streamed chunks of any size exactly as on the whole text (the reader streams txt files)."""
+    from pretok_lib.sources.read import split_stream
+
+    sep, text = re.compile(pattern), "".join(parts)
+    chunks, at = [], 0
+    while at < len(text):  # chunks of the drawn sizes in turn: block edges everywhere
+        size = sizes[len(chunks) % len(sizes)]
+        chunks.append((text[at:at + size], False))
+        at += size
+    chunks.append(("", True))
+    want = whole_text_pieces(sep, text)
+    if not sep.groups:
+        assert want == re.split(sep, text)
+    assert list(split_stream(sep, chunks, window=window)) == want
+
+
+def test_a_look_behind_separator_splits_a_file_as_on_the_whole_text(tmp_path):
+    """`(?<=\\.)\\n` over 2 MB read in 4 KB blocks: the block edges gave documents a leading newline and the file's
+    final separator an extra document (6001 instead of 6000 on 70 KB)."""
+    text = "".join(f"Sentence {i} ends here.\nit goes on\nand ends.\n" for i in range(50_000))
+    path = tmp_path / "s.txt"
+    path.write_text(text)
+    got = read([path], separator=r"(?<=\.)\n", batch_bytes=4096, part_bytes=10**9)
+    assert got == ([p for p in re.split(r"(?<=\.)\n", text) if p], Counter())

@@ -135,3 +135,20 @@ def test_reading_leaves_no_reference_cycles(tmp_path, fr_docs):
         gc.set_debug(0)
         gc.garbage.clear()
         gc.enable()
+
+
+@pytest.mark.parametrize("name", ["shard[1].jsonl", "q?.jsonl", "all*.jsonl", "[ab].jsonl", "x[!0].jsonl"])
+def test_an_input_named_with_glob_characters_is_that_file(tmp_path, name):
+    """A file that exists as named is taken as it is, not as a pattern: `shard[1].jsonl` was refused (no match)
+    or, beside a `shard1.jsonl`, silently read that other file instead."""
+    import glob as globmod
+
+    (tmp_path / name).write_text('{"text": "literal"}\n')
+    decoys = ["shard1.jsonl", "qa.jsonl", "allx.jsonl", "a.jsonl", "xa.jsonl"]
+    for decoy in decoys:
+        (tmp_path / decoy).write_text('{"text": "decoy"}\n')
+    spec = str(tmp_path / name)
+    assert set(globmod.glob(spec)) - {spec}, "the name must also match a decoy as a pattern"
+    assert [f.path for f in expand_inputs([spec])] == [spec]
+    (tmp_path / name).unlink()   # without the literal file it is a pattern again
+    assert spec not in [f.path for f in expand_inputs([spec])]

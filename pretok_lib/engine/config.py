@@ -3,6 +3,7 @@ command line derives its defaults from it). Light to import: the CLI builds its 
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,38 @@ class TokenizeConfig:
     overwrite: bool = False
     progress: bool = True
     command: list[str] = field(default_factory=lambda: list(sys.argv))
+
+    def check(self) -> None:
+        """Refuse, in one line naming the option, any setting the run could not honour (a batch of 0 bytes read
+        nothing and lost documents; nan and inf, negative worker counts, codec levels out of range)."""
+        from ..errors import PretokError
+
+        def number(name: str, value, low: float, whole: bool = False, high: float = math.inf) -> None:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not ok or (whole and value != int(value)) or not low <= value <= high:
+                kind = "a whole number" if whole else "a finite number"
+                bound = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
+                raise PretokError(f"--{name.replace('_', '-')} must be {kind} {bound} (got {value!r})")
+
+        if self.format not in FORMATS:
+            raise PretokError(f"unknown --format {self.format} (choose from {', '.join(FORMATS)})")
+        for name, choices in (("dtype", ("auto", "uint16", "int32")), ("bos", ("auto", "yes", "no")),
+                              ("eos", ("yes", "no")), ("bad_docs", ("skip", "fail"))):
+            if getattr(self, name) not in choices:
+                raise PretokError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)} "
+                                  f"(got {getattr(self, name)!r})")
+        number("seq_len", self.seq_len, 1, whole=True)
+        number("workers", self.workers, 0, whole=True)
+        number("num_shards", self.num_shards, 1, whole=True)
+        number("shard_index", self.shard_index, 0, whole=True, high=self.num_shards - 1)
+        number("max_bad_fraction", self.max_bad_fraction, 0, high=1)
+        number("batch_mb", self.batch_mb, 1e-6)       # at least one byte per read
+        if self.part_mb is not None:
+            number("part_mb", self.part_mb, 1e-6)
+        if self.format != "memmap":
+            from ..formats.parquet import parse_compression
+
+            parse_compression(self.compression)
 
     def part_bytes(self, text_bytes: int) -> int:
         """Text bytes per part: as given, or about 1/32 of the input's text, clamped to [1 MB, 64 MB] — small

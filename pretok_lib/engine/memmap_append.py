@@ -190,7 +190,7 @@ class MemmapAppender:
         """Append `src` to `dst` in the kernel (copy_file_range: no copy through Python); feed it to the
         `running` hash from a read-only mapping of its (cached) pages."""
         dst.flush()
-        size, done = src.stat().st_size, 0
+        size = src.stat().st_size
         with open(src, "rb") as fh:
             if running is not None and size:
                 with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as view:

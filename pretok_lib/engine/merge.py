@@ -1,7 +1,8 @@
 """`pretok merge`: join shard outputs (one per `--shard-index`) into one dataset with one manifest.
 
-Shards must agree on everything that defines the data (format, tokenizer, dtype, policy, compression, inputs;
-`seq_len` only for padded) and together cover every unit exactly once. The merged files are byte-identical to
+Shards must agree on everything that defines the data (format, tokenizer, dtype, policy, compression, inputs and
+their checksums, how the inputs were planned and read; `seq_len` only for padded) and together cover every unit
+exactly once, each part reading on where the one before it ended. The merged files are byte-identical to
 an unsharded run. Every shard file is checked against the checksum its manifest records while it is copied
 (hashed as its bytes stream through, not re-read), so a damaged shard is refused, not merged under a fresh
 checksum. The output holds its lock (beside it) for the whole merge; it may not be, lie inside or contain one of
@@ -22,9 +23,11 @@ from ..formats import checksum
 from ..formats import memmap as mm
 from ..formats.manifest import read_manifest, write_manifest
 from .outdir import output_lock, remove_output, resolve_output
+from .parts import unit_breaks
 from .run import MEMMAP_PREFIX, build_manifest, sum_skipped
 
 AGREE = ("format", "format_version", "dtype", "policy", "compression")
+SOURCE_AGREE = ("text_column", "separator", "part_bytes", "batch_bytes", "bad_docs")
 
 
 MERGING = ".pretok/merging"  # marks an output as a merge in progress (a rerun may start it over)
@@ -77,11 +80,18 @@ def _check_agreement(shards: list[tuple[Path, dict]]) -> None:
                 raise PretokError(f"{k} differs from shard {ref_dir} ({a!r} vs {b!r}); cannot merge", d)
         if m["tokenizer"]["fingerprint"] != ref["tokenizer"]["fingerprint"]:
             raise PretokError(f"tokenizer fingerprint differs from shard {ref_dir}; cannot merge", d)
-        strip = lambda inputs: [(i["path"], i["size"]) for i in inputs]  # noqa: E731
+        strip = lambda inputs: [(i["path"], i["size"], i.get("checksum")) for i in inputs]  # noqa: E731
         if strip(m["inputs"]) != strip(ref["inputs"]):
             raise PretokError(f"was made from different inputs than {ref_dir}; cannot merge", d)
         if m["shard"]["total_units"] != ref["shard"]["total_units"]:
             raise PretokError(f"plans a different number of units than {ref_dir}; cannot merge", d)
+        if m["shard"]["num_shards"] != ref["shard"]["num_shards"]:
+            raise PretokError(f"is one of {m['shard']['num_shards']} shards, {ref_dir} one of "
+                              f"{ref['shard']['num_shards']}; cannot merge", d)
+        for k in SOURCE_AGREE:  # how the inputs were planned into units and read
+            if m["source"].get(k) != ref["source"].get(k):
+                raise PretokError(f"source.{k} differs from shard {ref_dir} ({m['source'].get(k)!r} vs "
+                                  f"{ref['source'].get(k)!r}); cannot merge", d)
 
 
 def _check_coverage(shards: list[tuple[Path, dict]]) -> None:
@@ -101,6 +111,10 @@ def _check_coverage(shards: list[tuple[Path, dict]]) -> None:
         expect = b
     if expect != total:
         raise PretokError(f"shards cover units [0, {expect}) of {total}")
+    breaks = unit_breaks([p for _, m in shards for p in m["parts"]])
+    if breaks:
+        raise PretokError(f"the shards were planned differently ({breaks[0]}): documents would be read twice or "
+                          "never; cannot merge")
 
 
 def merge_shards(shard_dirs: Sequence[str | os.PathLike], out: str | os.PathLike, overwrite: bool = False) -> dict:

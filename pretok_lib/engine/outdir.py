@@ -134,6 +134,38 @@ def config_differences(prev: dict, key: dict) -> list[str]:
     return diff
 
 
+def key_of_manifest(manifest: dict) -> dict:
+    """The output key (`.pretok/config.json`'s content) that a finished output's manifest records, so that the
+    run state may be deleted once the manifest exists (docs/FORMATS.md) and the same command still finds its
+    output complete. It has `batch_bytes` where the key has `batch_mb`: compare it with `comparable_key(key)`."""
+    source, shard = manifest["source"], manifest["shard"]
+    first, stop = shard["units"]
+    return {"format": manifest["format"], "tokenizer_fingerprint": manifest["tokenizer"]["fingerprint"],
+            "policy": manifest["policy"], "compression": manifest["compression"],
+            "text_column": source["text_column"], "separator": source["separator"],
+            "part_bytes": source["part_bytes"], "batch_bytes": source["batch_bytes"],
+            "inputs": [{k: v for k, v in i.items() if k != "checksum"} for i in manifest["inputs"]],
+            "num_shards": shard["num_shards"], "shard_index": shard["shard_index"], "units": list(range(first, stop))}
+
+
+def comparable_key(key: dict) -> dict:
+    """A run's key with `batch_mb` as the bytes per read it stands for (`TokenizeConfig.source_options`), as a
+    manifest records it."""
+    out = {k: v for k, v in key.items() if k != "batch_mb"}
+    return {**out, "batch_bytes": int(key["batch_mb"] * 1e6)}
+
+
+def _differences_from_manifest(out: Path, key: dict) -> list[str] | None:
+    """How `key` differs from the finished output's manifest; None if there is no readable manifest."""
+    from ..formats.manifest import read_manifest
+
+    try:
+        recorded = key_of_manifest(read_manifest(out))
+    except (PretokError, KeyError, TypeError, ValueError):
+        return None
+    return config_differences(recorded, comparable_key(key))
+
+
 def prepare_output(out: Path, key: dict, overwrite: bool) -> bool:
     """Create/validate the output dir, holding its lock; returns whether it is complete already. Refuses a
     different config (or a directory that is not a pretok output) unless `overwrite`."""
@@ -145,9 +177,14 @@ def prepare_output(out: Path, key: dict, overwrite: bool) -> bool:
             old = state / "config.json"
             if overwrite:
                 remove_output(out)
-            elif not old.exists():
-                raise PretokError("exists, is not empty and is not a pretok output; use --overwrite or another --out",
-                                  out)
+            elif not old.exists():  # the run state deleted after the manifest (allowed), or not our directory
+                diff = _differences_from_manifest(out, key)
+                if diff is None:
+                    raise PretokError("exists, is not empty and is not a pretok output; use --overwrite or another "
+                                      "--out", out)
+                if diff:
+                    raise PretokError(f"holds output of a different config (differs in: {', '.join(diff)}); "
+                                      "use --overwrite or another --out", out)
             else:
                 try:
                     prev = json.loads(old.read_text())

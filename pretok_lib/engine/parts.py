@@ -105,6 +105,20 @@ def add_special(ids: np.ndarray, offsets: np.ndarray, bos: int | None, eos: int 
 # ---------------------------------------------------------------- one unit → one committed part
 
 
+def unit_breaks(parts: list[dict]) -> list[str]:
+    """Where a manifest's parts do not read an input end to end: a part that goes on with the input of the part
+    before it starts where that one ended (or at 0: the same input listed again). Catches shards planned with
+    other settings merged together (documents read twice or never)."""
+    breaks, prev = [], None
+    for part in parts:
+        u = part["unit"]
+        if prev is not None and u["paths"] == prev["paths"] and u["start"] not in (prev["stop"], 0):
+            breaks.append(f"{part['part']} reads {u['paths'][0]} from {u['start']}, but the part before it ended "
+                          f"at {prev['stop']}")
+        prev = u
+    return breaks
+
+
 def part_name(index: int) -> str:
     return f"part-{index:06d}"
 

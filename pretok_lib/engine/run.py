@@ -25,14 +25,13 @@ from ..datapaths import window
 from ..environment import environment
 from ..errors import PretokError, os_error
 from ..formats import checksum
-from ..formats import parquet as pqf
 from ..formats.manifest import FORMAT_VERSIONS, Policy, format_policy, write_manifest
 from ..input_checks import check_skipped
 from ..remote import is_url, retries, schemes
 from ..sources import (InputFile, SourceOptions, Unit, estimate_text_bytes, expand_inputs, plan_units, sample_texts,
                        shard_units)
 from ..tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
-from .config import FORMATS, TokenizeConfig
+from .config import TokenizeConfig
 from .memmap_append import MemmapAppender
 from .outdir import committed_parts, output_lock, prepare_output, remove_output, resolve_output
 from .parts import PART_HASH_KEY, STATE, Job, PartRecord, part_files_intact
@@ -116,12 +115,7 @@ def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None, _
     `_rejected`: why a restart's earlier run rejected other backends (kept in the manifest). `_t0`: when the run
     started (`time.time()`; default: now); the command line passes its process start, so that the manifest's wall
     time and start-up count the interpreter and the imports too."""
-    if cfg.format not in FORMATS:
-        raise PretokError(f"unknown --format {cfg.format} (choose from {', '.join(FORMATS)})")
-    if cfg.format != "memmap":
-        pqf.parse_compression(cfg.compression)
-    if cfg.seq_len < 1:
-        raise PretokError(f"--seq-len must be >= 1 (got {cfg.seq_len})")
+    cfg.check()
     if is_url(cfg.out):
         raise PretokError("outputs must be on a POSIX file system (a local or mounted path): runs stay crash-safe "
                           "by atomic renames, which object stores lack", cfg.out)
@@ -157,6 +151,8 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
     files = expand_inputs(cfg.inputs)
     sopts = cfg.source_options(estimate_text_bytes(files, cfg.text_column))
     units = plan_units(files, sopts)
+    if not units:  # empty files, zero-row tables: before anything is written
+        check_skipped(0, {}, cfg.max_bad_fraction, cfg.inputs[0] if len(cfg.inputs) == 1 else None)
     mine = shard_units(units, cfg.num_shards, cfg.shard_index)
     info = load_tokenizer(cfg.tokenizer)
     policy = resolve_policy(info, cfg)
@@ -322,7 +318,7 @@ def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: Tokeni
     ordered = [records[u.index] for u in mine]
     if mine:  # no manifest over an input read badly: too many documents skipped, or none read
         check_skipped(sum(r["documents"] for r in ordered), sum_skipped(r["skipped"] for r in ordered),
-                      cfg.max_bad_fraction, cfg.inputs[0] if len(cfg.inputs) == 1 else None)
+                      cfg.max_bad_fraction, cfg.inputs[0] if len(cfg.inputs) == 1 else _most_skipped(mine, ordered))
     if files is None:
         files = [f for r in ordered for f in r["files"]]
     manifest = build_manifest(cfg.format, info.to_dict() | {"backend": choice.to_dict()}, policy,
@@ -356,6 +352,16 @@ def _retry_counts(inputs: list[dict], records: list[PartRecord]) -> dict:
     if not any("version" in i for i in inputs):
         return {}
     return {"remote_retries": retries() + sum(r.get("remote_retries", 0) for r in records)}
+
+
+def _most_skipped(units: list[Unit], records: list[PartRecord]) -> str | None:
+    """The input file holding the most skipped documents (named in the error of a run that skipped too many)."""
+    per_file: dict[str, int] = {}
+    for u, r in zip(units, records):
+        if len(u.paths) == 1:  # a unit of many files (small text files) cannot say which one
+            per_file[u.paths[0]] = per_file.get(u.paths[0], 0) + sum(r["skipped"].values())
+    worst = max(per_file, key=per_file.get, default=None)
+    return worst if worst and per_file[worst] else None
 
 
 def build_manifest(fmt: str, tokenizer: dict, policy: Policy, compression: str, records: list[PartRecord], files: list,

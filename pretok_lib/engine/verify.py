@@ -18,7 +18,7 @@ from ..formats import parquet as pqf
 from ..formats.manifest import read_manifest
 from ..remote import is_url
 from ..sources import SourceOptions, Unit, read_unit
-from .parts import add_special
+from .parts import add_special, unit_breaks
 from .run import MEMMAP_PREFIX
 
 
@@ -163,6 +163,8 @@ def verify(out_dir: str | os.PathLike, sources: Sequence[str] | None = None, sam
                 rep.problems.append(f"{out / f['path']}: checksum differs from manifest.json (corrupted or modified)")
     if rep.problems:  # damaged data is not decoded further: the checksum says all there is to say
         return rep
+    rep.problems += [f"{out}: {b} (parts planned with different settings: documents read twice or never)"
+                     for b in unit_breaks(m["parts"])]
     lens = document_lengths(out, m)
     if len(lens) != m["counts"]["documents"] or int(lens.sum()) != m["counts"]["tokens"]:
         rep.problems.append(f"{out}: data holds {len(lens)} docs / {int(lens.sum())} tokens, manifest says "

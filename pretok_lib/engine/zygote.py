@@ -166,7 +166,7 @@ def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, rea
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     build, early = _start_early_build(spec, backend)
     from .. import sources  # noqa: F401 — what the workers run, imported beside the build
-    from . import parts
+    from . import parts  # noqa: F401 — likewise
     if preload:
         from ..remote import preload_filesystems
 

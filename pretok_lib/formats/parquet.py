@@ -38,6 +38,10 @@ def parse_compression(spec: str) -> tuple[str, int | None]:
         raise PretokError(f"unknown compression '{spec}' (choose from {', '.join(CODECS)}, e.g. zstd:3)")
     if level and (codec in ("none", "snappy") or not level.lstrip("-").isdigit()):
         raise PretokError(f"bad compression level in '{spec}'")
+    if level:
+        low, high = pa.Codec.minimum_compression_level(codec), pa.Codec.maximum_compression_level(codec)
+        if not low <= int(level) <= high:
+            raise PretokError(f"compression level {level} of '{spec}' is out of {codec}'s range [{low}, {high}]")
     return codec, int(level) if level else None
 
 

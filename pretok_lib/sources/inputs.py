@@ -57,6 +57,13 @@ class SourceOptions:
     part_bytes: int = 64 << 20
     batch_bytes: int = 1_000_000
 
+    def __post_init__(self) -> None:
+        for name in ("part_bytes", "batch_bytes"):  # a read of 0 bytes is an end of file: documents lost
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise PretokError(f"{name} must be a whole number >= 1 (got {getattr(self, name)!r})")
+        if self.bad_docs not in ("skip", "fail"):
+            raise PretokError(f"bad_docs must be skip or fail (got {self.bad_docs!r})")
+
 
 @dataclass
 class DocBatch:
@@ -92,7 +99,8 @@ def _kind_of_name(name: str, path: str | Path) -> str:
 
 
 def expand_inputs(inputs: Sequence[str]) -> list[InputFile]:
-    """Expand globs and check every input exists; order is as given, globs sorted."""
+    """Expand globs and check every input exists; order is as given, globs sorted. An input that exists as
+    named is taken as it is, even with glob characters in its name."""
     files: list[InputFile] = []
     urls = [s for s in inputs if is_url(s)]
     listed = dict(zip(urls, expand_urls(urls))) if urls else {}  # in flight together
@@ -101,7 +109,8 @@ def expand_inputs(inputs: Sequence[str]) -> list[InputFile]:
             files += [InputFile(url, _kind_of_name(url.rsplit("/", 1)[-1], url), size, 0, version)
                       for url, size, version in listed[spec]]
             continue
-        matches = sorted(glob.glob(spec)) if glob.has_magic(spec) else [spec]
+        # A path that exists is that path, even with glob characters in its name (`shard[1].jsonl`).
+        matches = sorted(glob.glob(spec)) if glob.has_magic(spec) and not os.path.lexists(spec) else [spec]
         if not matches:
             raise PretokError("no input matches this pattern", spec)
         for m in matches:

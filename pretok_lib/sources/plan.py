@@ -6,6 +6,8 @@ The plan depends only on the inputs and the part size, never on the worker count
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 from typing import Sequence
 
 from ..arrow_text import is_text_type, parquet_leaves
@@ -114,6 +116,8 @@ def _plan_jsonl(f: InputFile, opts: SourceOptions) -> list[tuple]:
 
 
 def _plan_hf(f: InputFile, opts: SourceOptions) -> list[tuple]:
+    if _saved_without_rows(f.path):  # `datasets` cannot load what it saved from 0 rows: like an empty file
+        return []
     ds = _load_hf(f.path)
     if opts.text_column not in ds.column_names:
         raise PretokError(f"no column '{opts.text_column}' (columns: {', '.join(ds.column_names)})", f.path)
@@ -161,6 +165,14 @@ def shard_units(units: Sequence[Unit], num_shards: int, shard_index: int) -> lis
         raise PretokError(f"invalid shard {shard_index} of {num_shards}")
     n = len(units)
     return list(units[n * shard_index // num_shards : n * (shard_index + 1) // num_shards])
+
+
+def _saved_without_rows(path: str) -> bool:
+    """Whether an HF dataset directory was saved from 0 rows (its state lists no data file)."""
+    try:
+        return json.loads((Path(path) / "state.json").read_text()).get("_data_files") == []
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _load_hf(path: str):

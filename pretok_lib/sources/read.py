@@ -7,17 +7,24 @@ from __future__ import annotations
 
 import codecs
 import re
-from typing import Iterator, Protocol, Sequence
+from typing import Iterable, Iterator, Protocol, Sequence
 
-from ..arrow_text import INVALID, MISSING, as_string_array, decode_each, is_text_type, utf8_valid
+from ..arrow_text import (
+    INVALID,
+    MISSING,
+    as_string_array,
+    decode_each,
+    is_text_type,
+    utf8_valid,
+)
 from ..arrow_text import byte_lengths as _byte_lengths
 from ..errors import PretokError
 from ..remote import is_url
 from ..remote_file import RemoteFile, open_input, read_bytes
 from ..streams import jsonl_lines, parse_jsonl_line, without_bom
 from .inputs import DocBatch, SourceOptions, Unit, compile_separator
-from .prefetch import prefetched
 from .plan import _load_hf, _parquet_file, _text_column_index
+from .prefetch import prefetched
 
 # Kinds of skipped (damaged or unusable) documents: text null / key missing / not a string / empty / invalid
 # (bad UTF-8, a lone surrogate, a line that is not JSON).
@@ -211,26 +218,60 @@ def _read_txt(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
             if c.full():
                 yield c.take()
         return
-    # Stream the file in blocks; text from the start of the last separator match on is carried into the next
-    # block, so a separator that straddles a block edge splits exactly as `re.split` on the whole file would.
+    # Stream the file in blocks and split as on the whole file (split_stream); each piece is one document.
     path, sep = unit.paths[0], compile_separator(c.opts.separator)
     utf8 = codecs.getincrementaldecoder("utf-8-sig")(errors="surrogateescape")
-    carry = ""
-    with open_input(path) as fh:
-        while True:
-            block = fh.read(c.opts.batch_bytes)
-            buf = carry + utf8.decode(block, final=not block)
-            if block:
-                last = max((m.start() for m in sep.finditer(buf) if m.start() > 0), default=0)
-                buf, carry = buf[:last], buf[last:]
-            damaged = _has_surrogate(buf)
-            for doc in sep.split(buf):
-                if doc:  # separators at the edges produce empty strings: not documents
-                    c.add(doc, path, check_surrogates=damaged)
-                if c.full():
-                    yield c.take()
-            if not block:
+
+    def blocks() -> Iterator[tuple[str, bool]]:
+        with open_input(path) as fh:
+            while True:
+                block = fh.read(c.opts.batch_bytes)
+                yield utf8.decode(block, final=not block), not block
+                if not block:
+                    return
+
+    for doc in split_stream(sep, blocks()):
+        if doc:  # separators at the edges (or adjacent) give empty pieces: not documents
+            c.add(doc, path, check_surrogates=True)
+        if c.full():
+            yield c.take()
+
+
+SEPARATOR_WINDOW = 1 << 16  # characters that a separator's match, with what it looks at around it, may span
+
+
+def split_stream(sep: re.Pattern, chunks: Iterable[tuple[str, bool]], window: int = SEPARATOR_WINDOW
+                 ) -> Iterator[str]:
+    """The pieces between `sep`'s matches in the concatenated (text, is_last) chunks, as `re.split` without groups
+    on the whole text gives them, in bounded memory: a match is taken only once `window` characters follow it, and
+    searched with up to `window` characters before it, so a separator whose match and look-arounds span at most
+    `window` characters (look-behinds, `\\b`, `(?m)^`, lazy tails) splits exactly as on the whole text. Captured
+    groups are not pieces (they would be separators taken for documents)."""
+    text, doc, scan, taken = "", 0, 0, None   # text[doc:] is pending; the next search starts at scan
+    for chunk, last in chunks:
+        text += chunk
+        settle = len(text) if last else len(text) - window
+        first_open = None
+        for m in sep.finditer(text, scan):
+            if taken is not None and m.start() == taken[0] and m.end() == taken[1]:
+                continue  # the match taken last round, found again: the search restarts at its start
+            if m.end() > settle:
+                first_open = m.start()
                 break
+            yield text[doc:m.start()]
+            doc, taken = m.end(), (m.start(), m.end())
+        if last:
+            yield text[doc:]
+            return
+        if taken is not None and taken[0] >= scan:
+            scan = taken[0]  # search again from the last taken match (empty-match adjacency as in one search)
+        resume = min(len(text) - window, len(text) if first_open is None else first_open)
+        if resume > max(scan, doc, taken[1] if taken else 0):
+            scan, taken = resume, None  # nothing can start before `resume`: no need to search it again
+        cut = max(0, min(scan, doc) - window)  # keep `window` characters before for look-behinds
+        if cut:
+            text, doc, scan = text[cut:], doc - cut, scan - cut
+            taken = (taken[0] - cut, taken[1] - cut) if taken else None
 
 
 def _read_hf(unit: Unit, c: _Collector) -> Iterator[DocBatch]:

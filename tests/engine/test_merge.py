@@ -99,3 +99,66 @@ def test_output_that_is_inside_or_contains_a_shard_is_refused(shards, tmp_path, 
     assert {d: data_files(d) for d in dirs} == before
     for d in dirs:
         read_manifest(d)
+
+
+SETTINGS = [("--part-mb", "0.03", "0.05", "part_bytes"), ("--batch-mb", "0.01", "0.02", "batch_bytes"),
+            ("--text-column", "text", "body", "text_column"), ("--separator", None, r"\n\n+", "separator"),
+            ("--bad-docs", "skip", "fail", "bad_docs")]
+
+
+@pytest.fixture(scope="module")
+def planning_corpus(tmp_path_factory) -> Path:
+    """The same documents under two column names, so that --text-column can differ and both shards still read."""
+    docs = [v["extract"] for v in json.loads(WIKI_EN.read_text()).values()][:300]
+    path = tmp_path_factory.mktemp("plan") / "c.parquet"
+    pq.write_table(pa.table({"text": docs, "body": docs}), path, row_group_size=50)
+    return path
+
+
+@pytest.mark.parametrize("flag,a,b,field", SETTINGS, ids=[s[0] for s in SETTINGS])
+def test_shards_planned_or_read_with_other_settings_are_refused(planning_corpus, tmp_path, capsys, flag, a, b, field):
+    """Shards made with different --part-mb merged with rc 0 and `verify` passing, reading some documents twice
+    (316 of 300) or never; --text-column merged too. Every setting that plans or reads the input must agree."""
+    dirs = [tmp_path / f"s{i}" for i in range(2)]
+    for i, (d, value) in enumerate(zip(dirs, (a, b))):
+        args = ["tokenize", str(planning_corpus), "--out", str(d), "--tokenizer", str(GPT2_JSON), "--workers", "0",
+                "--no-progress", "--num-shards", "2", "--shard-index", str(i), "--part-mb", "0.04"]
+        if value is not None:
+            args += [flag, value]
+        assert main(args) == 0
+    rc, err = cli(capsys, "merge", *dirs, "--out", tmp_path / "m")
+    assert rc == 1
+    one_line(err, f".{field} differs", "cannot merge")
+    assert not (tmp_path / "m" / "manifest.json").exists()
+
+
+def test_shards_of_another_version_of_an_input_are_refused(planning_corpus, tmp_path, capsys):
+    """Same path and size, other bytes (an input rewritten between two array tasks): JSONL units follow the
+    newlines of the bytes, so the shards' parts would not meet."""
+    src = tmp_path / "c.jsonl"
+    docs = [v["extract"] for v in json.loads(WIKI_EN.read_text()).values()][:300]
+    dirs = [tmp_path / f"s{i}" for i in range(2)]
+    for i, d in enumerate(dirs):
+        src.write_text("".join(json.dumps({"text": t.upper() if i else t}) + "\n" for t in docs))
+        assert main(["tokenize", str(src), "--out", str(d), "--tokenizer", str(GPT2_JSON), "--workers", "0",
+                     "--no-progress", "--num-shards", "2", "--shard-index", str(i), "--part-mb", "0.04"]) == 0
+    rc, err = cli(capsys, "merge", *dirs, "--out", tmp_path / "m")
+    assert rc == 1
+    one_line(err, "different inputs", "cannot merge")
+
+
+def test_verify_finds_parts_that_do_not_read_on(shards, tmp_path):
+    """A dataset whose parts overlap or leave a gap in their input (as a merge of differently planned shards did)
+    fails `verify`, even with its manifest's own checksum intact."""
+    from pretok_lib.engine.verify import verify
+    from pretok_lib.formats.manifest import write_manifest
+
+    merged = tmp_path / "m"
+    assert main(["merge", *map(str, shards["token-list"]), "--out", str(merged)]) == 0
+    assert verify(merged, sample=0).ok
+    m = read_manifest(merged)
+    m["parts"][2]["unit"]["start"] -= 10
+    m.pop("manifest_sha256", None)
+    write_manifest(merged, m)
+    report = verify(merged, sample=0)
+    assert not report.ok and any("part before it ended" in p for p in report.problems), report.problems

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import xxhash
 from pretok_lib.engine.merge import merge_shards
 from pretok_lib.engine.outdir import prepare_output, remove_output
 from pretok_lib.engine.verify import format_inspect, inspect, verify
+from pretok_lib.errors import PretokError
 from pretok_lib.formats import parquet as pqf
 from pretok_lib.formats.manifest import read_manifest
 from pretok_lib.formats.memmap import MemmapDataset
@@ -143,6 +145,29 @@ def test_rerun_is_noop_and_other_config_refused(corpus, tmp_path):
     assert r.returncode != 0 and "different config" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     m2 = tok(corpus, out, eos="yes", overwrite=True)
     assert m2["policy"]["eos_id"] == GPT2_EOT
+
+
+@pytest.mark.parametrize("fmt,kw", [("memmap", {}), ("padded", {"seq_len": 64, "compression": "zstd:5"}),
+                                    ("token-list", {"num_shards": 3, "shard_index": 1, "batch_mb": 0.1234567}),
+                                    ("memmap", {"eos": "yes", "text_column": "text", "part_mb": 0.7})])
+def test_run_state_deleted_after_the_manifest_keeps_the_output_complete(corpus, tmp_path, fmt, kw):
+    """docs/FORMATS.md: `.pretok/` is safe to delete once manifest.json exists. The same command then refused the
+    output as "not a pretok output"; now the manifest stands for the run state: the same config finds the output
+    complete (nothing rewritten), another is refused naming what differs. The manifest holds the whole key."""
+    from pretok_lib.engine.outdir import comparable_key, key_of_manifest
+
+    out = tmp_path / "o"
+    m1 = tok(corpus, out, fmt, **kw)
+    key = json.loads((out / ".pretok" / "config.json").read_text())
+    assert key_of_manifest(read_manifest(out)) == comparable_key(key)
+    before = data_files(out)
+    shutil.rmtree(out / ".pretok")
+    assert tok(corpus, out, fmt, **kw)["created"] == m1["created"]
+    assert data_files(out) == before
+    shutil.rmtree(out / ".pretok")
+    with pytest.raises(PretokError, match=r"different config \(differs in: policy.bos_id\)"):
+        tok(corpus, out, fmt, **{**kw, "bos": "no"})
+    assert data_files(out) == before
 
 
 def test_shards_merge_to_the_unsharded_bytes(corpus, tmp_path):

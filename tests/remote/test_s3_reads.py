@@ -53,3 +53,19 @@ def test_units_are_read_without_a_head_pinned_to_the_listed_etag(s3_server, buck
     with pytest.raises(PretokError) as e:
         list(read_unit(units[1], opts))
     assert str(e.value).startswith(f"s3://{BUCKET}/pin/docs.jsonl: cannot read: changed while it was being read")
+
+
+def test_an_object_named_with_glob_characters_is_that_object(s3_server, bucket, s3_env):
+    """As locally: `s3://.../shard[1].jsonl` is that object even beside a `shard1.jsonl` it matches as a pattern,
+    and a glob still lists both."""
+    from pretok_lib.sources import expand_inputs
+
+    client = s3_server.client()
+    for key in ("odd/shard[1].jsonl", "odd/shard1.jsonl"):
+        client.put_object(Bucket=BUCKET, Key=key, Body=b'{"text": "x"}\n')
+    base = f"s3://{BUCKET}/odd"
+    assert [f.path for f in expand_inputs([f"{base}/shard[1].jsonl"])] == [f"{base}/shard[1].jsonl"]
+    assert [f.path for f in expand_inputs([f"{base}/shard*.jsonl"])] == [f"{base}/shard1.jsonl",
+                                                                          f"{base}/shard[1].jsonl"]
+    with pytest.raises(PretokError, match="no input matches"):
+        expand_inputs([f"{base}/none[1].jsonl"])
