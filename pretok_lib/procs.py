@@ -78,8 +78,8 @@ def stop_signals(handler: Callable[[int, object], None] | None = None):
 def as_stopped(e: BaseException) -> BaseException:
     """`e`, or a SweepStopped when `e` is an Exception and a stop signal was taken by `stop_signals` (then `e` is
     what the interrupted code made of the SweepStopped)."""
-    if _signal_seen is None or not isinstance(e, Exception):
-        return e
+    if _signal_seen is None or not isinstance(e, Exception) or isinstance(e, Stopped):
+        return e  # a Stopped is the stop, already told where it came (a sweep stopped during a point)
     return SweepStopped(_signal_seen)
 
 

@@ -365,6 +365,7 @@ def test_a_stop_signal_turned_into_another_error_still_stops_the_sweep(tmp_path:
     assert cli_main(args) == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "stopped by SIGTERM" in err, err
+    assert ("during sweep-w1-lr1e-1" if where == "during a point" else "between two points") in err, err
     assert launched == ["sweep-w1-lr1e-1"]
     if where == "during a point":
         rec = json.loads((runs / launched[0] / "launcher.json").read_text())

@@ -85,7 +85,7 @@ class _Hashing:
 
 def save(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer, state: dict, keep: int) -> Path:
     """Write checkpoint `step` under a temp name (files, then their checksums), fsync, rename; then drop all
-    but the newest `keep`. On an error (disk full) the temp dir is removed and the older checkpoints stay."""
+    but the newest `keep` (`stale_checkpoints`). On an error (disk full) the temp dir is removed and the older checkpoints stay."""
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / f"step_{step:08d}"
     tmp = ckpt_dir / f".tmp-step_{step:08d}"
@@ -117,9 +117,20 @@ def save(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer, state: di
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in list_checkpoints(ckpt_dir)[:-keep]:
+    for old in stale_checkpoints(list_checkpoints(ckpt_dir), step, keep):
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def stale_checkpoints(found: list[Path], step: int, keep: int) -> list[Path]:
+    """What a save at `step` makes stale: the checkpoints before the newest `keep` up to `step`, and any after
+    `step` (an abandoned future: a resume skipped them as damaged). Counting those by step number deleted the
+    checkpoint just written and kept the damaged one."""
+    def step_of(p: Path) -> int:
+        return int(STEP_DIR.match(p.name).group(1))
+
+    upto = [p for p in found if step_of(p) <= step]
+    return upto[:-keep] + [p for p in found if step_of(p) > step]
 
 
 def list_checkpoints(ckpt_dir: Path) -> list[Path]:

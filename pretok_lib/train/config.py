@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import types
 import typing
@@ -295,6 +296,13 @@ def validate_mixture(cfg: Config, bad) -> None:
             bad(f"data.mixture[{i}].path is empty: give a `pretok tokenize` output dir")
         if e.weight is None:
             bad(f"data.mixture[{i}].weight is missing: give each dataset a weight > 0")
+    seen: dict[str, int] = {}
+    for i, e in enumerate(d.mixture):   # twice, it would repeat each sample back to back (one order per dataset)
+        real = os.path.realpath(e.path) if e.path and "://" not in e.path else e.path
+        if real in seen:
+            bad(f"data.mixture[{i}].path is data.mixture[{seen[real]}]'s dataset again: give it once, with the "
+                "sum of the weights")
+        seen[real] = i
 
 
 @dataclass(frozen=True)

@@ -109,16 +109,20 @@ def forward_loss_sum(model, batch: dict, device: torch.device, precision: str) -
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
 
 
-def _endless(loader):
-    """Batches across epochs; the loader's position moves to the next epoch at each end."""
+def _endless(loader, data: str | None = None):
+    """Batches across epochs; the loader's position moves to the next epoch at each end. A pass from a position at
+    the end of an epoch (a checkpoint taken on its last step) is empty: only an empty pass over a whole epoch
+    means the data holds less than one global batch."""
     while True:
+        pos = getattr(loader, "position", None)
+        whole_epoch = pos is None or (pos.consumed == 0 and pos.cursor is None)
         n = 0
         for batch in loader:
             n += 1
             yield batch
-        if n == 0:
+        if n == 0 and whole_epoch:
             raise PretokError("the training data has fewer samples than one global batch "
-                              "(micro_batch × world size); use a smaller batch or more data")
+                              "(micro_batch × world size); use a smaller batch or more data", data)
 
 
 def _optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.AdamW:
@@ -199,6 +203,7 @@ class Trainer:
     def facts(self) -> dict:
         """Model and throughput facts recorded in run.json."""
         return {"params": sum(p.numel() for p in self.model.parameters()), "vocab_size": self.vocab,
+                "global_batch": self.cfg.global_batch(self.d.world),
                 "flops_per_token": self.flops_per_token, "peak_flops": self.peak, "peak_source": self.peak_source,
                 "precision": self.precision.used, "precision_requested": self.precision.requested,
                 "precision_reason": self.precision.reason, "matmul_precision": self.matmul_precision,
@@ -324,7 +329,7 @@ class Trainer:
     def run(self, metrics: MetricsLog | None, stop: StopFlag) -> str:
         """Train to cfg.train.steps; 'completed', or 'interrupted' after a stop signal (checkpoint saved)."""
         self.net.train()
-        batches = _endless(self.loader)
+        batches = _endless(self.loader, None if self.cfg.data.mixture else self.cfg.data.path)
         with collector.scheduled(self.cfg.train.gc_every) as after_step:
             return self._steps(metrics, stop, batches, after_step)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from ..errors import PretokError
 from .config import ModelConfig
 
 
@@ -12,7 +13,8 @@ def vocab_size_for(cfg: ModelConfig, tokenizer_vocab: int) -> int:
     """The embedding size: explicit, or the tokenizer's rounded up to `vocab_multiple` (faster matmuls)."""
     if cfg.vocab_size is not None:
         if cfg.vocab_size < tokenizer_vocab:
-            raise ValueError(f"model.vocab_size {cfg.vocab_size} < tokenizer vocab {tokenizer_vocab}")
+            raise PretokError(f"model.vocab_size {cfg.vocab_size} is below the tokenizer's vocab {tokenizer_vocab} "
+                              "(its ids would index past the embedding); leave it unset or make it larger")
         return cfg.vocab_size
     m = max(1, cfg.vocab_multiple)
     return -(-tokenizer_vocab // m) * m

@@ -56,7 +56,7 @@ def _run_info(run_id: str, d: distributed.Dist, status: str, started: str, error
             "cpus": env["cpus"], "torch_threads": torch.get_num_threads(),
             "slurm": {k: v for k, v in os.environ.items() if k.startswith("SLURM_") and k in (
                 "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_RESTART_COUNT")},
-            "pid": os.getpid(), "command": sys.argv, **(trainer.facts() if trainer is not None else {})}
+            "pid": os.getpid(), "command": sys.argv, "cwd": os.getcwd(), **(trainer.facts() if trainer is not None else {})}
 
 
 def write_status(run_dir: Path, info: dict) -> str | None:

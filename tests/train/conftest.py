@@ -93,3 +93,14 @@ def run_here(overrides: list[str]) -> None:
 def records(run_dir: Path, kind: str = "train") -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Runs in this process and in subprocesses (OMP_NUM_THREADS=1) compute alike, bit for bit."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

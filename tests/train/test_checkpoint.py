@@ -116,3 +116,21 @@ def test_failed_save_leaves_the_previous_checkpoint(saved, tmp_path, monkeypatch
         checkpoint.save(d, 3, model, opt, _state(3), keep=2)
     assert sorted(p.name for p in d.iterdir()) == ["step_00000001", "step_00000002"]   # no temp dir left
     assert checkpoint.damage(d / "step_00000002") is None
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_a_save_after_a_resume_past_a_damaged_checkpoint_keeps_what_it_wrote(tmp_path, keep):
+    """Checkpoints 1, 2 and a damaged 4; the resume starts from 2 and saves 3. Pruning by step number deleted 3 (with
+    keep=1) and kept the damaged 4: a kill then lost all progress. The newer checkpoint is stale, the new one kept."""
+    d = tmp_path / "checkpoints"
+    model, opt = _model_opt()
+    for step in (1, 2, 4):
+        _train_step(model, opt)
+        checkpoint.save(d, step, model, opt, _state(step), keep=5)
+    _damage(d / "step_00000004" / "model.pt", random.Random(0))
+    path, state = checkpoint.load_newest(d, model, opt, "cpu")
+    assert path.name == "step_00000002"
+    checkpoint.save(d, 3, model, opt, _state(3), keep=keep)
+    assert [p.name for p in checkpoint.list_checkpoints(d)] == ["step_00000001", "step_00000002",
+                                                                "step_00000003"][-keep:]
+    assert checkpoint.load_newest(d, model, opt, "cpu")[0].name == "step_00000003"

@@ -157,3 +157,10 @@ def test_cli_invalid_number_exits_2_with_one_line(override, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and override.split("=")[0] + " must be" in err and len(err.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())
+
+
+def test_a_dataset_twice_in_a_mixture_is_refused():
+    """One dataset twice (also spelled differently) repeated each sample back to back: the entries share a seed."""
+    with pytest.raises(PretokError, match=r"data.mixture\[1\].path is data.mixture\[0\]'s dataset again"):
+        load_config(None, ["data.mixture=[{path: /d/a, weight: 1}, {path: /d/b/../a, weight: 2}]"])
+    assert len(load_config(None, ["data.mixture=[{path: /d/a, weight: 1}, {path: /d/b, weight: 2}]"]).data.mixture) == 2

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from pretok_lib.cli import main as cli_main
 from pretok_lib.train import checkpoint
@@ -35,13 +34,7 @@ def tiny(tmp_path_factory) -> Path:
     return tiny_memmap(tmp_path_factory.mktemp("faults-data"))[0]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Runs in this process and in subprocesses (OMP_NUM_THREADS=1) compute alike, bit for bit."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/train/conftest.py
 
 
 def overrides(data: Path, runs: Path) -> list[str]:

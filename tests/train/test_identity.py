@@ -12,7 +12,7 @@ import pytest
 
 from pretok_lib.train.config import Config, load_config, save_config
 from pretok_lib.run_record import flatten as _flat
-from pretok_lib.train.identity import EXEMPT_KEYS, EXEMPT_SECTIONS, changed, differences
+from pretok_lib.train.identity import EXEMPT_KEYS, EXEMPT_SECTIONS, RESOLVED_AT_RUN_TIME, changed, differences
 
 
 def _other(v):
@@ -102,3 +102,45 @@ def test_changed_reads_the_run_directory(tmp_path: Path) -> None:
     assert why.count(" -> ") == 4 and why.endswith("and 1 more)")
     (run / "config.yaml").write_text("{unclosed")
     assert "cannot be read" in changed(run, cfg, 2)
+
+
+OPTIONAL = [k for k in KEYS if _flat(Config().to_dict())[k] is None and k not in RESOLVED_AT_RUN_TIME
+            and k not in EXEMPT_KEYS and not k.startswith(EXEMPT_SECTIONS)]
+
+
+@pytest.mark.parametrize("key", OPTIONAL)
+def test_leaving_out_a_setting_the_run_had_is_a_change(key: str) -> None:
+    """An unset value matched anything, so dropping eval.path, train.target_loss, data.tokenizer, ... reused the
+    run; only the values the run resolves itself (`RESOLVED_AT_RUN_TIME`) may be left out."""
+    assert OPTIONAL and "train.target_loss" in OPTIONAL and "eval.path" in OPTIONAL
+    saved = _set(Config().to_dict(), key, _other(None))
+    diffs = differences(saved, Config().to_dict())
+    assert len(diffs) == 1 and diffs[0].startswith(f"{key}: "), (key, diffs)
+
+
+def test_relative_paths_resolve_in_the_directory_each_attempt_ran_in(tmp_path: Path, monkeypatch) -> None:
+    """`data.path=ds` from A, then `data.path=ds` from B (other data) was taken for the same run, and `A/ds` from
+    their parent (the same data) for another: relative paths resolved against today's directory on both sides."""
+    for d in ("A/ds", "B/ds"):
+        (tmp_path / d).mkdir(parents=True)
+    cfg_a = load_config(None, ["data.path=ds", "train.steps=3"])
+    run = tmp_path / "run"
+    run.mkdir()
+    save_config(cfg_a, run / "config.yaml")
+    (run / "run.json").write_text(json.dumps({"status": "completed", "global_batch": 8, "cwd": str(tmp_path / "A")}))
+    monkeypatch.chdir(tmp_path / "B")
+    why = changed(run, cfg_a, 1)
+    assert why and "data.path" in why
+    monkeypatch.chdir(tmp_path)
+    assert changed(run, load_config(None, ["data.path=A/ds", "train.steps=3"]), 1) is None
+
+
+def test_the_global_batch_of_a_completed_run_without_it_in_run_json_comes_from_its_summary(tmp_path: Path) -> None:
+    cfg = load_config(None, ["data.path=/d", "train.steps=3", "data.micro_batch=4"])
+    run = tmp_path / "run"
+    run.mkdir()
+    save_config(cfg, run / "config.yaml")
+    (run / "run.json").write_text(json.dumps({"status": "completed"}))
+    (run / "summary.json").write_text(json.dumps({"global_batch": 8}))
+    assert changed(run, cfg, 2) is None
+    assert "8 -> 4" in changed(run, cfg, 1)

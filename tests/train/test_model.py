@@ -54,3 +54,11 @@ def test_lr_schedule_warmup_cosine_constant():
     assert lr_factor(110, cfg) == pytest.approx(0.1)
     cfg.train.schedule = "constant"
     assert lr_factor(100, cfg) == 1.0
+
+
+def test_a_vocab_below_the_tokenizers_is_one_line_naming_the_key():
+    """It was a ValueError: a traceback from `pretok train` (exit 1) instead of the config's one line (exit 2)."""
+    from pretok_lib.errors import PretokError
+
+    with pytest.raises(PretokError, match=r"^model.vocab_size 1000 is below the tokenizer's vocab 50257"):
+        vocab_size_for(ModelConfig(vocab_size=1000), 50257)

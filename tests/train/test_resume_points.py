@@ -1,0 +1,120 @@
+"""A run resumes from any of its checkpoints, those taken on the last step of an epoch included, and equals the
+uninterrupted run bit for bit; what a run records lets the next attempt check it is the same run (run.json's global
+batch and working directory). In this process, on data whose epochs are three steps long."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from pretok_lib.cli import main as cli_main
+from pretok_lib.data import make_dataset
+from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
+from pretok_lib.train import checkpoint
+
+from ..conftest import tiny_memmap
+
+SEQ, MICRO, EPOCH_STEPS, STEPS = 16, 2, 3, 8
+
+
+@pytest.fixture(scope="module")
+def short_epochs(tmp_path_factory) -> dict[str, list[str]]:
+    """Overrides of each data kind (memmap, token-list, padding-free on the fly) on documents that make epochs of
+    EPOCH_STEPS global batches of SEQ-token windows (plus a remainder under one batch)."""
+    d = tmp_path_factory.mktemp("short-epochs")
+    _, tok = tiny_memmap(d)
+    words = "data loaders resume from the position they saved at the end of every epoch".split()
+    for n in range(2, 60):
+        src = d / f"docs-{n}.jsonl"
+        src.write_text("".join(json.dumps({"text": " ".join(words[(i + j) % len(words)] for j in range(n))}) + "\n"
+                               for i in range(4)))
+        out = {fmt: d / f"{fmt}-{n}" for fmt in ("memmap", "token-list")}
+        for fmt, o in out.items():
+            run_tokenize(TokenizeConfig(inputs=[str(src)], out=str(o), tokenizer=str(tok), format=fmt, workers=0,
+                                        progress=False))
+        if make_dataset("pretok-memmap", out["memmap"], SEQ, micro_batch=MICRO).source.num_samples // MICRO == \
+                EPOCH_STEPS:
+            return {"pretok-memmap": [f"data.path={out['memmap']}"],
+                    "pretok-token-list": ["data.kind=pretok-token-list", f"data.path={out['token-list']}"],
+                    "padding-free": ["data.kind=padding-free", f"data.path={src}", f"data.tokenizer={tok}"]}
+    raise AssertionError("no document length gives epochs of EPOCH_STEPS steps")
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/train/conftest.py
+
+
+def overrides(data: list[str], runs: Path, **extra) -> list[str]:
+    o = {"run.dir": runs, "run.id": "run", "model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 2,
+         "model.num_kv_heads": 1, "data.seq_len": SEQ, "data.micro_batch": MICRO,
+         "train.steps": STEPS, "train.warmup_steps": 2, "train.precision": "fp32", "log.tensorboard": False,
+         "checkpoint.every": 1, "checkpoint.keep": STEPS, "checkpoint.export": False, **extra}
+    return [*data, *(f"{k}={v}" for k, v in o.items())]
+
+
+def epoch_of(ckpt: Path) -> int:
+    return torch.load(ckpt / "state.pt", weights_only=False)["loader"]["position"]["epoch"]
+
+
+def train(args: list[str], capsys) -> tuple[int, str]:
+    capsys.readouterr()
+    rc = cli_main(["train", *map(str, args)])
+    return rc, capsys.readouterr().err
+
+
+def curve(run: Path) -> list[tuple]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [(r["step"], r["loss"], r["grad_norm"], r["cum_tokens"]) for r in map(json.loads, lines)
+            if r["kind"] == "train"]
+
+
+def interrupted_after(reference: Path, dst: Path, step: int) -> None:
+    """The state a kill right after checkpoint `step` leaves: later checkpoints never written, no summary,
+    run.json `running` (its metrics may hold a step beyond, as after a kill mid-step)."""
+    shutil.copytree(reference, dst)
+    for p in checkpoint.list_checkpoints(dst / "checkpoints"):
+        if int(p.name.split("_")[1]) > step:
+            shutil.rmtree(p)
+    (dst / "summary.json").unlink()
+    record = json.loads((dst / "run.json").read_text())
+    (dst / "run.json").write_text(json.dumps({**record, "status": "running"}))
+
+
+@pytest.mark.parametrize("kind", ["pretok-memmap", "pretok-token-list", "padding-free"])
+def test_resume_from_every_checkpoint_epoch_ends_included_is_bit_exact(short_epochs, tmp_path, capsys, kind):
+    """A checkpoint on an epoch's last step holds the position (epoch e, all of it consumed): its resume began with
+    an empty pass, taken for "fewer samples than one global batch" (exit 2, the run never resumable). Every step
+    for memmap; for the other kinds the first and each epoch's last."""
+    data = short_epochs[kind]
+    ref_runs = tmp_path / "ref"
+    rc, err = train(overrides(data, ref_runs), capsys)
+    assert rc == 0, err
+    reference = curve(ref_runs / "run")
+    assert [s for s, *_ in reference] == list(range(1, STEPS + 1))
+    ckpts = checkpoint.list_checkpoints(ref_runs / "run" / "checkpoints")
+    epoch_ends = [k for k in range(1, STEPS) if epoch_of(ckpts[k]) > epoch_of(ckpts[k - 1])]
+    assert len(epoch_ends) >= 2, epoch_ends
+    for k in range(1, STEPS) if kind == "pretok-memmap" else [1, *epoch_ends]:
+        runs = tmp_path / f"resume-{k}"
+        interrupted_after(ref_runs / "run", runs / "run", k)
+        rc, err = train(overrides(data, runs), capsys)
+        assert rc == 0, (k, err)
+        assert f"step_{k:08d}" in err and curve(runs / "run") == reference, k
+
+
+def test_the_run_records_its_global_batch_and_another_one_is_refused(short_epochs, tmp_path, capsys):
+    """run.json had no global batch, so the documented check (the product must stay) never ran: a resume with
+    another micro-batch mixed two global batches in one run, and a completed run was reported as the new one."""
+    runs = tmp_path / "runs"
+    data = short_epochs["pretok-memmap"]
+    rc, err = train(overrides(data, runs, **{"train.steps": 2}), capsys)
+    assert rc == 0, err
+    record = json.loads((runs / "run" / "run.json").read_text())
+    assert record["global_batch"] == MICRO and record["cwd"]
+    rc, err = train(overrides(data, runs, **{"train.steps": 2, "data.micro_batch": 1}), capsys)
+    assert rc == 2 and "global batch" in err and "2 -> 1" in err, err
+    rc, err = train(overrides(data, runs, **{"train.steps": 2}), capsys)
+    assert rc == 0 and "already completed" in err, err
