@@ -367,3 +367,16 @@ def test_too_many_skipped_documents_name_the_file_holding_most(tmp_path):
     with pytest.raises(PretokError, match="more than --max-bad-fraction") as e:
         tok([good, bad], tmp_path / "out")
     assert str(e.value).startswith(f"{bad}: "), str(e.value)
+
+
+def test_an_output_inside_the_input_glob_is_not_an_input(tmp_path):
+    """`pretok tokenize 'corpus/*' --out corpus/tok`: the rerun's glob took the output for an input ("is a directory
+    but not an HF dataset"), so the finished or interrupted run could not be run again."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(3):
+        (corpus / f"{i}.jsonl").write_text("".join(json.dumps({"text": f"doc {i} {j}"}) + "\n" for j in range(5)))
+    first = tok([corpus / "*"], corpus / "tok")
+    again = tok([corpus / "*"], corpus / "tok")
+    assert again["created"] == first["created"] and first["counts"]["documents"] == 15
+    assert [i["path"] for i in first["inputs"]] == [str(corpus / f"{i}.jsonl") for i in range(3)]

@@ -148,7 +148,7 @@ def _complete_already(cfg: TokenizeConfig, out: Path) -> bool:
 def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: dict[str, str]):
     """Plan, prepare the output, tokenize what is pending and finalize; returns None when the output is complete,
     else the check's BackendChoice to restart with (it rejected the backend the workers started with)."""
-    files = expand_inputs(cfg.inputs)
+    files = expand_inputs(cfg.inputs, output=out)
     sopts = cfg.source_options(estimate_text_bytes(files, cfg.text_column))
     units = plan_units(files, sopts)
     if not units:  # empty files, zero-row tables: before anything is written

@@ -74,6 +74,13 @@ class DocBatch:
     skipped: dict[str, int] = field(default_factory=dict)
 
 
+def _inside(path: str, output: str | os.PathLike) -> bool:
+    """Whether `path` is the output directory or lies inside it (`pretok tokenize 'data/*' --out data/tok`: the
+    rerun's glob would take the output for an input)."""
+    real, out = os.path.realpath(path), os.path.realpath(output)
+    return real == out or real.startswith(out.rstrip(os.sep) + os.sep)
+
+
 def _kind_of(path: Path) -> str:
     if path.is_dir():
         if (path / "state.json").exists() or (path / "dataset_info.json").exists():
@@ -98,9 +105,10 @@ def _kind_of_name(name: str, path: str | Path) -> str:
     raise PretokError("unknown input type (expected .parquet, .jsonl[.gz|.zst], .txt, or an HF dataset dir)", path)
 
 
-def expand_inputs(inputs: Sequence[str]) -> list[InputFile]:
+def expand_inputs(inputs: Sequence[str], output: str | os.PathLike | None = None) -> list[InputFile]:
     """Expand globs and check every input exists; order is as given, globs sorted. An input that exists as
-    named is taken as it is, even with glob characters in its name."""
+    named is taken as it is, even with glob characters in its name; a glob never matches `output` (the run's
+    output directory) or anything in it."""
     files: list[InputFile] = []
     urls = [s for s in inputs if is_url(s)]
     listed = dict(zip(urls, expand_urls(urls))) if urls else {}  # in flight together
@@ -110,7 +118,10 @@ def expand_inputs(inputs: Sequence[str]) -> list[InputFile]:
                       for url, size, version in listed[spec]]
             continue
         # A path that exists is that path, even with glob characters in its name (`shard[1].jsonl`).
-        matches = sorted(glob.glob(spec)) if glob.has_magic(spec) and not os.path.lexists(spec) else [spec]
+        is_glob = glob.has_magic(spec) and not os.path.lexists(spec)
+        matches = sorted(glob.glob(spec)) if is_glob else [spec]
+        if is_glob and output is not None:  # a glob never takes the run's own output for an input
+            matches = [m for m in matches if not _inside(m, output)]
         if not matches:
             raise PretokError("no input matches this pattern", spec)
         for m in matches:
