@@ -206,23 +206,24 @@ def cmd_export(a: argparse.Namespace) -> None:
 
 def cmd_sweep(a: argparse.Namespace) -> None:
     from .run_record import run_status
-    from .sweep import Grid, command, parse_axis, run_sweep
+    from .sweep import RERUN, Grid, _changed, command, parse_axis, parse_setting, run_sweep
 
     grid = Grid.from_yaml(a.grid) if a.grid else Grid()
     grid.axes.update(dict(parse_axis(x) for x in a.axis))
-    for item in a.set:
-        key, value = parse_axis(item)
-        grid.base[key] = value[0] if len(value) == 1 else value
+    grid.base.update(dict(parse_setting(x) for x in a.set))
     for item in a.path:
         kind, sep, path = item.partition("=")
         if not sep or not kind or not path:
             raise PretokError(f"--path '{item}' is not of the form KIND=PATH")
         grid.linked.setdefault("data", {})[kind.strip()] = {"data.path": path}
     grid.prefix = a.prefix or grid.prefix
-    if a.dry_run:
+    if a.dry_run:  # what the sweep would do with each point: its state, or why it would be refused
         for p in grid.points():
-            print(f"{p.run_id}  [{run_status(Path(a.runs_dir) / p.run_id) or 'not run'}]  "
-                  f"{' '.join(command(p, a.config, a.launcher, a.runs_dir, a.module))}")
+            why = _changed(Path(a.config).resolve(), p, Path(a.runs_dir).resolve())
+            state = run_status(Path(a.runs_dir) / p.run_id) or "not run"
+            state = state if why in (None, RERUN) else ("would start over: " if a.rerun_changed else
+                                                           "would be refused: ") + why
+            print(f"{p.run_id}  [{state}]  {' '.join(command(p, a.config, a.launcher, a.runs_dir, a.module))}")
         return
     res = run_sweep(a.config, grid, a.runs_dir, a.launcher, module=a.module, timeout_s=a.timeout,
                     changed="rerun" if a.rerun_changed else "refuse")
@@ -248,12 +249,9 @@ def cmd_gpu_check(a: argparse.Namespace) -> int:
 
 
 def _kv(text: str) -> tuple[str, object]:
-    import yaml
+    from .sweep import parse_setting
 
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise PretokError(f"'{text}' is not of the form name=value")
-    return key.strip(), yaml.safe_load(value)
+    return parse_setting(text)
 
 
 DESCRIPTION = """\

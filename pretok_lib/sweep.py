@@ -184,7 +184,7 @@ class Grid:
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> Grid:
         try:
-            d = yaml.safe_load(Path(path).read_text()) or {}
+            d = numbers(yaml.safe_load(Path(path).read_text()) or {})
         except (OSError, yaml.YAMLError) as e:
             raise PretokError(f"cannot read sweep grid ({str(e).splitlines()[0]})", path) from None
         unknown = set(d) - {"axes", "base", "linked", "prefix"}
@@ -216,15 +216,27 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def _attempts(run_dir: Path) -> list[dict]:
+    try:
+        return json.loads((run_dir / "launcher.json").read_text())["attempts"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
 def _record(run_dir: Path, point: Point, attempt: dict) -> None:
-    """Append one attempt to `run_dir/launcher.json` (atomically rewritten)."""
+    """Append one attempt to `run_dir/launcher.json` (atomically rewritten); the outcome of a SLURM job replaces
+    its `submitted` attempt."""
     path = run_dir / "launcher.json"
     try:
         rec = json.loads(path.read_text())
     except (OSError, ValueError):
         rec = {"point": point.to_dict(), "attempts": []}
     rec["point"] = point.to_dict()
-    rec["attempts"].append(attempt)
+    last = rec["attempts"][-1] if rec["attempts"] else {}
+    if last.get("status") == "submitted" and attempt.get("job_id") == last.get("job_id"):
+        rec["attempts"][-1] = attempt
+    else:
+        rec["attempts"].append(attempt)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(rec, indent=2, default=str) + "\n")
     os.replace(tmp, path)
@@ -351,7 +363,12 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
             raise procs.Stopped(f"sweep {e.args[0]} between two points; rerun the same command to resume",
                                 runs) from None
     elif todo:
-        _run_slurm(config, todo, runs, slurm_script, dict(slurm_options or {}), child_env, status, say)
+        try:
+            with stop_signals():
+                _run_slurm(config, todo, runs, slurm_script, dict(slurm_options or {}), child_env, status, say)
+        except SweepStopped as e:  # the jobs are the cluster's: they go on, recorded for the rerun to wait for
+            raise procs.Stopped(f"sweep {e.args[0]}; its SLURM jobs keep running (job ids in each launcher.json: "
+                                "rerun the same command to wait for them, scancel to stop them)", runs) from None
     return [(p, status[p.run_id]) for p in points]
 
 
@@ -418,6 +435,13 @@ def _run_slurm(config: Path, todo: list[Point], runs: Path, script: str | os.Pat
     for p in todo:
         rdir = runs / p.run_id
         rdir.mkdir(parents=True, exist_ok=True)
+        last = (_attempts(rdir) or [{}])[-1]
+        if last.get("status") == "submitted" and last.get("job_id"):   # an earlier sweep's job, maybe still alive
+            state = slurm.job_state(last["job_id"], env)
+            if state not in slurm.FINAL and state not in (slurm.NEVER, slurm.GONE):
+                jobs[last["job_id"]] = (p, last.get("started") or _now(), last.get("command") or [])
+                say(f"  {p.run_id}: SLURM job {last['job_id']} of an earlier sweep is {state}: waiting for it")
+                continue
         args = command(p, config, "slurm", runs)
         with open(rdir / "launcher.log", "ab") as fh:
             fh.write(f"\n=== {_now()} pretok sweep: sbatch {script} {' '.join(args)}\n".encode())
@@ -425,6 +449,8 @@ def _run_slurm(config: Path, todo: list[Point], runs: Path, script: str | os.Pat
                 "open_mode": "append", **options}
         job = slurm.submit(script, args, env=env, **opts)
         jobs[job] = (p, _now(), ["sbatch", str(script), *args])
+        _record(rdir, p, {"launcher": "slurm", "job_id": job, "command": jobs[job][2], "started": jobs[job][1],
+                          "status": "submitted"})   # before waiting: a stopped sweep's rerun finds its job
         say(f"  submitted {p.run_id}: SLURM job {job}")
     t0 = time.monotonic()
     states = slurm.wait(list(jobs), env=env)
@@ -445,9 +471,38 @@ def sweep_table(results: Sequence[tuple[Point, str]]) -> list[dict]:
             for p, s in results]
 
 
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def numbers(v: Any) -> Any:
+    """`v` with the numbers PyYAML leaves as strings (`1e-3`, `10e-4`, `1E-3`: YAML 1.1 wants a dot and a signed
+    exponent) as floats, also inside lists and mappings."""
+    if isinstance(v, str) and _EXPONENT.fullmatch(v.strip()):
+        return float(v)
+    if isinstance(v, list):
+        return [numbers(x) for x in v]
+    if isinstance(v, dict):
+        return {k: numbers(x) for k, x in v.items()}
+    return v
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value as YAML (`numbers` read as such)."""
+    return numbers(yaml.safe_load(text))
+
+
 def parse_axis(text: str) -> tuple[str, list]:
-    """`key=v1,v2,...` (CLI) -> (key, [YAML-parsed values])."""
+    """`key=v1,v2,...` (CLI) -> (key, [parsed values]); equal numbers however written make one run id (the grid
+    refuses two points of one id)."""
     key, sep, vals = text.partition("=")
     if not sep or not key.strip() or not vals.strip():
         raise PretokError(f"axis '{text}' is not of the form key=v1,v2,...")
-    return key.strip(), [yaml.safe_load(v) for v in vals.split(",")]
+    return key.strip(), [parse_value(v) for v in vals.split(",")]
+
+
+def parse_setting(text: str) -> tuple[str, Any]:
+    """`key=value` (CLI `--set`) -> (key, one parsed value: commas are part of it, as in `pretok train`)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise PretokError(f"'{text}' is not of the form key=value")
+    return key.strip(), parse_value(value)

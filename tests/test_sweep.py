@@ -17,6 +17,7 @@ from pretok_lib.sweep import (
     command,
     expand_grid,
     parse_axis,
+    parse_setting,
     run_id,
     run_sweep,
     yaml_scalar,
@@ -132,6 +133,15 @@ def test_grid_yaml_and_cli(tmp_path: Path, config: Path, monkeypatch: pytest.Mon
     assert [p.run_id for p in Grid.from_yaml(gfile).points()] == ["g-w1-lr1e-3", "g-w1-lr3e-4"]
     assert parse_axis("data=padded,pretok-memmap") == ("data", ["padded", "pretok-memmap"])
     assert parse_axis("lr=1.0e-3") == ("lr", [1e-3])
+    # PyYAML reads 1e-3, 10e-4, 1E-3 as strings: three run ids for one learning rate; now one number, refused twice
+    assert parse_axis("lr=1e-3,10e-4,1E-3,-2e+1,x1e3") == ("lr", [1e-3, 1e-3, 1e-3, -20.0, "x1e3"])
+    with pytest.raises(PretokError, match="both get run id sweep-w1-lr1e-3"):
+        Grid(axes={"lr": parse_axis("lr=1e-3,10e-4")[1]}).points()
+    assert parse_setting("data.path=/tmp/a,b.parquet") == ("data.path", "/tmp/a,b.parquet")  # not split at commas
+    assert parse_setting("target_mfu=[3.5e-1, 4.5e-1]") == ("target_mfu", [0.35, 0.45])
+    gexp = tmp_path / "exp.yaml"
+    gexp.write_text("axes: {lr: [1e-3, 3e-4]}\n")
+    assert Grid.from_yaml(gexp).axes["lr"] == [1e-3, 3e-4]
     with pytest.raises(PretokError):
         parse_axis("lr")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
@@ -329,7 +339,15 @@ def test_completed_point_of_another_config_is_refused_not_reused(tmp_path: Path,
     with pytest.raises(PretokError, match="changed must be one of"):
         run_sweep(cfg, grid, runs, module=FAKE, env=env, echo=None, changed="ignore")
 
-    cfg.write_text(cfg.read_text().replace("lr: 0.003", "lr: 0.002"))
+    cfg.write_text(cfg.read_text().replace("lr: 0.003", "lr: 0.004"))  # a dry run says what the sweep would do
+    capsys.readouterr()
+    assert cli_main(args + ["--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all("[would be refused: " in x and "train.lr: 0.003 -> 0.004" in x for x in out), out
+    assert cli_main(args + ["--dry-run", "--rerun-changed"]) == 0
+    assert all("[would start over: " in x for x in capsys.readouterr().out.splitlines())
+
+    cfg.write_text(cfg.read_text().replace("lr: 0.004", "lr: 0.002"))
     over = Grid(axes={"world": [1, 2]}, base={"train.steps": 1, "run.overwrite": True})
     assert [s for _, s in run_sweep(cfg, over, runs, module=FAKE, env=env, echo=None)] == ["completed"] * 2
     assert (runs / "sweep-w1" / "invocations.txt").read_text() == "0/1\n0/1\n"  # the trainer starts over

@@ -23,6 +23,7 @@ import torch
 from ..atomic import atomic_write_json
 from ..cpu_affinity import usable_cpus
 from ..environment import environment
+from ..engine.outdir import output_lock
 from ..errors import NonFiniteLoss, PretokError, os_error
 from ..run_record import RECORD_STATUSES, read_run_record
 from . import distributed
@@ -120,7 +121,7 @@ def _prepare_dir(cfg: Config, run_dir: Path, world: int) -> bool | tuple[int, st
             return EXIT_BAD_INPUT, refusal(run_dir, why)
     try:
         if cfg.run.overwrite and run_dir.exists():
-            shutil.rmtree(run_dir)
+            _clear(run_dir)
         elif status and status.get("status") == "completed":
             return False
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -129,10 +130,23 @@ def _prepare_dir(cfg: Config, run_dir: Path, world: int) -> bool | tuple[int, st
     return True
 
 
+LAUNCHER_FILES = ("launcher.log", "launcher.json")  # a sweep's records of its attempts: not the run's to delete
+
+
+def _clear(run_dir: Path) -> None:
+    """Empty a run directory for `run.overwrite`, keeping the launcher's log and records (a sweep writes into its
+    log while this very attempt runs)."""
+    for p in run_dir.iterdir():
+        if p.name in LAUNCHER_FILES:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
 def train(cfg: Config) -> int:
     """Run (or resume) `cfg` on this rank; returns the process exit code."""
-    from .loop import StopFlag, Trainer
-
     d = distributed.setup(cfg.hardware.device)
     if d.device.type == "cpu" and d.world > 1 and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, usable_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
@@ -140,7 +154,25 @@ def train(cfg: Config) -> int:
     run_id = distributed.broadcast_object(cfg.run.id or default_id)
     cfg.run.id = run_id
     run_dir = Path(cfg.run.dir) / run_id
-    todo = distributed.broadcast_object(_prepare_dir(cfg, run_dir, d.world) if d.is_main else None)
+    # Rank 0 holds the run directory's lock (beside it, like a tokenize output's) for the whole run: a second
+    # trainer into it (a sweep's job still queued when its rerun submitted another, a command started twice) stops
+    # with one line instead of writing the same checkpoints and metrics.
+    held, busy = contextlib.ExitStack(), None
+    if d.is_main:
+        try:
+            held.enter_context(output_lock(Path(os.path.realpath(run_dir))))
+        except PretokError as e:
+            busy = (EXIT_BAD_INPUT, f"{e} (a run directory takes one trainer at a time)")
+        except OSError as e:
+            busy = (EXIT_FAILED, str(os_error(e, run_dir)))
+    with held:
+        return _train(cfg, d, run_id, run_dir, busy)
+
+
+def _train(cfg: Config, d: distributed.Dist, run_id: str, run_dir: Path, busy: tuple[int, str] | None) -> int:
+    from .loop import StopFlag, Trainer
+
+    todo = distributed.broadcast_object((busy or _prepare_dir(cfg, run_dir, d.world)) if d.is_main else None)
     if isinstance(todo, (tuple, list)):
         if d.is_main:
             print(f"pretok train: error: {todo[1]}", file=sys.stderr)

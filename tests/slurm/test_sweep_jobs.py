@@ -35,3 +35,35 @@ def test_sweep_on_slurm(slurm_cluster, tiny_config: Path, tmp_path: Path) -> Non
     lines.clear()
     assert [s for _, s in run_sweep(tiny_config, grid, runs, "slurm", echo=lines.append)] == ["skipped", "skipped"]
     assert not any("submitted" in line for line in lines)
+
+
+def test_a_stopped_slurm_sweep_leaves_its_job_recorded_and_the_rerun_waits_for_it(slurm_cluster, tiny_config: Path,
+                                                                                 tmp_path: Path) -> None:  # noqa: F811
+    """A sweep stopped while its jobs ran recorded nothing; its rerun submitted each point again, so two jobs
+    trained into one run directory. Now the job id is in launcher.json at submission; the stopped sweep says its
+    jobs keep running (exit 3), and the rerun waits for the same job: one job, one attempt, completed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "pretok_lib.cli", "sweep", "--config", str(tiny_config), "--runs-dir", str(runs),
+           "--launcher", "slurm", "--axis", "world=1", "--set", "train.steps=3", "--prefix", "stop"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    record = runs / "stop-w1" / "launcher.json"
+    deadline = time.monotonic() + 60
+    while not record.exists() and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGINT)
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 3 and "keep running" in err, (first.returncode, out, err)
+    job = json.loads(record.read_text())["attempts"][-1]
+    assert job["status"] == "submitted" and job["job_id"].isdigit()
+    second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert second.returncode == 0, second.stderr
+    assert f"SLURM job {job['job_id']} of an earlier sweep" in second.stdout and "submitted" not in second.stdout
+    attempts = json.loads(record.read_text())["attempts"]
+    assert [(a["job_id"], a["status"]) for a in attempts] == [(job["job_id"], "completed")]

@@ -79,8 +79,13 @@ def test_completed_run_is_not_repeated_and_overwrite_restarts(train_data, tmp_pa
     assert train(load_config(None, o + ["train.lr=0.01"])) == 2
     assert "train.lr: 0.0003 -> 0.01" in capsys.readouterr().err
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == before
+    (tmp_path / "run" / "launcher.log").write_text("a sweep's log of its attempts\n")
+    (tmp_path / "run" / "launcher.json").write_text('{"attempts": [1]}\n')
     assert train(load_config(None, o + ["train.steps=4", "run.overwrite=true"])) == 0
     assert [r["step"] for r in records(tmp_path / "run")] == [1, 2, 3, 4]
+    # the launcher's records stay (the sweep writes into its log while this attempt runs): everything else went
+    assert (tmp_path / "run" / "launcher.log").read_text() == "a sweep's log of its attempts\n"
+    assert (tmp_path / "run" / "launcher.json").read_text() == '{"attempts": [1]}\n'
 
 
 def test_grad_accumulation_equals_the_larger_micro_batch(train_data, tmp_path):
