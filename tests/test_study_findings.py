@@ -18,10 +18,11 @@ STORAGE = [{"format": "memmap", "compression": None, "bytes_per_token": 2.0},
            {"format": "token-list", "compression": "zstd:22", "bytes_per_token": 0.5},
            {"format": "token-list", "compression": None, "bytes_per_token": 4.0},
            {"format": "padded", "compression": "zstd:3", "bytes_per_token": None}]   # unreadable output: left out
-PREDICTION = [{"accelerator": "H100 SXM", "path": "padded", "stall_low": 0.4, "stall_high": 0.6},
-              {"accelerator": "H100 SXM", "path": "padded", "stall_low": 0.1, "stall_high": 0.3},
-              {"accelerator": "H100 SXM", "path": "pretok-memmap", "stall_low": 0.0, "stall_high": 0.0},
-              {"accelerator": "A100", "path": "padded", "stall_low": 0.0, "stall_high": 0.0}]
+PREDICTION = [{"accelerator": "H100 SXM", "path": "padded", "stall_low": 0.4, "stall_high": 0.6, "stall_mid": 0.45},
+              {"accelerator": "H100 SXM", "path": "padded", "stall_low": 0.1, "stall_high": 0.3, "stall_mid": 0.2},
+              {"accelerator": "H100 SXM", "path": "pretok-memmap", "stall_low": 0.0, "stall_high": 0.0,
+               "stall_mid": 0.0},
+              {"accelerator": "A100", "path": "padded", "stall_low": 0.0, "stall_high": 0.0, "stall_mid": 0.0}]
 
 
 @pytest.fixture

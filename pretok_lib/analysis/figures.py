@@ -1,12 +1,14 @@
 """Plotly figure builders: each takes runs (and settings) and returns a `go.Figure`.
 
-Bars are means over repeated runs of one setting (error bar: standard deviation); every run is also a marker
+Bars are means over the completed repeats of one config (runs equal apart from the seed; error bar: standard
+deviation), runs of different configs are different bars (`plotting.categorize`); every run is also a marker
 (circle completed, x failed, open diamond incomplete) so a failed run's partial numbers stay visible. A builder
 given nothing to show returns a figure saying "no runs with ..." instead of raising.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -16,9 +18,10 @@ from plotly.subplots import make_subplots
 from .metrics import (all_metrics, format_value, precision_groups, resolve_target_loss, scaling_efficiency,
                       storage_rows, summary_table, tokenization_speedups)
 from .plotting import (LAYOUT, PALETTE, PATH_COLORS, PERCENT, STATUS_FILL, STATUS_SYMBOLS, VARYING, _add_bars,
-                       _category, _mean_std, _ordered_categories, _path_bars, _path_of, _swap_path, _varying,
-                       empty_figure, path_color)
+                       _mean_std, _ordered_categories, _path_bars, _path_of, baseline_means, categorize,
+                       completed_values, empty_figure, path_color)
 from .runs import Run
+from .stall import mid_stall
 
 __all__ = ["LAYOUT", "PALETTE", "PATH_COLORS", "PERCENT", "STATUS_FILL", "STATUS_SYMBOLS", "TABLE_COLUMNS", "VARYING",
            "all_figures", "data_stall_figure", "empty_figure", "loss_curves_figure", "mfu_figure", "padding_figure",
@@ -109,8 +112,8 @@ def val_loss_by_batch_figure(runs: Iterable[Run], x: str = "step") -> go.Figure:
 def scaling_figure(runs: Iterable[Run], metric: str = "tokens_per_s", skip: int | None = None
                    ) -> go.Figure:
     """DDP scaling: `metric` vs world size (left, dashed: ideal linear) and scaling efficiency (right), per group
-    of runs equal in all but the world size; points labelled with their efficiency."""
-    rows = scaling_efficiency(runs, metric, skip)
+    of runs equal in all but the world size, completed runs only; points labelled with their efficiency."""
+    rows = scaling_efficiency([r for r in runs if r.status == "completed"], metric, skip)
     title = "DDP scaling"
     if not rows:
         return empty_figure(title, "no runs with >= 2 world sizes and otherwise equal settings")
@@ -143,9 +146,10 @@ def scaling_figure(runs: Iterable[Run], metric: str = "tokens_per_s", skip: int 
 
 def time_to_target_figure(runs: Iterable[Run], target_loss: float | None = None, baseline: str = "padded",
                           skip: int | None = None) -> go.Figure:
-    """Wall time until the loss first reaches `target_loss` (val loss if logged, else train), per data path, bars
-    labelled with the speedup over `baseline`. Target: given, else the runs' common configured one, else the
-    highest final loss among completed runs (so every completed run reaches it)."""
+    """Wall time until the loss first reaches `target_loss` (val loss if logged, else train), per setting (see
+    `plotting.categorize`), bars labelled with the speedup over `baseline` runs of an otherwise equal config.
+    Target: given, else the runs' common configured one, else the highest final loss among completed runs (so
+    every completed run reaches it)."""
     runs = list(runs)
     target_loss = resolve_target_loss(runs, target_loss, skip)
     ms = all_metrics(runs, skip, target_loss)
@@ -154,14 +158,14 @@ def time_to_target_figure(runs: Iterable[Run], target_loss: float | None = None,
     if not reached:
         return empty_figure(title, "no runs with a logged loss reaching the target" if target_loss is not None
                             else "no runs with a loss to set a target from")
-    var = _varying(reached)
-    cat = lambda m: _category(m, var)  # noqa: E731
+    cat = categorize(reached)
     cats = _ordered_categories(reached, cat)
-    means = {c: _mean_std([m.time_to_target_s for m in reached if cat(m) == c])[0] for c in cats}
+    done = completed_values(reached, cat, "time_to_target_s")
+    bases = baseline_means(reached, cat, "time_to_target_s", baseline)
     texts = []
     for c in cats:
-        base = means.get(_swap_path(c, baseline))
-        texts.append(f"{means[c]:.3g} s" + (f" · x{base / means[c]:.3g}" if base and means[c] else ""))
+        mean, base = _mean_std(done.get(c, []))[0], bases.get(c)
+        texts.append(("" if mean is None else f"{mean:.3g} s") + (f" · x{base / mean:.3g}" if base and mean else ""))
     fig = go.Figure(layout=dict(title=title, barmode="group", scattermode="group", yaxis_title="wall time (s)",
                                 **LAYOUT))
     _add_bars(fig, reached, cats, cat, "time_to_target_s", "time to target",
@@ -169,7 +173,7 @@ def time_to_target_figure(runs: Iterable[Run], target_loss: float | None = None,
     missed = [m.run_id + ("" if m.status == "completed" else f" [{m.status}]") for m in ms
               if m.time_to_target_s is None and m.logged]
     has_base = any(m.data_kind == baseline for m in reached)
-    note = " · ".join(([f"x = speedup over {baseline}"] if has_base else [])
+    note = " · ".join(([f"x = speedup over {baseline} with an otherwise equal config"] if has_base else [])
                       + ([f"not reached: {', '.join(missed)}"] if missed else []))
     if note:
         fig.add_annotation(text=note, x=1, y=1.08, xref="paper", yref="paper", showarrow=False, xanchor="right",
@@ -243,8 +247,9 @@ def precision_figure(runs: Iterable[Run], skip: int | None = None) -> go.Figure:
 
 
 def stall_prediction_figure(rows: list[dict[str, Any]]) -> go.Figure:
-    """Predicted data-stall fraction (bar: mid MFU, whiskers: the MFU range) and headroom S/C (log) per accelerator,
-    one bar series per data path x worker count; rows from `analysis.stall.predict`."""
+    """Predicted data-stall fraction (bar: the stall at the mid MFU, whiskers: at the ends of the MFU range) and
+    headroom S/C (log) per accelerator, one bar series per data path x worker count; rows from
+    `analysis.stall.predict`."""
     title = "Would this loader stall a GPU? Predicted per rank"
     if not rows:
         return empty_figure(title, "no loader benchmark results (notebook 02)")
@@ -254,7 +259,7 @@ def stall_prediction_figure(rows: list[dict[str, Any]]) -> go.Figure:
         mine = {r["accelerator"]: r for r in rows if (r["path"], r["workers"], r["target_workers"]) == key}
         rs = [mine[a] for a in accs]
         name = f"{key[0]} w{key[2]}" + (f" (measured w{key[1]})" if key[1] != key[2] else "")
-        mid = [(r["stall_low"] + r["stall_high"]) / 2 for r in rs]
+        mid = [mid_stall(r) for r in rs]
         common = dict(x=accs, name=name, marker_color=path_color(key[0], i), legendgroup=name,
                       opacity=1.0 if key[2] == 0 else 0.6)
         fig.add_trace(go.Bar(y=mid, error_y=dict(type="data", symmetric=False,
@@ -283,7 +288,7 @@ def status_table_figure(runs: Iterable[Run], skip: int | None = None, target_los
         return empty_figure("Runs", "no runs found")
 
     def cell(k: str, v: Any) -> str:
-        if k in PERCENT and isinstance(v, float):
+        if k in PERCENT and isinstance(v, float) and math.isfinite(v):
             return f"{v:.1%}"
         return (v[:157] + "...") if k == "note" and isinstance(v, str) and len(v) > 160 else format_value(v)
 

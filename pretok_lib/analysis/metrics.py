@@ -386,11 +386,16 @@ def rows_to_text(rows: list[dict[str, Any]], columns: Iterable[str] | None = Non
 
 
 def format_value(v: Any) -> str:
-    """Compact display of a number (1.23M, 45.6k, 0.123) or anything else; None as '-'."""
+    """Compact display of a number (1.23M, 45.6k, 0.123) or anything else; None and NaN as '-', infinities as
+    'inf' / '-inf'."""
+    if isinstance(v, np.generic):
+        v = v.item()
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return str(v)
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
     a = abs(v)
     if a >= 1e6:
         return f"{v / 1e6:.2f}M"

@@ -77,7 +77,18 @@ class Records:
 def _num(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return math.nan
-    return float(v)
+    try:
+        return float(v)
+    except OverflowError:  # an int beyond float range (JSON allows it)
+        return math.inf if v > 0 else -math.inf
+
+
+MAX_STEP = 2 ** 62
+
+
+def valid_step(step: Any) -> bool:
+    """A step is a non-negative int (not a bool, not a float) below MAX_STEP."""
+    return isinstance(step, int) and not isinstance(step, bool) and 0 <= step < MAX_STEP
 
 
 @dataclass
@@ -152,9 +163,10 @@ def config_signature(run: Run, ignore: Iterable[str] = (), keep: Iterable[str] =
 
 
 def read_metrics(path: Path) -> tuple[list[dict], list[dict], list[str]]:
-    """Train and val records of metrics.jsonl in step order, and problems found. Unparsable lines are skipped
-    (the last one is reported as truncated); records replayed after a resume from an older checkpoint are
-    superseded by the later ones."""
+    """Train and val records of metrics.jsonl in step order, and problems found. Unparsable lines and records
+    without a valid step (`valid_step`) are skipped and reported (the last line as truncated), as is a file with
+    no train or val record; records replayed after a resume from an older checkpoint are superseded by the later
+    ones."""
     problems: list[str] = []
     lines = path.read_bytes().split(b"\n")
     last = max((i for i, raw in enumerate(lines) if raw.strip()), default=-1)
@@ -164,14 +176,14 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict], list[str]]:
             continue
         try:
             rec = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             what = "truncated last line (killed while writing?)" if i == last else "not valid JSON"
             problems.append(f"metrics.jsonl line {i + 1}: {what}, ignored")
             continue
-        if not isinstance(rec, dict) or not isinstance(rec.get("step"), (int, float)):
-            problems.append(f"metrics.jsonl line {i + 1}: not a record with a numeric step, ignored")
+        if not isinstance(rec, dict) or not valid_step(rec.get("step")):
+            problems.append(f"metrics.jsonl line {i + 1}: not a record with a non-negative integer step, ignored")
             continue
-        if rec.get("kind") in kinds:
+        if isinstance(rec.get("kind"), str) and rec["kind"] in kinds:
             kinds[rec["kind"]].append(rec)
     out = {}
     for kind, recs in kinds.items():
@@ -184,6 +196,8 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict], list[str]]:
                 kept = [r for r in kept if r["step"] < rec["step"]]
             kept.append(rec)
         out[kind] = kept
+    if not out["train"] and not out["val"]:
+        problems.append("metrics.jsonl: empty (no train or val records)")
     return out["train"], out["val"], problems
 
 

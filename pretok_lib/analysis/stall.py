@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..datapaths import KINDS
+from ..errors import PretokError
 
 FORMULA = """
 **Model** (per rank). Tokens are input slots, padding included, on both sides (a padded slot costs as much
@@ -115,6 +116,13 @@ def stall_fraction(supply: float, consume: float, prefetch: bool) -> float:
     return max(0.0, 1.0 - h) if prefetch else 1.0 / (1.0 + h)
 
 
+def mid_stall(row: Mapping[str, Any]) -> float:
+    """The stall at the middle of a `predict` row's MFU range. Consumption is linear in MFU but the stall is not,
+    so this is not (stall_low + stall_high) / 2 (which can be off by a factor of 2 or more)."""
+    c_mid = (row["consumption_low"] + row["consumption_high"]) / 2
+    return stall_fraction(row["supply"], c_mid, row["target_workers"] > 0)
+
+
 def supply_scale(workers: int, cores_measured: int, cores_per_rank: int | None) -> float:
     """Factor from the measured supply to the target's: 1 with 0 workers (one process, more cores do not help) or
     when `cores_per_rank` is None (as measured); else k / min(W, cores measured): the target runs k workers on k
@@ -148,8 +156,12 @@ def predict(loaders: Mapping[str, Any], flops_per_token_: float,
             accelerators: Iterable[Accelerator | str] = tuple(ACCELERATORS), mfu: Sequence[float] = DEFAULT_MFU,
             cores_per_rank: int | None = None, cpu_speed: float = 1.0) -> list[dict]:
     """The prediction table: one row per accelerator x data path x worker count, with consumption C, headroom
-    S/C and stall fraction at the low and high end of the MFU range (higher MFU: more consumption, more stall)."""
+    S/C and stall fraction at the low and high end and the middle (`mid_stall`) of the MFU range (higher MFU: more
+    consumption, more stall)."""
     lo, hi = min(mfu), max(mfu)
+    if not (0 < lo <= hi <= 1):
+        raise PretokError(f"target MFU range {list(mfu)} must lie in (0, 1] (a fraction of the peak; 0 consumes "
+                          "nothing, above 1 is impossible)")
     rows = []
     for acc in accelerators:
         a = ACCELERATORS[acc] if isinstance(acc, str) else acc
@@ -161,15 +173,27 @@ def predict(loaders: Mapping[str, Any], flops_per_token_: float,
                          "headroom_low": s["supply"] / c_hi, "headroom_high": s["supply"] / c_lo,
                          "stall_low": stall_fraction(s["supply"], c_lo, prefetch),
                          "stall_high": stall_fraction(s["supply"], c_hi, prefetch),
+                         "stall_mid": stall_fraction(s["supply"], (c_lo + c_hi) / 2, prefetch),
                          "effective_tokens_per_s_high": min(s["supply"], c_hi) * s["effective_share"]})
     return rows
 
 
+def _nonfinite(v: float) -> str | None:
+    """"inf", "-inf" or "-" (NaN) for a non-finite number, else None."""
+    return None if math.isfinite(v) else "-" if math.isnan(v) else "inf" if v > 0 else "-inf"
+
+
 def _pct(v: float) -> str:
-    return f"{v:.2%}" if v < 0.01 else f"{v:.1%}"
+    return _nonfinite(v) or (f"{v:.2%}" if v < 0.01 else f"{v:.1%}")
+
+
+def _x(v: float) -> str:
+    return "x" + (_nonfinite(v) or f"{v:.3g}")
 
 
 def _num(v: float) -> str:
+    if (bad := _nonfinite(v)) is not None:
+        return bad
     for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(v) >= div:
             return f"{v / div:.3g}{unit}"
@@ -196,7 +220,7 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
             r = mine[a]
             st = _pct(r["stall_low"]) if r["stall_low"] == r["stall_high"] else \
                 f"{_pct(r['stall_low'])}-{_pct(r['stall_high'])}"
-            cells.append(f"{st} (x{r['headroom_low']:.3g})")
+            cells.append(f"{st} ({_x(r['headroom_low'])})")
         lines.append(f"| {path} | {wt} | {_num(r0['supply'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + ("\n\nCells: predicted stall fraction over the MFU range "
                                f"{rows[0]['mfu_low']:.0%}-{rows[0]['mfu_high']:.0%} (headroom S/C at the high MFU).")

@@ -102,7 +102,7 @@ def stall_finding(runs: Sequence[Any], prediction: Sequence[Mapping] = ()) -> st
         acc = prediction[0]["accelerator"]
         best: dict[str, float] = {}
         for r in (r for r in prediction if r["accelerator"] == acc):
-            mid = (r["stall_low"] + r["stall_high"]) / 2
+            mid = r["stall_mid"]   # the stall at the middle MFU (not the mean of the ends: it is not linear)
             best[r["path"]] = min(best.get(r["path"], 1.0), mid)
         pred = ", ".join(f"{k} {_pct(v)}" for k, v in best.items())
         text = (f"measured: {text}; " if text else "") + f"predicted on one {acc} (best worker count): {pred}"

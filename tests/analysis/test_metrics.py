@@ -149,3 +149,29 @@ def test_storage_rows_from_manifests(tmp_path: Path, bench: dict) -> None:
     assert by["padded"]["bytes_per_token"] == pytest.approx(0.8)
     assert by["unfinished"]["error"] and by["unfinished"]["bytes_per_token"] is None
     assert by["datasets.map (HF Arrow)"]["bytes_per_token"] == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("value, text", [(math.inf, "inf"), (-math.inf, "-inf"), (1e400, "inf"),
+                                         ("np.inf", "inf"), ("np.float32(-inf)", "-inf"), (math.nan, "-"),
+                                         ("np.float32(nan)", "-"), (2.5e6, "2.50M"), (-12345.0, "-12.3k")])
+def test_format_value_non_finite_numbers(value, text: str) -> None:
+    import numpy as np
+
+    from pretok_lib.analysis.metrics import format_value
+
+    v = eval(value, {"np": np, "inf": math.inf, "nan": math.nan}) if isinstance(value, str) else value
+    assert format_value(v) == text
+
+
+@pytest.mark.parametrize("val_loss", [800.0, 1e308])
+def test_infinite_perplexity_in_tables(val_loss: float, tmp_path: Path) -> None:
+    from pretok_lib.analysis import figures
+
+    val = {"kind": "val", "step": 1, "wall_s": 1.5, "val_loss": val_loss, "val_ppl": None}  # exp overflows
+    write_run(tmp_path, "r", train=[train_record(1, 1.0)], val=[val])
+    rows = summary_table(load_runs(tmp_path))
+    assert rows[0]["final_val_ppl"] == math.inf
+    text = rows_to_text(rows, ["run_id", "final_val_ppl"])
+    assert text.splitlines()[-1].split() == ["r", "inf"]
+    cells = figures.status_table_figure(load_runs(tmp_path)).data[0].cells.values
+    assert list(cells[figures.TABLE_COLUMNS.index("final_val_ppl")]) == ["inf"]

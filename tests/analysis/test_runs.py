@@ -128,3 +128,56 @@ def test_find_run_dirs_skips_non_runs_and_nested(tmp_path: Path) -> None:
     assert load_runs(tmp_path / "bench") == []
     with pytest.raises(FileNotFoundError):
         load_runs(tmp_path / "nope")
+
+
+# Records a damaged or hand-edited metrics.jsonl may hold: no valid step (bool, negative, float, text, huge ...),
+# or an unhashable kind. Each must become a reported problem line, never an exception nor lost valid records.
+MALFORMED = {
+    "step true": '{"kind": "train", "step": true, "loss": 1.0}',
+    "step false": '{"kind": "train", "step": false}',
+    "step negative": '{"kind": "train", "step": -1, "loss": 1.0}',
+    "step float": '{"kind": "train", "step": 1.5}',
+    "step NaN": '{"kind": "train", "step": NaN}',
+    "step Infinity": '{"kind": "val", "step": Infinity, "val_loss": 1.0}',
+    "step huge": '{"kind": "train", "step": 1' + "0" * 400 + "}",
+    "step text": '{"kind": "train", "step": "5"}',
+    "step list": '{"kind": "val", "step": [5]}',
+    "step null": '{"kind": "train", "step": null}',
+    "kind list": '{"kind": ["train"], "step": 7}',
+}
+
+
+@pytest.mark.parametrize("where", ["middle", "end"])
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_records_are_problems_never_exceptions(name: str, where: str, tmp_path: Path) -> None:
+    from pretok_lib.analysis import figures, summary_table
+
+    good = [json.dumps(train_record(s, float(s))) for s in (5, 10, 15)]
+    lines = good[:2] + [MALFORMED[name]] + good[2:] if where == "middle" else good + [MALFORMED[name]]
+    d = write_run(tmp_path, "r", train=[])
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    run = load_run(d)
+    bad = lines.index(MALFORMED[name]) + 1
+    assert list(run.train["step"]) == [5, 10, 15] and len(run.val) == 0
+    if not name.startswith("kind"):   # a record of an unknown kind is skipped silently, as before
+        assert any(p.startswith(f"metrics.jsonl line {bad}: not a record") for p in run.problems), run.problems
+    (row,) = summary_table([run])   # the analysis on top: numbers, not ValueError / TypeError
+    assert row["steps"] == 15 and row["tokens_per_s"] == pytest.approx(1000.0)
+    assert figures.status_table_figure([run]).data
+
+
+def test_huge_number_values_are_infinite_not_an_overflow(tmp_path: Path) -> None:
+    d = write_run(tmp_path, "r", train=[])
+    (d / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "loss": -1' + "0" * 400 + "}\n")
+    assert load_run(d).train["loss"][0] == -np.inf
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", '{"kind": "other", "step": 1}\n'])
+@pytest.mark.parametrize("status", ["completed", "failed", "running"])
+def test_run_without_records_says_so_in_its_note(content: str, status: str, tmp_path: Path) -> None:
+    from pretok_lib.analysis import summary_table
+
+    d = write_run(tmp_path, "r", train=[], status=status)
+    (d / "metrics.jsonl").write_text(content)
+    (row,) = summary_table(load_runs(tmp_path))
+    assert row["steps"] is None and "metrics.jsonl: empty (no train or val records)" in row["note"]

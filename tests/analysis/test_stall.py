@@ -245,3 +245,49 @@ def test_check_study_runs_pairs_runs_with_the_benchmark(tmp_path: Path) -> None:
     assert checks["a"]["predicted_stall"] == pytest.approx(1 / (1 + 1e8 / 1000.0))
     assert "| b | padded | 2 |" in S.check_markdown(list(checks.values()))
     assert S.check_study_runs(load_runs(tmp_path), None) == []
+
+
+# (MFU range, supply per workers) on an accelerator of 100 TFLOP/s and F = 1e9 FLOPs/token: C = MFU · 1e5 tokens/s.
+# Each case has rows whose stall is not linear over the range (w0: C / (C + S); w2 crossing S = C or above it).
+MID_CASES = {
+    "crosses the kink": ((0.2, 0.6), {0: 4e4, 2: 4e4}),    # w2: stall 0 .. 1/3, at C = 4e4: 0 (not 1/6)
+    "all stalled": ((0.35, 0.45), {0: 1e4, 2: 2e4}),
+    "wide range": ((0.1, 0.9), {0: 5e4, 2: 3e4}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MID_CASES))
+def test_stall_bar_is_the_stall_at_the_mid_mfu(case: str) -> None:
+    from pretok_lib.analysis.figures import stall_prediction_figure
+
+    mfu, supply = MID_CASES[case]
+    bench = {"seq_len": SEQ, "micro_batch": MB, "environment": {"cpus": 4}, "loaders": {
+        f"padded w{w}": {"kind": "padded", "workers": w, "tokens_per_s": s, "effective_tokens_per_s": s}
+        for w, s in supply.items()}}
+    rows = S.predict(bench, 1e9, [S.Accelerator("X", 100.0, "test")], mfu)
+    c_mid = (mfu[0] + mfu[1]) / 2 * 1e5
+    want = {w: max(0.0, 1 - s / c_mid) if w else c_mid / (c_mid + s) for w, s in supply.items()}
+    assert {r["workers"]: r["stall_mid"] for r in rows} == pytest.approx(want)
+    assert {r["workers"]: S.mid_stall(r) for r in rows} == pytest.approx(want)
+    assert any(abs(want[r["workers"]] - (r["stall_low"] + r["stall_high"]) / 2) > 1e-3 for r in rows)
+    bars = [t for t in stall_prediction_figure(rows).data if t.type == "bar"][::2]   # left panel: stall
+    for bar, r in zip(bars, rows, strict=True):
+        assert bar.y[0] == pytest.approx(want[r["workers"]])
+        assert bar.y[0] + bar.error_y.array[0] == pytest.approx(r["stall_high"])   # whiskers: the range's ends
+        assert bar.y[0] - bar.error_y.arrayminus[0] == pytest.approx(r["stall_low"])
+
+
+def test_non_finite_numbers_in_stall_tables() -> None:
+    check = {"run_id": "r", "path": "padded", "workers": 0, "consumption": float("inf"), "supply": 1e9,
+             "predicted_stall": float("nan"), "data_stall": 0.5}
+    line = S.check_markdown([check]).splitlines()[2]
+    assert "| inf | 1G | - | 50.0% |" in line and "infG" not in line
+
+
+@pytest.mark.parametrize("mfu", [(0.0, 0.4), (-0.1, 0.4), (0.35, 1.5), (float("nan"), 0.4)])
+def test_an_mfu_range_outside_zero_to_one_is_one_line(mfu) -> None:
+    """An MFU of 0 divided by zero (a traceback in notebook 05); above 1 is impossible."""
+    from pretok_lib.errors import PretokError
+
+    with pytest.raises(PretokError, match=r"must lie in \(0, 1\]"):
+        S.predict({}, 1e9, mfu=mfu)

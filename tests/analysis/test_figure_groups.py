@@ -1,0 +1,120 @@
+"""Bars group repeats, not configs: runs equal apart from the seed share a bar (mean of the completed ones), runs
+of different configs get bars of their own, and ratio labels pair only runs equal except for the data path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+from pretok_lib.analysis import figures as F
+from pretok_lib.analysis.metrics import path_speedups
+from pretok_lib.analysis.runs import load_runs
+
+from .helpers import simple_run
+
+# (config variant as `simple_run` keywords, a text its bars' labels must show)
+VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
+    "lr": ({"config_extra": {"train": {"steps": 40, "precision": "fp32", "lr": 2e-3}}}, "train.lr=0.002"),
+    "new section": ({"config_extra": {"optim": {"weight_decay": 0.1}}}, "optim.weight_decay=0.1"),
+    "model": ({"config_extra": {"model": {"n_layer": 4, "n_embd": 64}}}, "model.n_layer=4"),
+    "precision": ({"precision": "bf16"}, "bf16"),
+}
+# run id: (data path, variant?, seed, status, tokens/s, loss0). Times to val loss <= 3.0 (val every 2 s from 2.5 s):
+# loss0 4.0 -> 6.5 s, 3.5 -> 4.5 s, 3.0 -> 2.5 s, 2.5 -> 2.5 s.
+RUNS = {
+    "pa": ("padded", False, 0, "completed", 1000.0, 4.0),
+    "pa-s1": ("padded", False, 1, "completed", 1200.0, 4.0),
+    "pa-failed": ("padded", False, 2, "failed", 100.0, 2.5),       # partial numbers: a marker, not in the mean
+    "pb": ("padded", True, 0, "completed", 3000.0, 3.5),
+    "ma": ("pretok-memmap", False, 0, "completed", 2000.0, 3.5),
+    "mb": ("pretok-memmap", True, 0, "completed", 9000.0, 3.0),
+    "mb-s1": ("pretok-memmap", True, 1, "running", 1.0, 4.0),      # incomplete: a marker, not in the mean
+}
+GROUPS = {"pa": ("pa", "pa-s1", "pa-failed"), "pb": ("pb",), "ma": ("ma",), "mb": ("mb", "mb-s1")}
+TOKENS_PER_S = {"pa": 1100.0, "pb": 3000.0, "ma": 2000.0, "mb": 9000.0}   # completed runs only
+TIME_TO_TARGET = {"pa": "6.5 s · x1", "pb": "4.5 s · x1", "ma": "4.5 s · x1.44", "mb": "2.5 s · x1.8"}
+FIGURES = {"tokens_per_s": F.throughput_figure, "mfu": F.mfu_figure, "data_stall": F.data_stall_figure,
+           "padding_frac": F.padding_figure}
+
+
+def _write(root: Path, variant: dict[str, Any]) -> list:
+    for rid, (kind, varied, seed, status, tps, loss0) in RUNS.items():
+        simple_run(root, rid, kind=kind, tokens_per_s=tps, loss0=loss0, seed=seed, status=status,
+                   mfu=tps / 1e4, data_stall=tps / 1e4, eff_frac=0.5, **(variant if varied else {}))
+    return load_runs(root)
+
+
+def _bars(fig: go.Figure, trace: int = 0) -> tuple[dict[str, float], dict[str, str], dict[str, str]]:
+    """(bar label -> height, bar label -> text, run id -> its marker's bar label) of the trace-th bar series."""
+    bar = [t for t in fig.data if t.type == "bar"][trace]
+    pts = [t for t in fig.data if t.type == "scatter"][trace]
+    where = {h.split(" (")[0]: x for h, x in zip(pts.hovertext, pts.x, strict=True)}
+    return dict(zip(bar.x, bar.y, strict=True)), dict(zip(bar.x, bar.text or [""] * len(bar.x), strict=True)), where
+
+
+def _labels(where: dict[str, str], variant_text: str) -> dict[str, str]:
+    """The bar label of each group, checking that repeats share one and different configs do not."""
+    labels = {g: {where[r] for r in rids} for g, rids in GROUPS.items()}
+    assert all(len(v) == 1 for v in labels.values()), labels
+    out = {g: v.pop() for g, v in labels.items()}
+    assert len(set(out.values())) == len(GROUPS), out
+    assert variant_text in out["pb"] and variant_text in out["mb"], out
+    assert out["pa"].startswith("padded") and out["mb"].startswith("pretok-memmap")
+    return out
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("key", sorted(FIGURES))
+def test_path_bars_group_repeats_not_configs(variant: str, key: str, tmp_path: Path) -> None:
+    kw, text = VARIANTS[variant]
+    fig = FIGURES[key](_write(tmp_path, kw))
+    height, _, where = _bars(fig)
+    label = _labels(where, text)
+    per_run = {"tokens_per_s": 1.0, "mfu": 1e-4, "data_stall": 1e-4}
+    for g, lab in label.items():
+        want = TOKENS_PER_S[g] * per_run[key] if key in per_run else 0.5
+        assert height[lab] == pytest.approx(want), (g, lab)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_speedup_labels_pair_runs_equal_but_for_the_data_path(variant: str, tmp_path: Path) -> None:
+    kw, text = VARIANTS[variant]
+    runs = _write(tmp_path, kw)
+    _, texts, where = _bars(F.throughput_figure(runs), trace=1)   # effective tokens/s, labelled with ratios
+    label = _labels(where, text)
+    assert {g: texts[lab] for g, lab in label.items()} == {"pa": "x1", "pb": "x1", "ma": "x1.82", "mb": "x3"}
+    # the same numbers as the findings' `path_speedups` over the completed runs
+    for row in path_speedups([r for r in runs if r.status == "completed"]):
+        assert texts[where[row["runs"][0]]] == f"x{row['speedup']:.3g}", row
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_time_to_target_groups_repeats_not_configs(variant: str, tmp_path: Path) -> None:
+    kw, text = VARIANTS[variant]
+    fig = F.time_to_target_figure(_write(tmp_path, kw), target_loss=3.0)
+    height, texts, where = _bars(fig)
+    label = _labels(where, text)
+    assert {g: texts[lab] for g, lab in label.items()} == TIME_TO_TARGET
+    assert height[label["pa"]] == 6.5 and height[label["mb"]] == 2.5   # failed / incomplete runs: markers only
+
+
+def test_configs_told_apart_only_by_data_settings_get_own_bars(tmp_path: Path) -> None:
+    data = {"kind": "padded", "path": "/data/padded", "seq_len": 64, "micro_batch": 4}
+    simple_run(tmp_path, "w2", kind="padded", tokens_per_s=1000.0, config_extra={"data": {**data, "num_workers": 2}})
+    simple_run(tmp_path, "w8", kind="padded", tokens_per_s=3000.0, config_extra={"data": {**data, "num_workers": 8}})
+    height, _, where = _bars(F.throughput_figure(load_runs(tmp_path)))
+    assert where["w2"] != where["w8"] and "data.num_workers=8" in where["w8"]
+    assert sorted(np.round(list(height.values()))) == [1000, 3000]
+
+
+@pytest.mark.parametrize("status", ["failed", "running"])
+def test_scaling_means_completed_runs_only(status: str, tmp_path: Path) -> None:
+    simple_run(tmp_path, "n1", kind="padded", tokens_per_s=1000.0)
+    simple_run(tmp_path, "n2", kind="padded", tokens_per_s=1800.0, world_size=2)
+    simple_run(tmp_path, "n2-bad", kind="padded", tokens_per_s=10.0, world_size=2, seed=1, status=status)
+    (line,) = [t for t in F.scaling_figure(load_runs(tmp_path)).data if t.mode == "lines+markers+text"]
+    assert list(line.y) == [1000.0, 1800.0] and list(line.text) == ["", "90%"]
