@@ -176,8 +176,9 @@ def test_a_stop_signal_turned_into_another_error_still_stops_the_study(tmp_path:
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "study stopped by SIGTERM during 01_first" in err, err
     assert ran == ["01_first"]
-    assert json.loads((tmp_path / "s" / "study.json").read_text())["notebooks"] == {
-        "01_first": {"status": "stopped", "error": err.split("error: ", 1)[1].strip()}}
+    saved = json.loads((tmp_path / "s" / "study.json").read_text())
+    assert saved["notebooks"] == {"01_first": {"status": "stopped", "error": err.split("error: ", 1)[1].strip(),
+                                               "run": saved["started"]}}
 
     def failing(*a, **kw):
         raise turned_into("bad")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ TITLES = {"01_pretokenize": "1. Pretokenize: formats, sizes, tokenization cost",
           "03_train": "3. One training run", "04_sweep": "4. The sweep",
           "05_analysis": "5. Analysis: is the data path the bottleneck?"}
 KERNEL = "pretok"
+PATH_PARAMETERS = ("corpus", "tokenizer", "config", "target_config")  # made absolute against the caller's cwd
 
 
 def select(notebooks: Sequence[str] | None) -> list[str]:
@@ -82,6 +84,74 @@ def _last_code_cell_id(notebook: Path) -> str | None:
     return cells[-1].get("id") if cells else None
 
 
+def absolute_paths(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """`parameters` with relative PATH_PARAMETERS made absolute against the current directory (the notebooks run
+    in the repository root). Kept as given where nothing is found there but a path under the repository root
+    (`configs/small.yaml`) or, for a tokenizer, nothing local at all (a hub name)."""
+    out = dict(parameters)
+    for key in PATH_PARAMETERS:
+        value = out.get(key)
+        if not isinstance(value, (str, os.PathLike)) or not str(value):
+            continue
+        here = Path(value).expanduser().resolve()
+        if here.exists() or not (key == "tokenizer" or resolve(Path(value).expanduser()).exists()):
+            out[key] = str(here)
+    return out
+
+
+def read_record(out_dir: Path) -> dict | None:
+    """The study record `out_dir/study.json` (None: none, or unreadable)."""
+    try:
+        return json.loads((out_dir / "study.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def study_parameters(profile: str, overrides: Mapping[str, Any], names: Sequence[str], previous: dict | None,
+                     out_dir: Path, takes: Mapping[str, set[str]]) -> tuple[dict[str, Any], dict[str, list]]:
+    """The parameters for running `names` into `out_dir`, and those changed since its record (name: [was, now]).
+
+    With no recorded notebook kept (a first or a full run): the profile's with `overrides`. A partial rerun: the
+    recorded parameters with `overrides`. Refused (PretokError) if the record is of another profile, if
+    executed notebooks would be kept without a record, or if a changed parameter is taken by no notebook rerun,
+    by a kept notebook, or by a rerun notebook that a kept later one built on."""
+    fresh = profile_parameters(profile, dict(overrides))
+    fresh["study_dir"] = str(out_dir)
+    if previous is None:
+        others = [n for n in NOTEBOOKS if n not in names and (out_dir / "notebooks" / f"{n}.ipynb").is_file()]
+        if others:
+            raise PretokError(f"executed notebooks ({', '.join(others)}) but no study.json to tell their "
+                              "parameters: rerun every notebook (no --notebooks), or give another --out", out_dir)
+        return fresh, {}
+    if previous.get("profile", profile) != profile:
+        raise PretokError(f"this study directory holds a study of profile '{previous['profile']}' (study.json): "
+                          f"rerun it with --profile {previous['profile']}, or give another --out", out_dir)
+    was = {k: v for k, v in (previous.get("parameters") or {}).items() if k != "study_dir"}
+    kept = [n for n in NOTEBOOKS if n in previous.get("notebooks", {}) and n not in names]
+    if not kept:
+        return fresh, {k: [was.get(k), _plain(v)] for k, v in fresh.items()
+                       if k in was and k != "study_dir" and _plain(v) != was[k]}
+    now = {k: fresh[k] for k in overrides}
+    changed = {k: [was.get(k), _plain(v)] for k, v in now.items() if _plain(v) != was.get(k)}
+    bad = []
+    for k, (old, new) in changed.items():
+        rerun = [n for n in names if k in takes[n]]
+        mixed = [m for m in kept if k in takes[m] or any(NOTEBOOKS.index(m) > NOTEBOOKS.index(n) for n in rerun)]
+        if not rerun:
+            bad.append(f"{k}={new!r} (recorded {old!r}): none of {', '.join(names)} takes it")
+        elif mixed:
+            bad.append(f"{k}={new!r} (recorded {old!r}): {', '.join(mixed)} ran with the recorded value or on "
+                       "its results")
+    if bad:
+        raise PretokError("a partial rerun would mix parameters with the notebooks it keeps: " + "; ".join(bad)
+                          + ". Rerun those notebooks too, drop the --set, or give another --out", out_dir)
+    return {**fresh, **was, **now, "study_dir": str(out_dir)}, changed
+
+
 def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: Sequence[str] | None = None,
               parameters: dict[str, Any] | None = None, kernel: str = KERNEL, report: bool = True,
               stream: bool = True, echo: Callable[[str], None] | None = print,
@@ -90,28 +160,41 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     `study.json` and the HTML report (`report_nocode.html` for readers, `report.html` with code); returns the
     study record. The first failing notebook stops the study (its partly executed copy is kept and reported).
     The figures are also copied to `publish/<study dir name>/` (the project's `figures/`; None: not copied).
+    A rerun of some notebooks keeps the others' records (`study_parameters` says which parameters it takes)
+    and reports every notebook of the study.
 
     Args:
-        profile: a name in study.profiles.PROFILES; out: the study dir (None: runs/study-<profile>).
-        notebooks: the subset to run (None: all, in order); parameters: overrides of the profile's values.
+        profile: a name in study.profiles.PROFILES; out: the study dir (None: runs/study-<profile> in the
+            repository; relative: to the current directory).
+        notebooks: the subset to run (None: all, in order); parameters: overrides of the profile's values (relative
+            paths in PATH_PARAMETERS: to the current directory).
         kernel: the Jupyter kernel; report: write the HTML reports; stream: print the cells' output as they run.
         echo: where progress lines go (None: silent); publish: where figures are copied (None: not copied).
     """
     from ..analysis.report import ensure_kernel
 
     say = echo or (lambda s: None)
-    params = profile_parameters(profile, parameters)
-    out_dir = resolve(out or f"runs/study-{profile}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    params["study_dir"] = str(out_dir)
+    overrides = absolute_paths(parameters or {})
+    out_dir = Path(out).expanduser().resolve() if out else resolve(f"runs/study-{profile}")
     names = select(notebooks)
-    declared = set().union(*(declared_parameters(NOTEBOOK_DIR / f"{n}.ipynb") for n in NOTEBOOKS))
-    unknown = sorted(set(parameters or {}) - declared)
+    takes = {n: declared_parameters(NOTEBOOK_DIR / f"{n}.ipynb") for n in NOTEBOOKS}
+    unknown = sorted(set(overrides) - set().union(*takes.values()))
     if unknown:
         raise PretokError(f"no study notebook has parameter(s) {', '.join(unknown)}")
+    previous = read_record(out_dir)
+    params, changed = study_parameters(profile, overrides, names, previous, out_dir, takes)
+    out_dir.mkdir(parents=True, exist_ok=True)
     ensure_kernel(kernel)
-    record: dict[str, Any] = {"profile": profile, "study_dir": str(out_dir), "parameters": params,
-                              "started": _now(), "notebooks": {}}
+    now = _now()
+    if changed:
+        say("== parameters changed since the recorded study: "
+            + "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items()))
+    history = [*(previous or {}).get("history", []), {"started": now, "notebooks": names,
+                                                      **({"changed": changed} if changed else {})}]
+    record: dict[str, Any] = {"profile": profile, "study_dir": str(out_dir), "parameters": params, "started": now,
+                              "notebooks": {n: r for n, r in (previous or {}).get("notebooks", {}).items()
+                                            if n in NOTEBOOKS and n not in names},
+                              "history": history}
     t0, started = time.monotonic(), time.time()
     failure = None
     stop = _Stop()
@@ -123,12 +206,12 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
             say(f"== pretok study ({profile}): {name}")
             try:
                 secs = execute(name, out_dir, params, kernel, stream, ended=stop.notebook_ended)
-                record["notebooks"][name] = {"status": "completed", "seconds": round(secs, 1)}
+                record["notebooks"][name] = {"status": "completed", "seconds": round(secs, 1), "run": now}
                 say(f"== {name}: done in {secs:.0f} s")
             except Exception as e:  # after a stop signal, whatever the interrupted kernel or papermill raises
                 if not (stop.signum or isinstance(e, PretokError)):
                     raise
-                record["notebooks"][name] = {"status": "failed", "error": str(e)}
+                record["notebooks"][name] = {"status": "failed", "error": str(e), "run": now}
                 failure = e
                 break
             finally:
@@ -137,16 +220,17 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
                     failure = procs.Stopped(f"study stopped by {stop.name} during {name}: the runs it had started "
                                             f"checkpointed and stopped; rerun the same command to continue",
                                             out_dir)
-                    record["notebooks"][name] = {"status": "stopped", "error": str(failure)}
+                    record["notebooks"][name] = {"status": "stopped", "error": str(failure), "run": now}
     stop.done.set()
+    record["notebooks"] = {n: record["notebooks"][n] for n in NOTEBOOKS if n in record["notebooks"]}
     record.update(finished=_now(), seconds=round(time.monotonic() - t0, 1))
     if stop.signum:      # no report of a study stopped half-way; study.json says where it stopped
         (out_dir / "study.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
         raise failure
     record["figures"] = figure_counts(out_dir / "figures", started)
     if report:
-        record["report"] = {k: str(v) for k, v in write_report(out_dir, [n for n in names
-                                                                       if n in record["notebooks"]], record).items()}
+        executed = [n for n in record["notebooks"] if (out_dir / "notebooks" / f"{n}.ipynb").is_file()]
+        record["report"] = {k: str(v) for k, v in write_report(out_dir, executed, record).items()}
     if publish is not None and (out_dir / "figures").is_dir():
         dest = resolve(publish) / out_dir.name
         shutil.rmtree(dest, ignore_errors=True)
@@ -205,8 +289,7 @@ def combined_notebook(out_dir: Path, names: Sequence[str], record: dict):
     from .present import fold_outputs
 
     toc = "\n".join(f"- [{TITLES.get(n, n)}](#{n})" + _timing(record, n) for n in names)
-    head = (f"# pretok study: is the data path the bottleneck?\n\nProfile **{record['profile']}**, run "
-            f"{record['started']} ({record.get('seconds', 0):.0f} s).")
+    head = f"# pretok study: is the data path the bottleneck?\n\nProfile **{record['profile']}**, {ran(record, names)}"
     where = (f"Study directory `{out_dir}`: figures in `figures/` (HTML + PNG), training runs in `runs/`, benchmark "
              f"JSON in `bench/`, executed notebooks in `notebooks/`.\n\n{toc}")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(head),
@@ -237,7 +320,21 @@ def combined_notebook(out_dir: Path, names: Sequence[str], record: dict):
 
 def _timing(record: dict, name: str) -> str:
     r = record["notebooks"].get(name, {})
-    return f" ({r['seconds']:.0f} s)" if r.get("status") == "completed" else " (**failed**)" if r else ""
+    return f" ({r['seconds']:.0f} s)" if r.get("status") == "completed" else f" (**{r['status']}**)" if r else ""
+
+
+def ran(record: dict, names: Sequence[str]) -> str:
+    """When the notebooks `names` ran (a sentence): the first `pretok study` command, the reruns since, and the
+    notebooks that ran before an earlier notebook was rerun (their results may not follow it)."""
+    runs = {n: record["notebooks"].get(n, {}).get("run") or "" for n in names}
+    times = sorted(set(runs.values()) - {""}) or [record.get("started", "")]
+    secs = sum(record["notebooks"].get(n, {}).get("seconds", 0) for n in names)
+    text = f"run {times[0]} ({secs:.0f} s)"
+    for t in times[1:]:
+        text += f"; {', '.join(n for n in names if runs[n] == t)} rerun {t}"
+    stale = [m for i, m in enumerate(names) if runs[m] and any(runs[n] > runs[m] for n in names[:i])]
+    return text + "." + (f" **{', '.join(stale)} ran before an earlier notebook was rerun**: rerun "
+                         f"{'them' if len(stale) > 1 else 'it'} to bring the results up to date." if stale else "")
 
 
 def write_report(out_dir: Path, names: Sequence[str], record: dict) -> dict[str, Path]:
@@ -259,7 +356,10 @@ def summary(out_dir: Path, record: dict) -> str:
     lines = [f"pretok study ({record['profile']}) in {record.get('seconds', 0):.0f} s: {out_dir}"]
     for n, r in record["notebooks"].items():
         lines.append(f"  {n:22s} {r['status']}" + (f" in {r['seconds']:.0f} s" if "seconds" in r else
-                                                   f": {r.get('error')}"))
+                                                   f": {r.get('error')}")
+                     + (f" (run {r['run']})" if r.get("run", record.get("started")) != record.get("started") else ""))
+    if len({r.get("run") for r in record["notebooks"].values()}) > 1:
+        lines.append(f"  {ran(record, list(record['notebooks']))}")
     rep = record.get("report") or {}
     if rep:
         lines.append(f"report:  {rep.get('report_nocode')}  (with code: {rep.get('report')})")

@@ -2,7 +2,8 @@
 
 A study directory holds everything one study made (see `StudyPaths`); relative paths given to these functions
 are resolved against the repository root, so a notebook gives the same results from `notebooks/` (JupyterLab)
-and from the repository root (papermill, `pretok study`).
+and from the repository root (papermill, `pretok study`). `pretok study` makes the paths its caller gives (relative
+to the caller's directory) absolute before the notebooks get them (`run.absolute_paths`).
 """
 
 from __future__ import annotations
