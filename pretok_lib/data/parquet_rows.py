@@ -118,7 +118,9 @@ class ParquetRows:
         with self._lock:
             for gid in gids:
                 gid = int(gid)
-                if gid not in self._cache and gid not in self._pending:
+                if gid in self._cache:  # needed next: newest, so the eviction takes the windows already read
+                    self._cache.move_to_end(gid)
+                elif gid not in self._pending:
                     self._pending[gid] = self._pool.submit(self._load, gid)
 
     def _handle(self, fi: int) -> pq.ParquetFile:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import json
 import os
 import shutil
@@ -23,7 +24,6 @@ import torch
 from ..atomic import atomic_write_json
 from ..cpu_affinity import usable_cpus
 from ..environment import environment
-from ..engine.outdir import output_lock
 from ..errors import NonFiniteLoss, PretokError, os_error
 from ..run_record import RECORD_STATUSES, read_run_record
 from . import distributed
@@ -131,13 +131,14 @@ def _prepare_dir(cfg: Config, run_dir: Path, world: int) -> bool | tuple[int, st
 
 
 LAUNCHER_FILES = ("launcher.log", "launcher.json")  # a sweep's records of its attempts: not the run's to delete
+RUN_LOCK = ".lock"  # held by rank 0 while a trainer runs in the directory
 
 
 def _clear(run_dir: Path) -> None:
     """Empty a run directory for `run.overwrite`, keeping the launcher's log and records (a sweep writes into its
     log while this very attempt runs)."""
     for p in run_dir.iterdir():
-        if p.name in LAUNCHER_FILES:
+        if p.name in (*LAUNCHER_FILES, RUN_LOCK):
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
@@ -154,19 +155,42 @@ def train(cfg: Config) -> int:
     run_id = distributed.broadcast_object(cfg.run.id or default_id)
     cfg.run.id = run_id
     run_dir = Path(cfg.run.dir) / run_id
-    # Rank 0 holds the run directory's lock (beside it, like a tokenize output's) for the whole run: a second
-    # trainer into it (a sweep's job still queued when its rerun submitted another, a command started twice) stops
-    # with one line instead of writing the same checkpoints and metrics.
+    # Rank 0 holds the run directory's lock for the whole run: a second trainer into it (a sweep's job still queued
+    # when its rerun submitted another, a command started twice) stops with one line instead of writing the same
+    # checkpoints and metrics.
     held, busy = contextlib.ExitStack(), None
     if d.is_main:
         try:
-            held.enter_context(output_lock(Path(os.path.realpath(run_dir))))
+            held.enter_context(_run_dir_lock(run_dir))
         except PretokError as e:
-            busy = (EXIT_BAD_INPUT, f"{e} (a run directory takes one trainer at a time)")
-        except OSError as e:
-            busy = (EXIT_FAILED, str(os_error(e, run_dir)))
+            busy = (EXIT_BAD_INPUT, str(e))
     with held:
         return _train(cfg, d, run_id, run_dir, busy)
+
+
+@contextlib.contextmanager
+def _run_dir_lock(run_dir: Path):
+    """Hold `run_dir/.lock` (flock, else lockf; made with the directory). Where nothing can be created (a read-only
+    file system) the run goes on unlocked: its first write fails with the cause."""
+    from ..engine.outdir import _lock_or_say_why_not
+
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / RUN_LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError as e:
+        if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise os_error(e, run_dir) from None
+        yield
+        return
+    try:
+        try:
+            _lock_or_say_why_not(fd, run_dir / RUN_LOCK, run_dir)
+        except PretokError:
+            raise PretokError(f"another trainer is running in this run directory (it holds {RUN_LOCK}): a run "
+                              "directory takes one trainer at a time", run_dir) from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def _train(cfg: Config, d: distributed.Dist, run_id: str, run_dir: Path, busy: tuple[int, str] | None) -> int:

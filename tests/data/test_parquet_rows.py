@@ -170,6 +170,24 @@ def test_block_order_reads_each_row_group_about_once_per_epoch(datasets, kind, f
     assert ex.rows.decoded > 3 * groups  # the exact order thrashes a cache this small
 
 
+@pytest.mark.parametrize("block", [2, 3, 4])
+@pytest.mark.parametrize("kind,fmt", [("pretok-token-list", "token-list")])
+def test_the_read_ahead_never_evicts_the_window_it_read_ahead(datasets, kind, fmt, block):
+    """With the cache at its floor (two windows and one group), reading a window bumped its groups past the next
+    window's, read ahead but not yet touched, so the read-ahead after it evicted exactly those: 66-95 decodes of 62
+    row groups an epoch, by the thread's timing. Through the loader (batches), as training reads. (The padded
+    batch path reads without bumping; it once decoded 24 of 15 groups under the full suite's load, not reproduced
+    alone: an open question, see issue notes.)"""
+    from pretok_lib.data import ShardedBatches, make_loader
+
+    for d in datasets:
+        src = make_source(kind, d[fmt], 7, seed=2, order="block", block_groups=block, cache_mb=0)
+        assert len(src.rows.group_rows) > 3 * block
+        for _ in make_loader(ShardedBatches(src, 4, 0, 1)):
+            pass
+        assert src.rows.decoded <= len(src.rows.group_rows) + 2, (src.rows.decoded, len(src.rows.group_rows))
+
+
 @pytest.mark.parametrize("name", ["padded", "padded-old", "mixed"])
 @pytest.mark.parametrize("order,block", [("block", 1), ("block", 3), ("exact", 16)])
 def test_padded_batches_gathered_at_once_equal_the_collated_samples(datasets, name, order, block):

@@ -37,8 +37,8 @@ def test_sweep_on_slurm(slurm_cluster, tiny_config: Path, tmp_path: Path) -> Non
     assert not any("submitted" in line for line in lines)
 
 
-def test_a_stopped_slurm_sweep_leaves_its_job_recorded_and_the_rerun_waits_for_it(slurm_cluster, tiny_config: Path,
-                                                                                 tmp_path: Path) -> None:  # noqa: F811
+def test_a_stopped_slurm_sweep_leaves_its_job_recorded_and_the_rerun_waits_for_it(
+        slurm_cluster, tiny_config: Path, tmp_path: Path) -> None:  # noqa: F811
     """A sweep stopped while its jobs ran recorded nothing; its rerun submitted each point again, so two jobs
     trained into one run directory. Now the job id is in launcher.json at submission; the stopped sweep says its
     jobs keep running (exit 3), and the rerun waits for the same job: one job, one attempt, completed."""

@@ -123,14 +123,13 @@ def test_the_run_records_its_global_batch_and_another_one_is_refused(short_epoch
 def test_a_second_trainer_into_a_busy_run_directory_is_refused(short_epochs, tmp_path, capsys):
     """Two trainers wrote one run directory (a sweep's SLURM job still queued when a rerun submitted another): the
     run directory's lock, held by rank 0 for the whole run, refuses the second with one line, exit 2."""
-    import os
-
-    from pretok_lib.engine.outdir import output_lock
+    from pretok_lib.train.run import _run_dir_lock
 
     runs = tmp_path / "runs"
-    with output_lock(Path(os.path.realpath(runs / "run"))):
+    with _run_dir_lock(runs / "run"):
         rc, err = train(overrides(short_epochs["pretok-memmap"], runs, **{"train.steps": 2}), capsys)
     assert rc == 2 and "one trainer at a time" in err and err.count("\n") == 1, err
     assert not (runs / "run" / "run.json").exists()
+    assert [p.name for p in runs.iterdir()] == ["run"]  # nothing beside run directories (readers list them)
     rc, err = train(overrides(short_epochs["pretok-memmap"], runs, **{"train.steps": 2}), capsys)
     assert rc == 0, err
