@@ -27,7 +27,7 @@ from .parts import unit_breaks
 from .run import MEMMAP_PREFIX, build_manifest, sum_skipped
 
 AGREE = ("format", "format_version", "dtype", "policy", "compression")
-SOURCE_AGREE = ("text_column", "separator", "part_bytes", "batch_bytes", "bad_docs")
+SOURCE_AGREE = ("text_column", "separator", "part_bytes", "batch_bytes")  # bad_docs: in the policy (AGREE)
 
 
 MERGING = ".pretok/merging"  # marks an output as a merge in progress (a rerun may start it over)

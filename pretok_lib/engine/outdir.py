@@ -64,7 +64,7 @@ def output_lock(out: Path) -> Iterator[None]:
             return
         raise os_error(e, lock if e.filename is None else None, "cannot create the output's lock file") from None
     try:
-        _lock_or_say_why_not(fd, lock, out)
+        lock_or_say_why_not(fd, lock, out)
         yield
     finally:
         os.close(fd)
@@ -74,10 +74,11 @@ def output_lock(out: Path) -> Iterator[None]:
 NO_LOCKS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK, errno.EINVAL})
 
 
-def _lock_or_say_why_not(fd: int, lock: Path, out: Path) -> None:
+def lock_or_say_why_not(fd: int, lock: Path, out: Path, busy: str | None = None) -> None:
     """flock, else a POSIX record lock (NFS through lockd, Lustre with localflock); where the file system has
-    neither, the run goes on unlocked and says so in one line (a second writer would then not be detected)."""
-    busy = PretokError(f"another pretok process is writing into this output (it holds {lock})", out)
+    neither, the run goes on unlocked and says so in one line (a second writer would then not be detected).
+    `busy`: the error when another process holds it (default: another pretok process writes into `out`)."""
+    busy = PretokError(busy or f"another pretok process is writing into this output (it holds {lock})", out)
     refusals = []
     for take in (lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB),
                  lambda: fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)):

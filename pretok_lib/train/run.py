@@ -172,7 +172,7 @@ def train(cfg: Config) -> int:
 def _run_dir_lock(run_dir: Path):
     """Hold `run_dir/.lock` (flock, else lockf; made with the directory). Where nothing can be created (a read-only
     file system) the run goes on unlocked: its first write fails with the cause."""
-    from ..engine.outdir import _lock_or_say_why_not
+    from ..engine.outdir import lock_or_say_why_not
 
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -183,11 +183,8 @@ def _run_dir_lock(run_dir: Path):
         yield
         return
     try:
-        try:
-            _lock_or_say_why_not(fd, run_dir / RUN_LOCK, run_dir)
-        except PretokError:
-            raise PretokError(f"another trainer is running in this run directory (it holds {RUN_LOCK}): a run "
-                              "directory takes one trainer at a time", run_dir) from None
+        lock_or_say_why_not(fd, run_dir / RUN_LOCK, run_dir, f"another trainer is running in this run directory "
+                            f"(it holds {RUN_LOCK}): a run directory takes one trainer at a time")
         yield
     finally:
         os.close(fd)
