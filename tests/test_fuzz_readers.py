@@ -95,14 +95,15 @@ def jsonl_lines(draw) -> tuple[list[bytes], list[str], Counter]:
     lines, texts, skipped = [], [], Counter()
     for _ in range(draw(st.integers(0, 25))):
         kind = draw(st.sampled_from(["ok"] * 6 + ["null", "missing", "nonstring", "empty", "utf8", "surrogate",
-                                                  "json", "blank"]))
+                                                  "json", "blank", "nonobject"]))
         rec = draw(st.dictionaries(st.sampled_from(["id", "meta", "title"]), JSON_VALUE, max_size=2))
         if kind in ("ok", "utf8"):
             rec["text"] = draw(TEXT)
         elif kind != "missing":
             rec["text"] = {"null": None, "nonstring": draw(JSON_VALUE.filter(lambda v: v is not None and not
                                                                              isinstance(v, str))),
-                           "empty": "", "surrogate": "a\ud800b", "json": "x", "blank": "x"}[kind]
+                           "empty": "", "surrogate": "a\ud800b", "json": "x", "blank": "x",
+                           "nonobject": "x"}[kind]
         line = json.dumps(rec, ensure_ascii=kind == "surrogate" or draw(st.booleans())).encode()
         if kind == "utf8":  # raw invalid bytes inside the text's string
             i = line.index(b'"text": "') + 9
@@ -111,11 +112,13 @@ def jsonl_lines(draw) -> tuple[list[bytes], list[str], Counter]:
             line = line[: draw(st.integers(0, len(line) - 2))] + b"\x00"
         elif kind == "blank":
             line = b"  "
+        elif kind == "nonobject":  # valid JSON, not a record: an array, string, number or literal
+            line = json.dumps(draw(JSON_VALUE.filter(lambda v: not isinstance(v, dict)))).encode()
         lines.append(line + b"\n")
         if kind == "ok":
             texts.append(rec["text"])
         elif kind != "blank":
-            skipped[{"utf8": "invalid", "surrogate": "invalid", "json": "invalid"}.get(kind, kind)] += 1
+            skipped[{"utf8": "invalid", "surrogate": "invalid", "json": "invalid", "nonobject": "invalid"}.get(kind, kind)] += 1
     return lines, texts, skipped
 
 
@@ -132,7 +135,10 @@ def reference_jsonl(data: bytes) -> tuple[list[str], Counter]:
         except (ValueError, RecursionError):
             skipped["invalid"] += 1
             continue
-        t = rec.get("text", KeyError) if isinstance(rec, dict) else KeyError
+        if not isinstance(rec, dict):  # JSON, not a record: a damaged line
+            skipped["invalid"] += 1
+            continue
+        t = rec.get("text", KeyError)
         kind = ("missing" if t is KeyError else "null" if t is None else "nonstring" if not isinstance(t, str)
                 else "empty" if not t else "invalid" if any(0xD800 <= ord(c) < 0xE000 for c in t) else None)
         if kind:

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..datapaths import window
 from ..engine.parts import add_special
+from ..formats import checksum
 from ..sources import SourceOptions, expand_inputs, plan_units, read_unit
 from ..tokenizer import backends_for, load_tokenizer, make_encoder
 from .order import epoch_permutation
@@ -43,6 +44,7 @@ class _TextDocs:
         pad = self.info.pad_id if self.info.pad_id is not None else self.info.eos_id
         self.pad = pad if pad is not None else 0
         self._encoder = None
+        self._data_id: str | None = None
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if self._encoder is None:  # built lazily: inside each DataLoader worker
@@ -55,6 +57,19 @@ class _TextDocs:
 
     def order_identity(self) -> dict:
         return dict(EXACT)
+
+    def data_identity(self) -> str:
+        """The data served: a hash of the documents read (in input order) and of what turns them into tokens
+        (tokenizer fingerprint, BOS, EOS); computed once. Loader states of other data are refused."""
+        if self._data_id is None:
+            h = checksum.hasher()
+            h.update(f"{self.info.fingerprint}|{self.bos}|{self.eos}|{len(self.texts)}\n".encode())
+            for t in self.texts:
+                b = t.encode("utf-8")
+                h.update(len(b).to_bytes(8, "little"))
+                h.update(b)
+            self._data_id = checksum.value(h)
+        return self._data_id
 
 
 class PaddedText(_TextDocs):

@@ -118,17 +118,23 @@ class StatefulLoader:
     def _identity(self) -> dict:
         src = self.dataset.source
         size = None if src.streaming else src.num_samples
+        data = getattr(src, "data_identity", None)  # a mixture names its datasets in its order identity
         return {"source": type(src).__name__, "window": src.window, "seed": src.seed, "shuffle": src.shuffle,
-                "num_samples": size, **src.order_identity()}
+                "num_samples": size, **src.order_identity(), **({"data": data()} if data else {})}
 
     def state_dict(self) -> dict:
-        """The position, and what it is a position in (checked on load; the global batch may change)."""
+        """The position, and what it is a position in: the source, its order and its data (checked on load; the
+        global batch may change)."""
         return {"position": self.position.to_dict(), "global_batch": self.dataset.global_batch, **self._identity()}
 
     def load_state_dict(self, state: dict) -> None:
         mine = self._identity()
         state = {"order": "exact", **state}  # a state saved before orders existed was made in the exact order
         diff = [k for k in mine if k in state and state[k] != mine[k]]
+        if "data" in diff:
+            raise PretokError(f"loader state is for other data ({state['data'][:26]}…, this "
+                              f"{type(self.dataset.source).__name__} serves {mine['data'][:26]}…): another "
+                              "dataset, or this one tokenized with other settings")
         if diff:
             hint = f" (resume with data.order: {state['order']})" if "order" in diff else ""
             raise PretokError(f"loader state is for another data order (differs in: {', '.join(diff)}): "

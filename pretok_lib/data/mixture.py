@@ -22,7 +22,7 @@ from typing import Sequence
 
 from ..datapaths import BY_NAME, KIND_OF_FORMAT, PARQUET_KINDS
 from ..errors import PretokError
-from ..formats.manifest import read_manifest
+from ..formats.manifest import data_identity, read_manifest
 from .blend import Blend
 from .packing import Sample
 from .source import EXACT, PretokenizedSource
@@ -108,10 +108,15 @@ def open_mixture(entries: Sequence[tuple[str | os.PathLike, float]], seq_len: in
 
     if not entries:
         raise PretokError("data.mixture is empty: list {path, weight} entries")
-    sources, first = [], None
-    for path, _ in entries:
+    sources, first, seen = [], None, {}
+    for i, (path, _) in enumerate(entries):
         m = read_manifest(path)
         where = Path(path) / "manifest.json"
+        same = seen.setdefault(data_identity(m), i)
+        if same != i:  # its samples would come twice, back to back (one order per dataset)
+            raise PretokError(f"holds the same data as the mixture's dataset {entries[same][0]} (the same output, "
+                              "a copy, or the same input tokenized again): give it once, with the sum of the "
+                              "weights", where)
         if first is None:
             first = (path, m)
         else:

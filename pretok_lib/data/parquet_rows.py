@@ -45,7 +45,8 @@ class ParquetRows:
     """The rows of every part of one output, in manifest order, addressable by global row index.
 
     `fmt`: "padded" (rows of `row_length` ids + mask) or "token-list" (one document per row). `min_groups`: the
-    cache keeps at least this many row groups whatever `cache_mb` says (block order needs a window's worth)."""
+    cache keeps at least this many row groups whatever `cache_mb` says (block order needs a window's worth), and
+    at least as many as the last `prefetch` asked for (what a batch spanning several windows reads next)."""
 
     def __init__(self, root: Path, manifest: dict, fmt: str, *, cache_mb: float = 256, min_groups: int = 2,
                  verify_on_open: bool = False):
@@ -91,6 +92,7 @@ class ParquetRows:
         self._lock = threading.RLock()  # cache, handles and checks: shared with the read-ahead thread
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[int, Future] = {}
+        self._asked = 0  # row groups the last `prefetch` asked for: the cache keeps at least as many
         self._spares: list[np.ndarray] = []  # ids buffers of evicted groups, reused by the next decodes
         self.decoded = 0  # row groups decoded by this process (for tests and benchmarks)
 
@@ -115,9 +117,10 @@ class ParquetRows:
             self._reset()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="pretok-readahead")
+        gids = [int(g) for g in gids]
         with self._lock:
+            self._asked = len(gids)  # all of them stay while they are read (a batch may span several windows)
             for gid in gids:
-                gid = int(gid)
                 if gid in self._cache:  # needed next: newest, so the eviction takes the windows already read
                     self._cache.move_to_end(gid)
                 elif gid not in self._pending:
@@ -232,7 +235,7 @@ class ParquetRows:
                 self._cache[gid] = entry
                 self._cached_bytes += sum(a.nbytes for a in entry)
                 self.decoded += 1
-            while self._cached_bytes > self.cache_bytes and len(self._cache) > self.min_groups:
+            while self._cached_bytes > self.cache_bytes and len(self._cache) > max(self.min_groups, self._asked):
                 old = self._cache.popitem(last=False)[1]
                 self._cached_bytes -= sum(a.nbytes for a in old)
                 ids = old[0]
@@ -311,12 +314,10 @@ class ParquetRows:
         ids = np.empty((len(rows), window), np.int64)
         decoded: list[tuple[int, np.ndarray]] = []  # (j, mask) of rows whose group's masks were decoded
         seen: dict[int, tuple] = {}
-        cache = self._cache
         for j, (g, i) in enumerate(zip(gids.tolist(), local)):
             e = seen.get(g)
-            if e is None:  # a plain look-up first (atomic; a hit keeps its LRU place: block order uses groups
-                # in the order they were decoded)
-                e = seen[g] = cache.get(g) or self.group(g)
+            if e is None:  # once per group and batch; a hit becomes the newest, as in `group` and `prefetch`
+                e = seen[g] = self.group(g)
             ids[j] = e[0][i, :window]
             if e[1].ndim == 2:  # files without the footer's row lengths
                 decoded.append((j, e[1][i, :window]))

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..datapaths import window
 from ..errors import PretokError
-from ..formats.manifest import read_manifest
+from ..formats.manifest import data_identity, read_manifest
 from ..formats.memmap import MemmapDataset
 from .collate import collate_padded
 from .order import ORDERS, block_permutation, block_windows, epoch_permutation
@@ -47,7 +47,18 @@ def _order_args(order: str, block_groups: int) -> tuple[str, int]:
     return order, block_groups
 
 
-class _ParquetOrder:
+class _Output:
+    """A `pretok tokenize` output opened through its manifest `m`."""
+
+    path: Path
+    m: dict
+
+    def data_identity(self) -> str:
+        """The data served (`manifest.data_identity`): loader states of other data are refused."""
+        return data_identity(self.m)
+
+
+class _ParquetOrder(_Output):
     """The order identity of the parquet sources (`rows`, `order`, `block_groups`)."""
 
     rows: ParquetRows
@@ -159,7 +170,7 @@ def row_order(group_rows: np.ndarray, seed: int, epoch: int, shuffle: bool, orde
     return epoch_permutation(int(np.sum(group_rows)), seed, epoch, shuffle)
 
 
-class _Packed:
+class _Packed(_Output):
     """Shared by token lists and memmap: documents in the epoch's order, cut into windows of seq_len + 1."""
 
     streaming = False

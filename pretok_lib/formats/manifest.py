@@ -10,6 +10,7 @@ from typing import TypedDict
 
 from ..atomic import atomic_write_json
 from ..errors import PretokError
+from . import checksum
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 2  # the version written; see docs/FORMATS.md "Manifest" for what each changed
@@ -48,6 +49,17 @@ def format_policy(fmt: str | None, policy: dict) -> Policy:
 
 def _canonical(data: dict) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+def data_identity(manifest: dict) -> str:
+    """What an output's data is, not when or how it was made: a hash of its format, dtype and files (path, size,
+    checksum). Equal for two byte-identical outputs (the same data tokenized again, or a copy); a manifest whose
+    files carry no checksum gives its own `manifest_sha256`."""
+    files = [[f["path"], f["size"], checksum.recorded(f)] for f in manifest["files"]]
+    if not files or not all(c for _, _, c in files):
+        return manifest["manifest_sha256"]
+    body = {"format": manifest["format"], "dtype": manifest["dtype"], "files": sorted(files)}
+    return "sha256:" + hashlib.sha256(_canonical(body)).hexdigest()
 
 
 def write_manifest(out_dir: str | os.PathLike, data: dict) -> Path:

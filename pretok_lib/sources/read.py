@@ -27,7 +27,7 @@ from .plan import _load_hf, _parquet_file, _text_column_index
 from .prefetch import prefetched
 
 # Kinds of skipped (damaged or unusable) documents: text null / key missing / not a string / empty / invalid
-# (bad UTF-8, a lone surrogate, a line that is not JSON).
+# (bad UTF-8, a lone surrogate, a line that is not JSON or not an object).
 BAD_DOC_KINDS = ("null", "missing", "nonstring", "empty", "invalid")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSONL line that may decode to a lone surrogate
 
@@ -185,6 +185,13 @@ def _row_group_arrays(pf, rg: int, rgm, col: int, lo: int, hi: int, opts: Source
             break
 
 
+def _json_kind(value) -> str:
+    """The JSON name of a parsed value's type (for the one-line error of a line that is not an object)."""
+    if isinstance(value, bool) or value is None:
+        return "literal " + ("null" if value is None else str(value).lower())
+    return {list: "array", str: "string"}.get(type(value), "number")
+
+
 def _read_jsonl(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
     path, key = unit.paths[0], c.opts.text_column
     for line, pos in jsonl_lines(path, unit.kind, unit.start, unit.stop):
@@ -196,8 +203,10 @@ def _read_jsonl(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
         if why is not None:
             c.bad("invalid", where, why)
             continue
-        text = rec.get(key, MISSING) if isinstance(rec, dict) else MISSING
-        c.add(text, where, len(line), check_surrogates=_SURROGATE_ESCAPE.search(line) is not None)
+        if not isinstance(rec, dict):  # JSON but not a record (a damaged line, not a record without the key)
+            c.bad("invalid", where, f"a JSON {_json_kind(rec)}, not an object")
+            continue
+        c.add(rec.get(key, MISSING), where, len(line), check_surrogates=_SURROGATE_ESCAPE.search(line) is not None)
         if c.full():
             yield c.take()
 

@@ -171,13 +171,13 @@ def test_block_order_reads_each_row_group_about_once_per_epoch(datasets, kind, f
 
 
 @pytest.mark.parametrize("block", [2, 3, 4])
-@pytest.mark.parametrize("kind,fmt", [("pretok-token-list", "token-list")])
+@pytest.mark.parametrize("kind,fmt", [("pretok-token-list", "token-list"), ("pretok-padded", "padded")])
 def test_the_read_ahead_never_evicts_the_window_it_read_ahead(datasets, kind, fmt, block):
     """With the cache at its floor (two windows and one group), reading a window bumped its groups past the next
     window's, read ahead but not yet touched, so the read-ahead after it evicted exactly those: 66-95 decodes of 62
-    row groups an epoch, by the thread's timing. Through the loader (batches), as training reads. (The padded
-    batch path reads without bumping; it once decoded 24 of 15 groups under the full suite's load, not reproduced
-    alone: an open question, see issue notes.)"""
+    row groups an epoch, by the thread's timing. Through the loader (batches), as training reads. The padded batch
+    path read without bumping a hit, so a window decoded early could be evicted while still read (24 decodes of
+    15 groups once, under the full suite's load): every read path now makes what it reads the newest."""
     from pretok_lib.data import ShardedBatches, make_loader
 
     for d in datasets:
