@@ -222,12 +222,10 @@ def findings_html(findings: Sequence[Finding], subtitle: str = "") -> str:
 
 
 def study_runs(study_dir: str | Path, params: Mapping[str, Any]) -> list[Any]:
-    """The runs notebook 05 compares: those of the sweep (`sweep_prefix`) in the study directory."""
-    from ..analysis import load_runs
-    from .steps import StudyPaths, select_runs
+    """The runs notebook 05 compares: those of the study's last sweep (`sweep_prefix`, `results.sweep_runs`)."""
+    from .steps import StudyPaths, sweep_runs
 
-    paths = StudyPaths(Path(study_dir))
-    return select_runs(load_runs(paths.runs) if paths.runs.is_dir() else [], params.get("sweep_prefix", "sweep"))
+    return sweep_runs(StudyPaths(Path(study_dir)), params.get("sweep_prefix", "sweep"))
 
 
 def findings_of_study(study_dir: str | Path, params: Mapping[str, Any], runs: Sequence[Any] | None = None

@@ -12,9 +12,43 @@ if TYPE_CHECKING:
     from .steps import StudyPaths
 
 
+SWEEP_RECORD = "sweep.json"  # in the study directory: the run ids of notebook 04's last sweep, per prefix
+
+
 def select_runs(runs: Sequence[Any], prefix: str = "") -> list:
     """The runs whose id starts with `prefix-` (all of them for an empty prefix)."""
     return [r for r in runs if not prefix or r.run_id.startswith(f"{prefix}-")]
+
+
+def record_sweep(paths: StudyPaths, prefix: str, run_ids: Sequence[str]) -> None:
+    """Note which runs the study's sweep holds now (written before it runs), so runs of an earlier sweep with
+    other parameters, left in runs/ under other ids, are not compared with them."""
+    from ..atomic import atomic_write_json
+
+    try:
+        record = json.loads((paths.root / SWEEP_RECORD).read_text())
+    except (OSError, ValueError):
+        record = {}
+    record = record if isinstance(record, dict) else {}
+    record[prefix] = list(run_ids)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(paths.root / SWEEP_RECORD, record)
+
+
+def sweep_runs(paths: StudyPaths, prefix: str = "sweep") -> list:
+    """The runs notebook 05 compares: those of the study's last sweep with this prefix, as `record_sweep` noted
+    them (every `prefix-*` run for a study from before the record; every run for an empty prefix)."""
+    from ..analysis import load_runs
+
+    runs = select_runs(load_runs(paths.runs) if paths.runs.is_dir() else [], prefix)
+    try:
+        ids = json.loads((paths.root / SWEEP_RECORD).read_text()).get(prefix) if prefix else None
+    except (OSError, ValueError, AttributeError):
+        ids = None
+    if ids is None:
+        return runs
+    order = {run_id: i for i, run_id in enumerate(ids)}
+    return sorted((r for r in runs if r.run_id in order), key=lambda r: order[r.run_id])
 
 
 def png_available() -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..datapaths import KIND_OF_FORMAT, ON_THE_FLY
 from ..errors import PretokError
-from .results import bench_figures, findings, png_available, read_bench, select_runs
+from .results import bench_figures, findings, png_available, read_bench, record_sweep, select_runs, sweep_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 FORMATS = ("memmap", "token-list", "padded")
@@ -313,6 +313,7 @@ def run_study_sweep(paths: StudyPaths, index: Mapping, config: str, grids: Itera
             if p.run_id not in seen:
                 seen.add(p.run_id)
                 points.append(p)
+    record_sweep(paths, prefix, [p.run_id for p in points])  # notebook 05 compares these runs, no older ones
     return run_sweep(resolve(config), points, paths.runs, launcher, timeout_s=timeout_s, changed="rerun")
 
 
@@ -337,4 +338,5 @@ def require_completed(results: Sequence[tuple[Any, str]], paths: StudyPaths) -> 
 __all__ = ["ROOT", "StudyPaths", "bench_figures", "bench_loaders", "bench_tokenize", "data_paths", "dataset_dirs",
            "findings", "inspect_all", "load_datasets", "notebook_setup", "png_available", "prepare_corpus",
            "pretokenize_all", "read_bench", "require_completed", "resolve", "run_overrides", "run_study_sweep",
-           "select_runs", "storage_table", "study_grid", "study_paths", "train_one", "variant_name"]
+           "record_sweep", "select_runs", "storage_table", "study_grid", "study_paths", "sweep_runs", "train_one",
+           "variant_name"]
