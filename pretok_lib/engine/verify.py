@@ -86,13 +86,14 @@ def inspect(out_dir: str | os.PathLike) -> dict:
 def format_inspect(report: dict) -> str:
     m, s = report["manifest"], report["stats"]
     t, c, pol = m["tokenizer"], m["counts"], m["policy"]  # padded only: pad and seq_len (others store no padding)
+    backend = t.get("backend") if isinstance(t.get("backend"), dict) else {}  # descriptive fields: may be absent
     lines = [f"format      {m['format']} v{m['format_version']}  dtype {m['dtype']}"
-             + (f"  compression {m['compression']}" if m["compression"] else ""),
-             f"tokenizer   {t['spec']} ({t['kind']}, vocab {t['vocab_size']}, {t['fingerprint'][:19]}…, "
-             f"backend {t['backend']['backend']})",
+             + (f"  compression {m['compression']}" if m.get("compression") else ""),
+             f"tokenizer   {t.get('spec')} ({t.get('kind')}, vocab {t['vocab_size']}, {t['fingerprint'][:19]}…, "
+             f"backend {backend.get('backend', 'unrecorded')})",
              f"policy      bos={pol['bos_id']} eos={pol['eos_id']}"
              + (f" pad={pol['pad_id']} seq_len={pol['seq_len']}" if m["format"] == "padded" else ""),
-             f"documents   {c['documents']:,}  tokens {c['tokens']:,}  skipped {c['skipped'] or 0}",
+             f"documents   {c['documents']:,}  tokens {c['tokens']:,}  skipped {c.get('skipped') or 0}",
              f"doc tokens  mean {s['doc_tokens']['mean']:.1f}  p50 {s['doc_tokens']['p50']:.0f}  "
              f"p99 {s['doc_tokens']['p99']:.0f}  max {s['doc_tokens']['max']:,}",
              f"disk        {s['disk_bytes'] / 1e6:.2f} MB in {len(m['files'])} files, "
@@ -100,7 +101,8 @@ def format_inspect(report: dict) -> str:
     if "padding_fraction" in s:
         lines.append(f"padding     {s['padding_fraction']:.1%} of slots; truncated {c['truncated']:,} tokens "
                      f"({s['truncated_fraction']:.2%})")
-    lines.append(f"created     {m['created']} by pretok {m['tool']['version']}")
+    tool = m["tool"] if isinstance(m["tool"], dict) else {}
+    lines.append(f"created     {m['created']} by {tool.get('name', 'pretok')} {tool.get('version', '')}".rstrip())
     run = m.get("run") or {}
     if run.get("tokenize_seconds") is not None:  # outputs of earlier versions have the wall time only
         secs = run["tokenize_seconds"]

@@ -124,3 +124,21 @@ def test_manifests_of_version_1_still_read(shard):
     m = read_manifest(FIXTURES / shard)
     assert json.loads((FIXTURES / shard / "manifest.json").read_text())["manifest_version"] == 1
     assert m["counts"]["documents"] > 0
+
+
+@pytest.mark.parametrize("drop", ["tokenizer.backend", "tokenizer.kind", "compression", "counts.skipped", "tool.version",
+                                  "run"])
+def test_inspect_prints_a_manifest_without_descriptive_fields(tmp_path, drop):
+    """Fields that only describe (not define) the output may be absent from another writer's manifest."""
+    from pretok_lib.engine.verify import format_inspect
+
+    m = base("token-list")
+    m.update(compression="zstd", run={})
+    m["tokenizer"]["backend"] = {"backend": "hf"}
+    m["counts"]["skipped"] = {}
+    section, _, key = drop.partition(".")
+    del (m[section] if key else m)[key or section]
+    text = format_inspect({"manifest": read_manifest(seal(tmp_path, m)),
+                           "stats": {"documents": 2, "tokens": 4, "disk_bytes": 8, "bytes_per_token": 2.0,
+                                     "doc_tokens": {"mean": 2.0, "p50": 2.0, "p99": 2.0, "max": 2}}})
+    assert text.startswith("format      token-list v1")
