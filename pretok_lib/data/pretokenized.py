@@ -18,6 +18,7 @@ from ..datapaths import window
 from ..errors import PretokError
 from ..formats.manifest import read_manifest
 from ..formats.memmap import MemmapDataset
+from ..formats.parquet import check_ids
 from .collate import collate_padded
 from .order import ORDERS, block_permutation, block_windows, epoch_permutation
 from .packing import PackedIndex, Sample, assemble, boundaries
@@ -26,6 +27,7 @@ from .shared_index import share_state, shareable, shared, unshare_state, unshare
 from .source import EXACT
 from .verify_open import verify_files
 
+ID_CHUNK = 1 << 20  # tokens of a memmap .bin whose ids are range-checked at once (see MemmapPacked._check_ids)
 CACHE_MB = 128  # decoded row groups kept per process (parquet formats; at least 2 block windows)
 BLOCK_GROUPS = 16  # row groups per window of the "block" order
 
@@ -246,10 +248,9 @@ class MemmapPacked(_Packed):
         if len(self.ds) != self.m["counts"]["documents"]:
             raise PretokError(f"data.idx holds {len(self.ds)} documents, manifest.json says "
                               f"{self.m['counts']['documents']}", self.path)
-        lengths = self._views()
-        if len(lengths) and not np.array_equal(self.starts[1:], np.cumsum(lengths)[:-1]):  # windows assume this
-            raise PretokError("sequence pointers are not contiguous in document order (corrupt index)",
-                              self.ds.idx_path)
+        lengths = self._views()  # contiguous in document order (MemmapDataset checks the pointers): windows assume it
+        self.vocab = int(self.m["tokenizer"]["vocab_size"])
+        self._ids_ok = np.zeros(-(-len(self.tokens) // ID_CHUNK), bool)  # chunks of the .bin whose ids were checked
         super().__init__(lengths, seq_len, seed, shuffle)
 
     def _views(self) -> np.ndarray:
@@ -274,12 +275,27 @@ class MemmapPacked(_Packed):
             self.starts, self.doc_lengths = unshared(self.starts), unshared(self.doc_lengths)
             self.tokens = self.ds.tokens.view(np.ndarray)
 
+    def _check_ids(self, a: int, b: int) -> None:
+        """Tokens [a, b) of the .bin lie in [0, vocab): each ID_CHUNK-token chunk is checked the first time this
+        process serves from it (the whole .bin at most once: a negligible cost next to reading it)."""
+        c0, c1 = a // ID_CHUNK, max(a, b - 1) // ID_CHUNK
+        ok = self._ids_ok
+        if ok[c0] and ok[c1] and (c1 - c0 < 2 or ok[c0 : c1 + 1].all()):
+            return
+        for c in range(c0, c1 + 1):
+            if not ok[c]:
+                check_ids(self.tokens[c * ID_CHUNK : (c + 1) * ID_CHUNK], self.vocab, self.ds.bin_path)
+                ok[c] = True
+
     def doc_tokens(self, doc: int, a: int, b: int) -> np.ndarray:
         s = int(self.starts[doc])
+        if b > a:
+            self._check_ids(s + a, s + b)
         return self.tokens[s + a : s + b]
 
     def sample(self, epoch: int, k: int) -> Sample:
         if not self.shuffle:  # sequential: the window is one contiguous slice of the .bin (nanoGPT's fast path)
+            self._check_ids(k * self.window, (k + 1) * self.window)
             starts, lens = boundaries(self.index(epoch).pieces(k))
             tokens = np.asarray(self.tokens[k * self.window : (k + 1) * self.window], dtype=np.int64)
             return Sample(tokens, starts=starts, doc_lens=lens)

@@ -56,12 +56,41 @@ def document_lengths(out_dir: str | os.PathLike, manifest: dict) -> np.ndarray:
             if manifest["format"] == "padded":
                 t = pq.read_table(out / f["path"], columns=["attention_mask"])
                 col = t.column(0).combine_chunks()
+                pqf.check_no_nulls(col, out / f["path"], None, "attention_mask")
                 L = col.type.list_size
-                lens.append(col.values.to_numpy(zero_copy_only=False).reshape(-1, L).sum(axis=1, dtype=np.int64))
+                lens.append(col.flatten().to_numpy(zero_copy_only=False).reshape(-1, L).sum(axis=1, dtype=np.int64))
             else:
                 t = pq.read_table(out / f["path"], columns=["input_ids"])
-                lens.append(pc.list_value_length(t.column(0)).to_numpy().astype(np.int64))
+                col = t.column(0).combine_chunks()
+                pqf.check_no_nulls(col, out / f["path"], None)
+                lens.append(pc.list_value_length(col).to_numpy().astype(np.int64))
     return np.concatenate(lens) if lens else np.zeros(0, np.int64)
+
+
+def id_problems(out: Path, m: dict) -> list[str]:
+    """Every stored id (padding included) is a token of the manifest's tokenizer: in [0, vocab_size), no null."""
+    import pyarrow.parquet as pq
+
+    vocab = m["tokenizer"]["vocab_size"]
+    try:
+        if m["format"] == "memmap":
+            ds = mm.MemmapDataset(out / MEMMAP_PREFIX, m["dtype"])
+            step = 1 << 24
+            with _reading(Path(ds.bin_path)):
+                for start in range(0, len(ds.tokens), step):
+                    pqf.check_ids(ds.tokens[start : start + step], vocab, ds.bin_path)
+            return []
+        for f in m["files"]:
+            path = out / f["path"]
+            with _reading(path):
+                pf = pq.ParquetFile(path)
+                for g in range(pf.num_row_groups):
+                    col = pf.read_row_group(g, columns=["input_ids"]).column(0).combine_chunks()
+                    pqf.check_no_nulls(col, path, g)
+                    pqf.check_ids(col.flatten().to_numpy(zero_copy_only=False), vocab, path, g)
+    except PretokError as e:
+        return [str(e)]
+    return []
 
 
 def inspect(out_dir: str | os.PathLike) -> dict:
@@ -164,6 +193,9 @@ def verify(out_dir: str | os.PathLike, sources: Sequence[str] | None = None, sam
             if not checksum.matches(out / f["path"], checksum.recorded(f)):
                 rep.problems.append(f"{out / f['path']}: checksum differs from manifest.json (corrupted or modified)")
     if rep.problems:  # damaged data is not decoded further: the checksum says all there is to say
+        return rep
+    rep.problems += id_problems(out, m)
+    if rep.problems:
         return rep
     rep.problems += [f"{out}: {b} (parts planned with different settings: documents read twice or never)"
                      for b in unit_breaks(m["parts"])]

@@ -179,6 +179,25 @@ def doc_lengths_of(meta: pq.FileMetaData, path: str | os.PathLike, key: str = DO
     return lengths
 
 
+def check_no_nulls(col: pa.Array, path: str | os.PathLike, group: int | None, name: str = "input_ids") -> None:
+    """A list column of a part holds no null row and no null value (a null read as a number is no token)."""
+    if col.null_count or col.values.null_count:  # values: the whole child array, also under null rows
+        where = f"row group {group}: " if group is not None else ""
+        raise PretokError(f"{where}column '{name}' holds nulls (a pretok part has none: every row is a list of "
+                          "token ids)", path)
+
+
+def check_ids(ids: np.ndarray, vocab: int, path: str | os.PathLike, group: int | None = None) -> None:
+    """Every id lies in [0, vocab): an id the tokenizer cannot produce is refused, never served."""
+    if not ids.size:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab:
+        where = f"row group {group}: " if group is not None else ""
+        raise PretokError(f"{where}token id {lo if lo < 0 else hi} outside the tokenizer's vocab [0, {vocab}) "
+                          "(not written with this tokenizer, or corrupted)", path)
+
+
 def read_contract(path: str | os.PathLike, expect_format: str | None = None) -> dict:
     """Open one part file, check it is a pretok parquet part of a known version; return its contract."""
     try:
@@ -190,7 +209,13 @@ def read_contract(path: str | os.PathLike, expect_format: str | None = None) -> 
     raw = (schema.metadata or {}).get(b"pretok")
     if raw is None:
         raise PretokError("parquet file has no 'pretok' metadata (not written by pretok)", path)
-    meta = json.loads(raw)
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise PretokError("parquet file's 'pretok' metadata is not a JSON object (corrupt or not written by pretok)",
+                          path)
     if meta.get("format_version") != PARQUET_VERSION:
         raise PretokError(f"unsupported format_version {meta.get('format_version')} (this pretok reads {PARQUET_VERSION})", path)
     if expect_format and meta.get("format") != expect_format:
