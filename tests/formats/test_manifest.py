@@ -142,3 +142,15 @@ def test_inspect_prints_a_manifest_without_descriptive_fields(tmp_path, drop):
                            "stats": {"documents": 2, "tokens": 4, "disk_bytes": 8, "bytes_per_token": 2.0,
                                      "doc_tokens": {"mean": 2.0, "p50": 2.0, "p99": 2.0, "max": 2}}})
     assert text.startswith("format      token-list v1")
+
+
+@pytest.mark.parametrize("shard", ["memmap-shard-0", "padded-shard-1"])
+def test_manifest_sha256_follows_the_documented_recipe(tmp_path, shard):
+    """docs/FORMATS.md: sha256 of json.dumps(all other fields, sort_keys=True, separators=(",", ":")), UTF-8."""
+    import hashlib
+
+    for path in (FIXTURES / shard / "manifest.json", seal(tmp_path, {**base("memmap"), "note": "é 日本"}) / "manifest.json"):
+        data = json.loads(path.read_text())
+        body = {k: v for k, v in data.items() if k != "manifest_sha256"}
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+        assert data["manifest_sha256"] == "sha256:" + digest
