@@ -68,6 +68,16 @@ def _check_output(out: Path, shard_dirs: list[Path]) -> None:
             raise PretokError(f"{how} shard {d}: merging there would destroy an input; choose another --out", out)
 
 
+def same_inputs(a: list[dict], b: list[dict]) -> bool:
+    """The same input paths and sizes, and the same checksum wherever both shards recorded one: a shard hashes only
+    the inputs its own units read (the others are None in its manifest), so shards of several inputs, or shards
+    with no units at all, record different subsets."""
+    if [(i["path"], i["size"]) for i in a] != [(i["path"], i["size"]) for i in b]:
+        return False
+    return all(x is None or y is None or x == y for x, y in
+               ((checksum.recorded(i), checksum.recorded(j)) for i, j in zip(a, b)))
+
+
 def _check_agreement(shards: list[tuple[Path, dict]]) -> None:
     ref_dir, ref = shards[0]
     for d, m in shards[1:]:
@@ -80,8 +90,7 @@ def _check_agreement(shards: list[tuple[Path, dict]]) -> None:
                 raise PretokError(f"{k} differs from shard {ref_dir} ({a!r} vs {b!r}); cannot merge", d)
         if m["tokenizer"]["fingerprint"] != ref["tokenizer"]["fingerprint"]:
             raise PretokError(f"tokenizer fingerprint differs from shard {ref_dir}; cannot merge", d)
-        strip = lambda inputs: [(i["path"], i["size"], i.get("checksum")) for i in inputs]  # noqa: E731
-        if strip(m["inputs"]) != strip(ref["inputs"]):
+        if not same_inputs(m["inputs"], ref["inputs"]):
             raise PretokError(f"was made from different inputs than {ref_dir}; cannot merge", d)
         if m["shard"]["total_units"] != ref["shard"]["total_units"]:
             raise PretokError(f"plans a different number of units than {ref_dir}; cannot merge", d)
@@ -106,6 +115,8 @@ def _check_coverage(shards: list[tuple[Path, dict]]) -> None:
     expect = 0
     for d, m in shards:
         a, b = m["shard"]["units"]
+        if a == b:  # no unit (more shards than units): recorded as [0, 0) wherever its slice lay; nothing to place
+            continue
         if a != expect:
             raise PretokError(f"covers units [{a}, {b}), expected to start at {expect}", d)
         expect = b

@@ -162,3 +162,27 @@ def test_verify_finds_parts_that_do_not_read_on(shards, tmp_path):
     write_manifest(merged, m)
     report = verify(merged, sample=0)
     assert not report.ok and any("part before it ended" in p for p in report.problems), report.problems
+
+
+@pytest.mark.parametrize("fmt", ["memmap", "token-list"])
+@pytest.mark.parametrize("inputs,num_shards", [(2, 2), (3, 2), (1, 3), (2, 5)])
+def test_shards_that_read_different_inputs_merge_into_the_unsharded_bytes(tmp_path, capsys, fmt, inputs, num_shards):
+    """A shard hashes only the inputs its units read (the others are recorded without a checksum): shards of
+    several inputs, and shards left without any unit (more array tasks than units), still merge, into the bytes
+    and the input checksums of the unsharded run."""
+    docs = [v["extract"] for v in json.loads(WIKI_EN.read_text()).values()][:90]
+    srcs = []
+    for k in range(inputs):
+        srcs.append(tmp_path / f"in{k}.jsonl")
+        srcs[-1].write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[k * 30 : (k + 1) * 30]))
+    common = ["--tokenizer", str(GPT2_JSON), "--format", fmt, "--workers", "0", "--no-progress"]
+    dirs = [tmp_path / f"s{i}" for i in range(num_shards)]
+    for i, d in enumerate(dirs):
+        assert main(["tokenize", *map(str, srcs), "--out", str(d), *common, "--num-shards", str(num_shards),
+                     "--shard-index", str(i)]) == 0
+    assert main(["tokenize", *map(str, srcs), "--out", str(tmp_path / "whole"), *common]) == 0
+    rc, err = cli(capsys, "merge", *dirs, "--out", tmp_path / "m")
+    assert rc == 0, err
+    merged, whole = read_manifest(tmp_path / "m"), read_manifest(tmp_path / "whole")
+    assert merged["files"] == whole["files"] and merged["counts"] == whole["counts"]
+    assert merged["inputs"] == whole["inputs"] and all(i["checksum"] for i in merged["inputs"])
