@@ -21,6 +21,7 @@ from typing import Sequence
 from ..errors import PretokError, os_error
 from ..formats import checksum
 from ..formats import memmap as mm
+from ..formats import parquet as pqf
 from ..formats.manifest import read_manifest, write_manifest
 from .outdir import output_lock, remove_output, resolve_output
 from .parts import unit_breaks
@@ -137,6 +138,10 @@ def merge_shards(shard_dirs: Sequence[str | os.PathLike], out: str | os.PathLike
     shards.sort(key=lambda s: s[1]["shard"]["shard_index"])
     _check_agreement(shards)
     _check_coverage(shards)
+    if shards[0][1]["format"] != "memmap":  # memmap shards are opened (validated) by concat_datasets
+        for d, m in shards:
+            for f in m["files"]:
+                pqf.read_contract(d / f["path"], m["format"])  # a parquet part of this format, not merged blind
     out = resolve_output(out)
     _check_output(out, [d for d, _ in shards])
     try:

@@ -186,3 +186,35 @@ def test_shards_that_read_different_inputs_merge_into_the_unsharded_bytes(tmp_pa
     merged, whole = read_manifest(tmp_path / "m"), read_manifest(tmp_path / "whole")
     assert merged["files"] == whole["files"] and merged["counts"] == whole["counts"]
     assert merged["inputs"] == whole["inputs"] and all(i["checksum"] for i in merged["inputs"])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "extended", "no pretok metadata", "another format"])
+def test_resealed_shard_with_an_unreadable_part_is_refused_before_any_output(shards, tmp_path, capsys, damage):
+    """A part damaged and its manifest re-sealed (sizes and checksums recomputed: a copy tool's or another writer's
+    output) is refused in one line naming it, and no merged output is written that would look complete."""
+    from pretok_lib.formats import checksum
+    from pretok_lib.formats.manifest import write_manifest
+
+    dirs = _copy(shards["token-list"], tmp_path)
+    part = sorted(dirs[1].glob("part-*.parquet"))[0]
+    raw = part.read_bytes()
+    if damage == "truncated":
+        part.write_bytes(raw[:-100])
+    elif damage == "extended":
+        part.write_bytes(raw + bytes(64))
+    elif damage == "no pretok metadata":
+        pq.write_table(pq.read_table(part).replace_schema_metadata({}), part)
+    else:
+        t = pa.table({"input_ids": pa.array([[1, 2, 3]], pa.list_(pa.uint16(), 3)),
+                      "attention_mask": pa.array([[1, 1, 1]], pa.list_(pa.int8(), 3))})
+        meta = {"pretok": json.dumps({"format": "padded", "format_version": 1, "dtype": "uint16", "seq_len": 2,
+                                      "row_length": 3, "pad_id": 0})}
+        pq.write_table(t.replace_schema_metadata(meta), part)
+    m = json.loads((dirs[1] / "manifest.json").read_text())
+    for f in m["files"]:
+        f["size"], f["checksum"] = (dirs[1] / f["path"]).stat().st_size, checksum.of_file(dirs[1] / f["path"])
+    write_manifest(dirs[1], m)
+    rc, err = cli(capsys, "merge", *dirs, "--out", tmp_path / "m")
+    assert rc == 1
+    one_line(err, str(part))
+    assert not (tmp_path / "m").exists()
