@@ -42,7 +42,7 @@ def _link_or_copy(src: Path, dst: Path, expect: str | None) -> None:
     tmp.unlink(missing_ok=True)
     algorithm = checksum.algorithm_of(expect) if expect else checksum.ALGORITHM
     try:
-        os.link(src, tmp)
+        os.link(os.path.realpath(src), tmp)  # the file itself: Linux link(2) would link a symlink, not its target
         ok = not expect or checksum.of_file(tmp, algorithm) == expect
     except OSError:
         h = checksum.hasher(algorithm)

@@ -218,3 +218,22 @@ def test_resealed_shard_with_an_unreadable_part_is_refused_before_any_output(sha
     assert rc == 1
     one_line(err, str(part))
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("how", ["relative", "absolute"])
+def test_parts_that_are_symlinks_merge_as_their_files(shards, tmp_path, capsys, how):
+    """A shard whose parts are symbolic links (moved to another disk, assembled by links): the merged output holds
+    the parts' bytes (linked or copied), never a link that points elsewhere or dangles at another depth."""
+    dirs = _copy(shards["token-list"], tmp_path)
+    store = tmp_path / "store"
+    store.mkdir()
+    for part in sorted(dirs[0].glob("part-*.parquet")):
+        part.rename(store / part.name)
+        part.symlink_to(Path("..") / "store" / part.name if how == "relative" else store / part.name)
+    out = tmp_path / "deeper" / "level" / "m"
+    rc, err = cli(capsys, "merge", *dirs, "--out", out)
+    assert rc == 0, err
+    merged = sorted(out.glob("part-*.parquet"))
+    assert merged and not any(p.is_symlink() for p in merged)
+    assert data_files(out) == {**data_files(store), **data_files(dirs[1])}
+    assert main(["verify", str(out), "--sample", "0"]) == 0
