@@ -156,9 +156,8 @@ class VerifyReport:
         return not self.problems
 
 
-def _stored_docs(out: Path, m: dict, part: dict) -> Iterator[np.ndarray]:
+def _stored_docs(out: Path, m: dict, part: dict, ds: mm.MemmapDataset | None = None) -> Iterator[np.ndarray]:
     if m["format"] == "memmap":
-        ds = mm.MemmapDataset(out / MEMMAP_PREFIX, m["dtype"])
         for i in range(part["first_document"], part["first_document"] + part["documents"]):
             yield ds[i]
     else:
@@ -217,12 +216,13 @@ def verify(out_dir: str | os.PathLike, sources: Sequence[str] | None = None, sam
     picks = sorted(rng.sample(range(m["counts"]["documents"]), min(sample, m["counts"]["documents"])))
     pol = m["policy"]
     L = pol["row_length"] if m["format"] == "padded" else None  # other formats store whole documents
+    ds = mm.MemmapDataset(out / MEMMAP_PREFIX, m["dtype"]) if m["format"] == "memmap" else None  # opened once
     for part in m["parts"]:
         a, b = part["first_document"], part["first_document"] + part["documents"]
         want = {i - a for i in picks if a <= i < b}
         if not want:
             continue
-        for j, (stored, text) in enumerate(zip(_stored_docs(out, m, part), _source_docs(part, m, remap))):
+        for j, (stored, text) in enumerate(zip(_stored_docs(out, m, part, ds), _source_docs(part, m, remap))):
             if j not in want:
                 continue
             ids, offs = enc.encode_batch([text])
