@@ -133,6 +133,10 @@ def check_fields(data: dict, path: Path) -> None:
         raise bad(f"files of a memmap output are data.bin and data.idx, not {', '.join(sorted(seen)) or 'none'}")
     if fmt != "memmap" and any(not n.endswith(".parquet") for n in seen):
         raise bad(f"files of a {fmt} output are .parquet parts, not {next(n for n in sorted(seen) if not n.endswith('.parquet'))}")
+    parts = data.get("parts", [])
+    if not isinstance(parts, list) or not all(isinstance(q, dict) and isinstance(q.get("files", []), list)
+                                              and set(q.get("files", [])) <= seen for q in parts):
+        raise bad("parts lists a file that files does not")  # verify reads a part's documents through these
     counts, tok, pol = data["counts"], data["tokenizer"], data["policy"]
     if not isinstance(counts, dict) or not all(_count(counts.get(k)) for k in ("documents", "tokens")):
         raise bad("counts.documents / counts.tokens missing or not counts")

@@ -57,8 +57,11 @@ def broken(draw) -> tuple[dict, str]:
     fmt = draw(st.sampled_from(["padded", "token-list", "memmap"]))
     m = base(fmt)
     kind = draw(st.sampled_from(["name", "twice", "size", "memmap set", "counts", "vocab", "dtype", "uint16 vocab",
-                                 "policy", "no parts"]))
+                                 "policy", "no parts", "part file"]))
     f = m["files"]
+    if kind == "part file":  # a part record naming a file the manifest does not list (verify reads through it)
+        m["parts"] = [{"files": [draw(st.sampled_from(["../x.parquet", "/etc/passwd", "part-000009.parquet"]))]}]
+        return m, "parts lists a file that files does not"
     if kind == "name":
         name = draw(st.sampled_from(BAD_NAMES))
         f[draw(st.integers(0, 1))]["path"] = name
@@ -112,6 +115,7 @@ def test_unusable_fields_are_refused_in_one_line(tmp_path_factory, case):
 @pytest.mark.parametrize("fmt", ["padded", "token-list", "memmap"])
 def test_documented_manifests_read(tmp_path, fmt):
     m = base(fmt)
+    m["parts"] = [{"files": [] if fmt == "memmap" else [f["path"]]} for f in m["files"]]
     m["tokenizer"]["vocab_size"] = 65536  # uint16 holds ids up to 65,535
     assert read_manifest(seal(tmp_path, m))["counts"]["documents"] == 2
     m["dtype"] = m["policy"]["dtype"] = "int32"
