@@ -220,7 +220,27 @@ def read_contract(path: str | os.PathLike, expect_format: str | None = None) -> 
         raise PretokError(f"unsupported format_version {meta.get('format_version')} (this pretok reads {PARQUET_VERSION})", path)
     if expect_format and meta.get("format") != expect_format:
         raise PretokError(f"holds format '{meta.get('format')}', expected '{expect_format}'", path)
+    _check_columns(schema, meta, path)
     return meta
+
+
+def _check_columns(schema: pa.Schema, meta: dict, path: str | os.PathLike) -> None:
+    """The documented columns: lists of integers (any list type and integer width another writer may choose for a
+    token list; fixed-size lists of `row_length` for padded rows: a variable list would cut rows anywhere)."""
+    padded = meta.get("format") == PADDED
+    for name in ("input_ids", "attention_mask") if padded else ("input_ids",):
+        i = schema.get_field_index(name)
+        typ = schema.field(i).type if i >= 0 else None
+        lists = (pa.types.is_fixed_size_list,) if padded else \
+            (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
+        if typ is None or not any(t(typ) for t in lists):
+            want = f"fixed_size_list[{meta.get('row_length')}]" if padded else "a list"
+            raise PretokError(f"column '{name}' is {typ or 'missing'}, not {want} of integers (docs/FORMATS.md)", path)
+        ok = pa.types.is_integer(typ.value_type) or (name == "attention_mask" and pa.types.is_boolean(typ.value_type))
+        if not ok or (padded and typ.list_size != meta.get("row_length")):
+            raise PretokError(f"column '{name}' is {typ}, not "
+                              + (f"fixed_size_list<integer>[{meta.get('row_length')}]" if padded else "a list of integers")
+                              + " (docs/FORMATS.md)", path)
 
 
 def iter_documents(path: str | os.PathLike) -> Iterator[np.ndarray]:

@@ -314,3 +314,35 @@ def test_uint16_data_of_a_vocab_above_65536_is_refused(outputs, tmp_path, capsys
     d = copy(outputs[name], tmp_path / "d")
     reseal(d, lambda m: m["tokenizer"].update(vocab_size=131072))
     refused_everywhere(capsys, d, "pretok-" + name.split("-", 1)[1], "dtype uint16 cannot hold the ids")
+
+
+SCHEMAS = {
+    "float ids": lambda t, L: pa.array(t.column("input_ids").combine_chunks().to_pylist(),
+                                       pa.list_(pa.float64(), L) if L else pa.list_(pa.float64())),
+    "string ids": lambda t, L: pa.array([[str(x) for x in r] for r in t.column("input_ids").to_pylist()],
+                                        pa.list_(pa.string(), L) if L else pa.list_(pa.string())),
+    "variable padded rows": lambda t, L: pa.array(t.column("input_ids").to_pylist(), pa.list_(pa.int32())),
+    "other row length": lambda t, L: pa.array([r[:-1] for r in t.column("input_ids").to_pylist()],
+                                              pa.list_(pa.int32(), L - 1)),
+}
+
+
+@pytest.mark.parametrize("schema", sorted(SCHEMAS))
+@pytest.mark.parametrize("name", ["gpt2-padded", "gpt2-token-list"])
+def test_parquet_columns_of_another_type_are_refused(outputs, tmp_path, capsys, name, schema):
+    """input_ids of floats (pandas with NaN), strings, or padded rows that are not fixed-size lists of the
+    recorded row length: refused in one line naming the part by every opener (never cast or cut silently)."""
+    fmt = name.split("-", 1)[1]
+    if fmt == "token-list" and schema in ("variable padded rows", "other row length"):
+        pytest.skip("padded only")
+
+    def change(t: pa.Table) -> pa.Table:
+        typ = t.schema.field("input_ids").type
+        arr = SCHEMAS[schema](t, typ.list_size if pa.types.is_fixed_size_list(typ) else None)
+        return t.set_column(0, pa.field("input_ids", arr.type), arr)
+
+    d = rewrite_parts(outputs[name], tmp_path / "d", change)
+    refused_everywhere(capsys, d, "pretok-" + fmt, "column 'input_ids' is ")
+    rc, err = cli(capsys, "inspect", d)
+    assert rc == 1
+    one_line(err, "column 'input_ids' is ")
