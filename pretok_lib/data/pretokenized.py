@@ -27,7 +27,6 @@ from .shared_index import share_state, shareable, shared, unshare_state, unshare
 from .source import EXACT
 from .verify_open import verify_files
 
-ID_CHUNK = 1 << 20  # tokens of a memmap .bin whose ids are range-checked at once (see MemmapPacked._check_ids)
 CACHE_MB = 128  # decoded row groups kept per process (parquet formats; at least 2 block windows)
 BLOCK_GROUPS = 16  # row groups per window of the "block" order
 
@@ -249,8 +248,8 @@ class MemmapPacked(_Packed):
             raise PretokError(f"data.idx holds {len(self.ds)} documents, manifest.json says "
                               f"{self.m['counts']['documents']}", self.path)
         lengths = self._views()  # contiguous in document order (MemmapDataset checks the pointers): windows assume it
-        self.vocab = int(self.m["tokenizer"]["vocab_size"])
-        self._ids_ok = np.zeros(-(-len(self.tokens) // ID_CHUNK), bool)  # chunks of the .bin whose ids were checked
+        self.vocab = int(self.m["tokenizer"]["vocab_size"])  # every window served is checked to lie in [0, vocab)
+        self.signed = self.ds.dtype.kind == "i"  # uint16 ids cannot be negative: only their maximum is checked
         super().__init__(lengths, seq_len, seed, shuffle)
 
     def _views(self) -> np.ndarray:
@@ -275,28 +274,18 @@ class MemmapPacked(_Packed):
             self.starts, self.doc_lengths = unshared(self.starts), unshared(self.doc_lengths)
             self.tokens = self.ds.tokens.view(np.ndarray)
 
-    def _check_ids(self, a: int, b: int) -> None:
-        """Tokens [a, b) of the .bin lie in [0, vocab): each ID_CHUNK-token chunk is checked the first time this
-        process serves from it (the whole .bin at most once: a negligible cost next to reading it)."""
-        c0, c1 = a // ID_CHUNK, max(a, b - 1) // ID_CHUNK
-        ok = self._ids_ok
-        if ok[c0] and ok[c1] and (c1 - c0 < 2 or ok[c0 : c1 + 1].all()):
-            return
-        for c in range(c0, c1 + 1):
-            if not ok[c]:
-                check_ids(self.tokens[c * ID_CHUNK : (c + 1) * ID_CHUNK], self.vocab, self.ds.bin_path)
-                ok[c] = True
-
     def doc_tokens(self, doc: int, a: int, b: int) -> np.ndarray:
         s = int(self.starts[doc])
-        if b > a:
-            self._check_ids(s + a, s + b)
         return self.tokens[s + a : s + b]
 
     def sample(self, epoch: int, k: int) -> Sample:
         if not self.shuffle:  # sequential: the window is one contiguous slice of the .bin (nanoGPT's fast path)
-            self._check_ids(k * self.window, (k + 1) * self.window)
             starts, lens = boundaries(self.index(epoch).pieces(k))
             tokens = np.asarray(self.tokens[k * self.window : (k + 1) * self.window], dtype=np.int64)
-            return Sample(tokens, starts=starts, doc_lens=lens)
-        return super().sample(epoch, k)
+            out = Sample(tokens, starts=starts, doc_lens=lens)
+        else:
+            out = super().sample(epoch, k)
+        # the ids served, exactly (a check of whole chunks would read far more than a shuffled window on first use)
+        if out.tokens.size and (int(out.tokens.max()) >= self.vocab or (self.signed and int(out.tokens.min()) < 0)):
+            check_ids(out.tokens, self.vocab, self.ds.bin_path)  # raises, naming the id
+        return out

@@ -268,6 +268,11 @@ def test_memmap_ids_outside_the_vocab_are_refused(outputs, tmp_path, capsys):
     reseal(d)
     refused_everywhere(capsys, d, "pretok-memmap", "token id 60000 outside the tokenizer's vocab [0, 50257)",
                        merge=False)
+    src = make_source("pretok-memmap", d, SEQ_LEN, shuffle=False)  # the sequential fast path too
+    with pytest.raises(PretokError, match="token id 60000 outside") as e:
+        for k in range(src.num_samples):
+            src.sample(0, k)
+    one_line(str(e.value), str(d / "data.bin"))
 
 
 # ------------------------------------------------------------------ manifests
