@@ -10,7 +10,23 @@ class PretokError(Exception):
 
     def __init__(self, message: str, path: str | os.PathLike | None = None):
         self.path = None if path is None else os.fspath(path)
+        if path is None:
+            message = _unwrapped(message)
         super().__init__(f"{self.path}: {message}" if self.path else message)
+
+
+def _unwrapped(message: str) -> str:
+    """The one line of a PretokError that torch re-raises from a DataLoader worker (or any thread it wraps):
+    torch builds the error anew from "Caught PretokError in DataLoader worker process 0.\nOriginal Traceback
+    ...\npretok_lib.errors.PretokError: <the line>"; that last line is what the user is to see."""
+    if not (message.startswith("Caught ") and "\nOriginal Traceback" in message):
+        return message
+    caught = message.split(" ", 2)[1]  # the class name torch caught
+    for line in reversed(message.rstrip().splitlines()):
+        name, sep, rest = line.partition(": ")
+        if sep and name.rsplit(".", 1)[-1] == caught:
+            return rest
+    return message
 
 
 class NonFiniteLoss(RuntimeError):

@@ -52,6 +52,7 @@ class ParquetRows:
                  verify_on_open: bool = False):
         self.root, self.fmt = Path(root), fmt
         self.files = [self.root / f["path"] for f in manifest["files"]]
+        self.vocab = int(manifest["tokenizer"]["vocab_size"])  # every id served is checked to lie in [0, vocab)
         self.expected = [checksum.recorded(f) for f in manifest["files"]]
         if verify_on_open:
             verify_files(self.root, manifest)
@@ -181,6 +182,7 @@ class ParquetRows:
         out = [np.zeros(0, np.int64)]
         for g in range(num_groups):
             col = self._read(fi, g).column("input_ids").combine_chunks()
+            pqf.check_no_nulls(col, self.files[fi], g)
             out.append(np.diff(col.offsets.to_numpy().astype(np.int64)))
         return np.concatenate(out)
 
@@ -224,12 +226,14 @@ class ParquetRows:
             values = self._values(handle, fi, g, "input_ids", int(offsets[-1]))
             if values is None:
                 ids = self._read_group(handle, fi, g, ["input_ids"], n).column("input_ids").combine_chunks()
+                pqf.check_no_nulls(ids, path, g)
                 got = ids.offsets.to_numpy().astype(np.int64)
                 if not np.array_equal(got - got[0], offsets):
                     raise PretokError(f"row group {g}: document lengths differ from the footer's "
                                       f"'{pqf.DOC_LENGTHS_KEY}' (corrupt)", path)
                 values = ids.flatten().to_numpy(zero_copy_only=False)
             entry = (values, offsets)
+        pqf.check_ids(entry[0], self.vocab, path, g)
         with self._lock:
             if gid not in self._cache:
                 self._cache[gid] = entry
@@ -290,7 +294,12 @@ class ParquetRows:
         if all(v is not None for v in out):
             return out
         t = self._read_group(handle, fi, g, columns, size // self.contract["row_length"])
-        return [t.column(c).combine_chunks().flatten().to_numpy(zero_copy_only=False) for c in columns]
+        out = []
+        for c in columns:
+            col = t.column(c).combine_chunks()
+            pqf.check_no_nulls(col, self.files[fi], g, c)
+            out.append(col.flatten().to_numpy(zero_copy_only=False))
+        return out
 
     def locate(self, row: int) -> tuple[int, int]:
         """(row group id, row within it) of global row `row`."""

@@ -18,6 +18,7 @@ from ..datapaths import window
 from ..errors import PretokError
 from ..formats.manifest import data_identity, read_manifest
 from ..formats.memmap import MemmapDataset
+from ..formats.parquet import check_ids
 from .collate import collate_padded
 from .order import ORDERS, block_permutation, block_windows, epoch_permutation
 from .packing import PackedIndex, Sample, assemble, boundaries
@@ -257,10 +258,9 @@ class MemmapPacked(_Packed):
         if len(self.ds) != self.m["counts"]["documents"]:
             raise PretokError(f"data.idx holds {len(self.ds)} documents, manifest.json says "
                               f"{self.m['counts']['documents']}", self.path)
-        lengths = self._views()
-        if len(lengths) and not np.array_equal(self.starts[1:], np.cumsum(lengths)[:-1]):  # windows assume this
-            raise PretokError("sequence pointers are not contiguous in document order (corrupt index)",
-                              self.ds.idx_path)
+        lengths = self._views()  # contiguous in document order (MemmapDataset checks the pointers): windows assume it
+        self.vocab = int(self.m["tokenizer"]["vocab_size"])  # every window served is checked to lie in [0, vocab)
+        self.signed = self.ds.dtype.kind == "i"  # uint16 ids cannot be negative: only their maximum is checked
         super().__init__(lengths, seq_len, seed, shuffle)
 
     def _views(self) -> np.ndarray:
@@ -293,5 +293,10 @@ class MemmapPacked(_Packed):
         if not self.shuffle:  # sequential: the window is one contiguous slice of the .bin (nanoGPT's fast path)
             starts, lens = boundaries(self.index(epoch).pieces(k))
             tokens = np.asarray(self.tokens[k * self.window : (k + 1) * self.window], dtype=np.int64)
-            return Sample(tokens, starts=starts, doc_lens=lens)
-        return super().sample(epoch, k)
+            out = Sample(tokens, starts=starts, doc_lens=lens)
+        else:
+            out = super().sample(epoch, k)
+        # the ids served, exactly (a check of whole chunks would read far more than a shuffled window on first use)
+        if out.tokens.size and (int(out.tokens.max()) >= self.vocab or (self.signed and int(out.tokens.min()) < 0)):
+            check_ids(out.tokens, self.vocab, self.ds.bin_path)  # raises, naming the id
+        return out

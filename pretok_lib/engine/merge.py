@@ -21,6 +21,7 @@ from typing import Sequence
 from ..errors import PretokError, os_error
 from ..formats import checksum
 from ..formats import memmap as mm
+from ..formats import parquet as pqf
 from ..formats.manifest import read_manifest, write_manifest
 from .outdir import output_lock, remove_output, resolve_output
 from .parts import unit_breaks
@@ -41,7 +42,7 @@ def _link_or_copy(src: Path, dst: Path, expect: str | None) -> None:
     tmp.unlink(missing_ok=True)
     algorithm = checksum.algorithm_of(expect) if expect else checksum.ALGORITHM
     try:
-        os.link(src, tmp)
+        os.link(os.path.realpath(src), tmp)  # the file itself: Linux link(2) would link a symlink, not its target
         ok = not expect or checksum.of_file(tmp, algorithm) == expect
     except OSError:
         h = checksum.hasher(algorithm)
@@ -68,6 +69,16 @@ def _check_output(out: Path, shard_dirs: list[Path]) -> None:
             raise PretokError(f"{how} shard {d}: merging there would destroy an input; choose another --out", out)
 
 
+def same_inputs(a: list[dict], b: list[dict]) -> bool:
+    """The same input paths and sizes, and the same checksum wherever both shards recorded one: a shard hashes only
+    the inputs its own units read (the others are None in its manifest), so shards of several inputs, or shards
+    with no units at all, record different subsets."""
+    if [(i["path"], i["size"]) for i in a] != [(i["path"], i["size"]) for i in b]:
+        return False
+    return all(x is None or y is None or x == y for x, y in
+               ((checksum.recorded(i), checksum.recorded(j)) for i, j in zip(a, b)))
+
+
 def _check_agreement(shards: list[tuple[Path, dict]]) -> None:
     ref_dir, ref = shards[0]
     for d, m in shards[1:]:
@@ -80,8 +91,7 @@ def _check_agreement(shards: list[tuple[Path, dict]]) -> None:
                 raise PretokError(f"{k} differs from shard {ref_dir} ({a!r} vs {b!r}); cannot merge", d)
         if m["tokenizer"]["fingerprint"] != ref["tokenizer"]["fingerprint"]:
             raise PretokError(f"tokenizer fingerprint differs from shard {ref_dir}; cannot merge", d)
-        strip = lambda inputs: [(i["path"], i["size"], i.get("checksum")) for i in inputs]  # noqa: E731
-        if strip(m["inputs"]) != strip(ref["inputs"]):
+        if not same_inputs(m["inputs"], ref["inputs"]):
             raise PretokError(f"was made from different inputs than {ref_dir}; cannot merge", d)
         if m["shard"]["total_units"] != ref["shard"]["total_units"]:
             raise PretokError(f"plans a different number of units than {ref_dir}; cannot merge", d)
@@ -106,6 +116,8 @@ def _check_coverage(shards: list[tuple[Path, dict]]) -> None:
     expect = 0
     for d, m in shards:
         a, b = m["shard"]["units"]
+        if a == b:  # no unit (more shards than units): recorded as [0, 0) wherever its slice lay; nothing to place
+            continue
         if a != expect:
             raise PretokError(f"covers units [{a}, {b}), expected to start at {expect}", d)
         expect = b
@@ -126,6 +138,10 @@ def merge_shards(shard_dirs: Sequence[str | os.PathLike], out: str | os.PathLike
     shards.sort(key=lambda s: s[1]["shard"]["shard_index"])
     _check_agreement(shards)
     _check_coverage(shards)
+    if shards[0][1]["format"] != "memmap":  # memmap shards are opened (validated) by concat_datasets
+        for d, m in shards:
+            for f in m["files"]:
+                pqf.read_contract(d / f["path"], m["format"])  # a parquet part of this format, not merged blind
     out = resolve_output(out)
     _check_output(out, [d for d, _ in shards])
     try:

@@ -56,12 +56,41 @@ def document_lengths(out_dir: str | os.PathLike, manifest: dict) -> np.ndarray:
             if manifest["format"] == "padded":
                 t = pq.read_table(out / f["path"], columns=["attention_mask"])
                 col = t.column(0).combine_chunks()
+                pqf.check_no_nulls(col, out / f["path"], None, "attention_mask")
                 L = col.type.list_size
-                lens.append(col.values.to_numpy(zero_copy_only=False).reshape(-1, L).sum(axis=1, dtype=np.int64))
+                lens.append(col.flatten().to_numpy(zero_copy_only=False).reshape(-1, L).sum(axis=1, dtype=np.int64))
             else:
                 t = pq.read_table(out / f["path"], columns=["input_ids"])
-                lens.append(pc.list_value_length(t.column(0)).to_numpy().astype(np.int64))
+                col = t.column(0).combine_chunks()
+                pqf.check_no_nulls(col, out / f["path"], None)
+                lens.append(pc.list_value_length(col).to_numpy().astype(np.int64))
     return np.concatenate(lens) if lens else np.zeros(0, np.int64)
+
+
+def id_problems(out: Path, m: dict) -> list[str]:
+    """Every stored id (padding included) is a token of the manifest's tokenizer: in [0, vocab_size), no null."""
+    import pyarrow.parquet as pq
+
+    vocab = m["tokenizer"]["vocab_size"]
+    try:
+        if m["format"] == "memmap":
+            ds = mm.MemmapDataset(out / MEMMAP_PREFIX, m["dtype"])
+            step = 1 << 24
+            with _reading(Path(ds.bin_path)):
+                for start in range(0, len(ds.tokens), step):
+                    pqf.check_ids(ds.tokens[start : start + step], vocab, ds.bin_path)
+            return []
+        for f in m["files"]:
+            path = out / f["path"]
+            with _reading(path):
+                pf = pq.ParquetFile(path)
+                for g in range(pf.num_row_groups):
+                    col = pf.read_row_group(g, columns=["input_ids"]).column(0).combine_chunks()
+                    pqf.check_no_nulls(col, path, g)
+                    pqf.check_ids(col.flatten().to_numpy(zero_copy_only=False), vocab, path, g)
+    except PretokError as e:
+        return [str(e)]
+    return []
 
 
 def inspect(out_dir: str | os.PathLike) -> dict:
@@ -86,13 +115,14 @@ def inspect(out_dir: str | os.PathLike) -> dict:
 def format_inspect(report: dict) -> str:
     m, s = report["manifest"], report["stats"]
     t, c, pol = m["tokenizer"], m["counts"], m["policy"]  # padded only: pad and seq_len (others store no padding)
+    backend = t.get("backend") if isinstance(t.get("backend"), dict) else {}  # descriptive fields: may be absent
     lines = [f"format      {m['format']} v{m['format_version']}  dtype {m['dtype']}"
-             + (f"  compression {m['compression']}" if m["compression"] else ""),
-             f"tokenizer   {t['spec']} ({t['kind']}, vocab {t['vocab_size']}, {t['fingerprint'][:19]}…, "
-             f"backend {t['backend']['backend']})",
+             + (f"  compression {m['compression']}" if m.get("compression") else ""),
+             f"tokenizer   {t.get('spec')} ({t.get('kind')}, vocab {t['vocab_size']}, {t['fingerprint'][:19]}…, "
+             f"backend {backend.get('backend', 'unrecorded')})",
              f"policy      bos={pol['bos_id']} eos={pol['eos_id']}"
              + (f" pad={pol['pad_id']} seq_len={pol['seq_len']}" if m["format"] == "padded" else ""),
-             f"documents   {c['documents']:,}  tokens {c['tokens']:,}  skipped {c['skipped'] or 0}",
+             f"documents   {c['documents']:,}  tokens {c['tokens']:,}  skipped {c.get('skipped') or 0}",
              f"doc tokens  mean {s['doc_tokens']['mean']:.1f}  p50 {s['doc_tokens']['p50']:.0f}  "
              f"p99 {s['doc_tokens']['p99']:.0f}  max {s['doc_tokens']['max']:,}",
              f"disk        {s['disk_bytes'] / 1e6:.2f} MB in {len(m['files'])} files, "
@@ -100,7 +130,8 @@ def format_inspect(report: dict) -> str:
     if "padding_fraction" in s:
         lines.append(f"padding     {s['padding_fraction']:.1%} of slots; truncated {c['truncated']:,} tokens "
                      f"({s['truncated_fraction']:.2%})")
-    lines.append(f"created     {m['created']} by pretok {m['tool']['version']}")
+    tool = m["tool"] if isinstance(m["tool"], dict) else {}
+    lines.append(f"created     {m['created']} by {tool.get('name', 'pretok')} {tool.get('version', '')}".rstrip())
     run = m.get("run") or {}
     if run.get("tokenize_seconds") is not None:  # outputs of earlier versions have the wall time only
         secs = run["tokenize_seconds"]
@@ -125,9 +156,8 @@ class VerifyReport:
         return not self.problems
 
 
-def _stored_docs(out: Path, m: dict, part: dict) -> Iterator[np.ndarray]:
+def _stored_docs(out: Path, m: dict, part: dict, ds: mm.MemmapDataset | None = None) -> Iterator[np.ndarray]:
     if m["format"] == "memmap":
-        ds = mm.MemmapDataset(out / MEMMAP_PREFIX, m["dtype"])
         for i in range(part["first_document"], part["first_document"] + part["documents"]):
             yield ds[i]
     else:
@@ -163,6 +193,9 @@ def verify(out_dir: str | os.PathLike, sources: Sequence[str] | None = None, sam
                 rep.problems.append(f"{out / f['path']}: checksum differs from manifest.json (corrupted or modified)")
     if rep.problems:  # damaged data is not decoded further: the checksum says all there is to say
         return rep
+    rep.problems += id_problems(out, m)
+    if rep.problems:
+        return rep
     rep.problems += [f"{out}: {b} (parts planned with different settings: documents read twice or never)"
                      for b in unit_breaks(m["parts"])]
     lens = document_lengths(out, m)
@@ -183,12 +216,13 @@ def verify(out_dir: str | os.PathLike, sources: Sequence[str] | None = None, sam
     picks = sorted(rng.sample(range(m["counts"]["documents"]), min(sample, m["counts"]["documents"])))
     pol = m["policy"]
     L = pol["row_length"] if m["format"] == "padded" else None  # other formats store whole documents
+    ds = mm.MemmapDataset(out / MEMMAP_PREFIX, m["dtype"]) if m["format"] == "memmap" else None  # opened once
     for part in m["parts"]:
         a, b = part["first_document"], part["first_document"] + part["documents"]
         want = {i - a for i in picks if a <= i < b}
         if not want:
             continue
-        for j, (stored, text) in enumerate(zip(_stored_docs(out, m, part), _source_docs(part, m, remap))):
+        for j, (stored, text) in enumerate(zip(_stored_docs(out, m, part, ds), _source_docs(part, m, remap))):
             if j not in want:
                 continue
             ids, offs = enc.encode_batch([text])

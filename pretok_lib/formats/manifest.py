@@ -99,9 +99,73 @@ def read_manifest(out_dir: str | os.PathLike, expect_format: str | None = None) 
         raise PretokError(f"holds format '{fmt}', expected '{expect_format}'", path)
     if not isinstance(data["policy"], dict):
         raise PretokError("policy is not an object", path)
+    check_fields(data, path)
     check_sizes(out_dir, data)
     data["policy"] = format_policy(fmt, data["policy"])
     return data
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _id(v) -> bool:
+    return v is None or _count(v)
+
+
+def data_file_name(name: object) -> bool:
+    """A data file's `path` as a manifest may list it: a plain file name in the output directory (no directory
+    part, no `..`, not absolute, not the manifest itself): readers and `pretok merge` never leave the output."""
+    return (isinstance(name, str) and name not in ("", ".", "..", MANIFEST) and "/" not in name
+            and "\\" not in name and "\0" not in name)
+
+
+def check_fields(data: dict, path: Path) -> None:
+    """The fields readers use have the documented types: `files` (plain names in the output, each once; memmap:
+    data.bin and data.idx), `counts`, `tokenizer`, `dtype` (uint16 only for vocabs up to 65,536), the policy's ids.
+    One line naming the manifest for the first that does not (a manifest of another writer, or of no version)."""
+    def bad(what: str) -> PretokError:
+        return PretokError(f"{what} (not a valid pretok manifest; see docs/FORMATS.md)", path)
+
+    files = data["files"]
+    if not isinstance(files, list) or not all(isinstance(f, dict) for f in files):
+        raise bad("files is not a list of objects")
+    seen: set[str] = set()
+    for f in files:
+        name = f.get("path")
+        if not data_file_name(name):
+            raise bad(f"files lists {name!r}, not a file name in the output directory")
+        if name in seen:
+            raise bad(f"files lists {name} twice")
+        seen.add(name)
+        if not _count(f.get("size")):
+            raise bad(f"files: {name} has no size in bytes")
+    fmt = data["format"]
+    if fmt == "memmap" and sorted(seen) != ["data.bin", "data.idx"]:
+        raise bad(f"files of a memmap output are data.bin and data.idx, not {', '.join(sorted(seen)) or 'none'}")
+    if fmt != "memmap" and any(not n.endswith(".parquet") for n in seen):
+        raise bad(f"files of a {fmt} output are .parquet parts, not {next(n for n in sorted(seen) if not n.endswith('.parquet'))}")
+    parts = data.get("parts", [])
+    if not isinstance(parts, list) or not all(isinstance(q, dict) and isinstance(q.get("files", []), list)
+                                              and set(q.get("files", [])) <= seen for q in parts):
+        raise bad("parts lists a file that files does not")  # verify reads a part's documents through these
+    counts, tok, pol = data["counts"], data["tokenizer"], data["policy"]
+    if not isinstance(counts, dict) or not all(_count(counts.get(k)) for k in ("documents", "tokens")):
+        raise bad("counts.documents / counts.tokens missing or not counts")
+    if fmt != "memmap" and counts["documents"] and not seen:
+        raise bad(f"files lists no part, counts.documents is {counts['documents']}")
+    if not isinstance(tok, dict) or not (_count(tok.get("vocab_size")) and tok["vocab_size"] > 0
+                                         and isinstance(tok.get("fingerprint"), str)):
+        raise bad("tokenizer.vocab_size / tokenizer.fingerprint missing or invalid")
+    if data["dtype"] not in ("uint16", "int32") or pol.get("dtype", data["dtype"]) != data["dtype"]:
+        raise bad(f"dtype {data['dtype']!r} (policy.dtype {pol.get('dtype')!r}): expected uint16 or int32, the same in both")
+    if data["dtype"] == "uint16" and tok["vocab_size"] > 1 << 16:
+        raise bad(f"dtype uint16 cannot hold the ids of a vocab of {tok['vocab_size']:,} (ids above 65,535 would "
+                  "have wrapped around)")
+    keys = ("bos_id", "eos_id") + (("pad_id", "seq_len", "row_length") if fmt == "padded" else ())
+    for k in keys:
+        if k not in pol or not _id(pol[k]) or (k in ("seq_len", "row_length", "pad_id") and pol[k] is None):
+            raise bad(f"policy.{k} missing or invalid ({pol.get(k)!r})")
 
 
 def check_sizes(out_dir: str | os.PathLike, manifest: dict) -> None:

@@ -74,6 +74,26 @@ def _sum_lengths(lengths: np.ndarray, path: str) -> int:
     return total
 
 
+def _check_lengths_and_pointers(lengths: np.ndarray, pointers: np.ndarray, itemsize: int, path: str) -> int:
+    """Total of `lengths` (int64), scanned chunk-wise with `pointers`: every length >= 0 and every pointer the
+    byte offset where the sequences before it end (what Megatron's builder writes). A permuted, overlapping or
+    gapped index is refused here: readers that derive offsets from the lengths (merge, packing) would otherwise
+    serve other tokens than readers that follow the pointers."""
+    total = 0
+    for start in range(0, len(lengths), _CHECK_CHUNK):
+        chunk = lengths[start : start + _CHECK_CHUNK]
+        if chunk.min() < 0:
+            raise PretokError("negative sequence length (corrupt lengths)", path)
+        want, end = pointer_chunk(chunk, total * itemsize, itemsize)
+        got = pointers[start : start + _CHECK_CHUNK]
+        if not np.array_equal(got, want):
+            i = start + int(np.argmax(got != want))
+            raise PretokError(f"sequence pointers inconsistent with sequence lengths (pointer {i} is {int(pointers[i])}, "
+                              f"the lengths before it end at byte {int(want[i - start])}; corrupt index)", path)
+        total = end // itemsize
+    return total
+
+
 def pointer_chunk(lengths: np.ndarray, start: int, itemsize: int) -> tuple[np.ndarray, int]:
     """(int64 byte pointers of one chunk of lengths starting at byte `start`, offset after the chunk).
 
@@ -167,8 +187,9 @@ class MemmapDataset:
 
     Each failed check is a one-line PretokError naming the file: both files exist; magic; version 1; known dtype
     code (== `expect_dtype`); .idx size exactly as the header counts imply; document_indices run 0..S, never
-    decreasing; lengths >= 0; pointers[0] == 0 and pointers[-1] + lengths[-1] == sum(lengths) (in bytes); .bin size
-    == sum(lengths) * itemsize. One chunked pass over lengths and document indices; tokens are mapped, not read."""
+    decreasing; lengths >= 0; every pointer == the bytes of the sequences before it (sum of their lengths x
+    itemsize); .bin size == sum(lengths) * itemsize. One chunked pass over the index arrays; tokens are mapped, not
+    read."""
 
     def __init__(self, prefix: str | os.PathLike, expect_dtype: str | None = None):
         self.prefix = os.fspath(prefix)
@@ -205,12 +226,7 @@ class MemmapDataset:
         self._map_index()
         self._check_document_indices(n_seq)
         itemsize = self.dtype.itemsize
-        self._num_tokens = _sum_lengths(self.lengths, idx)
-        if n_seq and (
-            int(self.pointers[0]) != 0
-            or int(self.pointers[-1]) + int(self.lengths[-1]) * itemsize != self._num_tokens * itemsize
-        ):
-            raise PretokError("sequence pointers inconsistent with sequence lengths (corrupt index)", idx)
+        self._num_tokens = _check_lengths_and_pointers(self.lengths, self.pointers, itemsize, idx)
         bin_size, want = os.path.getsize(self.bin_path), self._num_tokens * itemsize
         if bin_size != want:
             hint = "truncated?" if bin_size < want else "trailing bytes?"

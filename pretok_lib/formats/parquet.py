@@ -179,6 +179,25 @@ def doc_lengths_of(meta: pq.FileMetaData, path: str | os.PathLike, key: str = DO
     return lengths
 
 
+def check_no_nulls(col: pa.Array, path: str | os.PathLike, group: int | None, name: str = "input_ids") -> None:
+    """A list column of a part holds no null row and no null value (a null read as a number is no token)."""
+    if col.null_count or col.values.null_count:  # values: the whole child array, also under null rows
+        where = f"row group {group}: " if group is not None else ""
+        raise PretokError(f"{where}column '{name}' holds nulls (a pretok part has none: every row is a list of "
+                          "token ids)", path)
+
+
+def check_ids(ids: np.ndarray, vocab: int, path: str | os.PathLike, group: int | None = None) -> None:
+    """Every id lies in [0, vocab): an id the tokenizer cannot produce is refused, never served."""
+    if not ids.size:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab:
+        where = f"row group {group}: " if group is not None else ""
+        raise PretokError(f"{where}token id {lo if lo < 0 else hi} outside the tokenizer's vocab [0, {vocab}) "
+                          "(not written with this tokenizer, or corrupted)", path)
+
+
 def read_contract(path: str | os.PathLike, expect_format: str | None = None) -> dict:
     """Open one part file, check it is a pretok parquet part of a known version; return its contract."""
     try:
@@ -190,12 +209,38 @@ def read_contract(path: str | os.PathLike, expect_format: str | None = None) -> 
     raw = (schema.metadata or {}).get(b"pretok")
     if raw is None:
         raise PretokError("parquet file has no 'pretok' metadata (not written by pretok)", path)
-    meta = json.loads(raw)
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise PretokError("parquet file's 'pretok' metadata is not a JSON object (corrupt or not written by pretok)",
+                          path)
     if meta.get("format_version") != PARQUET_VERSION:
         raise PretokError(f"unsupported format_version {meta.get('format_version')} (this pretok reads {PARQUET_VERSION})", path)
     if expect_format and meta.get("format") != expect_format:
         raise PretokError(f"holds format '{meta.get('format')}', expected '{expect_format}'", path)
+    _check_columns(schema, meta, path)
     return meta
+
+
+def _check_columns(schema: pa.Schema, meta: dict, path: str | os.PathLike) -> None:
+    """The documented columns: lists of integers (any list type and integer width another writer may choose for a
+    token list; fixed-size lists of `row_length` for padded rows: a variable list would cut rows anywhere)."""
+    padded = meta.get("format") == PADDED
+    for name in ("input_ids", "attention_mask") if padded else ("input_ids",):
+        i = schema.get_field_index(name)
+        typ = schema.field(i).type if i >= 0 else None
+        lists = (pa.types.is_fixed_size_list,) if padded else \
+            (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
+        if typ is None or not any(t(typ) for t in lists):
+            want = f"fixed_size_list[{meta.get('row_length')}]" if padded else "a list"
+            raise PretokError(f"column '{name}' is {typ or 'missing'}, not {want} of integers (docs/FORMATS.md)", path)
+        ok = pa.types.is_integer(typ.value_type) or (name == "attention_mask" and pa.types.is_boolean(typ.value_type))
+        if not ok or (padded and typ.list_size != meta.get("row_length")):
+            raise PretokError(f"column '{name}' is {typ}, not "
+                              + (f"fixed_size_list<integer>[{meta.get('row_length')}]" if padded else "a list of integers")
+                              + " (docs/FORMATS.md)", path)
 
 
 def iter_documents(path: str | os.PathLike) -> Iterator[np.ndarray]:

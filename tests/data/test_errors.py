@@ -100,6 +100,22 @@ def test_corrupted_parquet_same_size(copy_of, kind, where):
     fails("checksum differs from manifest.json", part, kind, d)
 
 
+@pytest.mark.parametrize("kind", ["pretok-padded", "pretok-token-list"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_error_in_a_dataloader_worker_is_still_one_line(copy_of, kind, workers):
+    """torch re-raises a worker's exception as type(e)("Caught ... Original Traceback ...", 40 lines): a
+    PretokError keeps its one line (the trainer prints it as `pretok: error: ...`)."""
+    d = copy_of(kind)
+    (part,) = sorted(d.glob("*.parquet"))
+    raw = bytearray(part.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    part.write_bytes(bytes(raw))
+    ds = make_dataset(kind, d, 32, micro_batch=2, rank=0, world=1)
+    with pytest.raises(PretokError, match="checksum differs from manifest.json") as e:
+        next(iter(make_loader(ds, num_workers=workers)))
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"{part}: "), str(e.value)
+
+
 @pytest.mark.parametrize("region", ["pointers", "document_indices", "magic"])
 def test_corrupted_memmap_index_same_size(copy_of, region):
     d = copy_of("pretok-memmap")

@@ -162,3 +162,78 @@ def test_verify_finds_parts_that_do_not_read_on(shards, tmp_path):
     write_manifest(merged, m)
     report = verify(merged, sample=0)
     assert not report.ok and any("part before it ended" in p for p in report.problems), report.problems
+
+
+@pytest.mark.parametrize("fmt", ["memmap", "token-list"])
+@pytest.mark.parametrize("inputs,num_shards", [(2, 2), (3, 2), (1, 3), (2, 5)])
+def test_shards_that_read_different_inputs_merge_into_the_unsharded_bytes(tmp_path, capsys, fmt, inputs, num_shards):
+    """A shard hashes only the inputs its units read (the others are recorded without a checksum): shards of
+    several inputs, and shards left without any unit (more array tasks than units), still merge, into the bytes
+    and the input checksums of the unsharded run."""
+    docs = [v["extract"] for v in json.loads(WIKI_EN.read_text()).values()][:90]
+    srcs = []
+    for k in range(inputs):
+        srcs.append(tmp_path / f"in{k}.jsonl")
+        srcs[-1].write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[k * 30 : (k + 1) * 30]))
+    common = ["--tokenizer", str(GPT2_JSON), "--format", fmt, "--workers", "0", "--no-progress"]
+    dirs = [tmp_path / f"s{i}" for i in range(num_shards)]
+    for i, d in enumerate(dirs):
+        assert main(["tokenize", *map(str, srcs), "--out", str(d), *common, "--num-shards", str(num_shards),
+                     "--shard-index", str(i)]) == 0
+    assert main(["tokenize", *map(str, srcs), "--out", str(tmp_path / "whole"), *common]) == 0
+    rc, err = cli(capsys, "merge", *dirs, "--out", tmp_path / "m")
+    assert rc == 0, err
+    merged, whole = read_manifest(tmp_path / "m"), read_manifest(tmp_path / "whole")
+    assert merged["files"] == whole["files"] and merged["counts"] == whole["counts"]
+    assert merged["inputs"] == whole["inputs"] and all(i["checksum"] for i in merged["inputs"])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "extended", "no pretok metadata", "another format"])
+def test_resealed_shard_with_an_unreadable_part_is_refused_before_any_output(shards, tmp_path, capsys, damage):
+    """A part damaged and its manifest re-sealed (sizes and checksums recomputed: a copy tool's or another writer's
+    output) is refused in one line naming it, and no merged output is written that would look complete."""
+    from pretok_lib.formats import checksum
+    from pretok_lib.formats.manifest import write_manifest
+
+    dirs = _copy(shards["token-list"], tmp_path)
+    part = sorted(dirs[1].glob("part-*.parquet"))[0]
+    raw = part.read_bytes()
+    if damage == "truncated":
+        part.write_bytes(raw[:-100])
+    elif damage == "extended":
+        part.write_bytes(raw + bytes(64))
+    elif damage == "no pretok metadata":
+        pq.write_table(pq.read_table(part).replace_schema_metadata({}), part)
+    else:
+        t = pa.table({"input_ids": pa.array([[1, 2, 3]], pa.list_(pa.uint16(), 3)),
+                      "attention_mask": pa.array([[1, 1, 1]], pa.list_(pa.int8(), 3))})
+        meta = {"pretok": json.dumps({"format": "padded", "format_version": 1, "dtype": "uint16", "seq_len": 2,
+                                      "row_length": 3, "pad_id": 0})}
+        pq.write_table(t.replace_schema_metadata(meta), part)
+    m = json.loads((dirs[1] / "manifest.json").read_text())
+    for f in m["files"]:
+        f["size"], f["checksum"] = (dirs[1] / f["path"]).stat().st_size, checksum.of_file(dirs[1] / f["path"])
+    write_manifest(dirs[1], m)
+    rc, err = cli(capsys, "merge", *dirs, "--out", tmp_path / "m")
+    assert rc == 1
+    one_line(err, str(part))
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("how", ["relative", "absolute"])
+def test_parts_that_are_symlinks_merge_as_their_files(shards, tmp_path, capsys, how):
+    """A shard whose parts are symbolic links (moved to another disk, assembled by links): the merged output holds
+    the parts' bytes (linked or copied), never a link that points elsewhere or dangles at another depth."""
+    dirs = _copy(shards["token-list"], tmp_path)
+    store = tmp_path / "store"
+    store.mkdir()
+    for part in sorted(dirs[0].glob("part-*.parquet")):
+        part.rename(store / part.name)
+        part.symlink_to(Path("..") / "store" / part.name if how == "relative" else store / part.name)
+    out = tmp_path / "deeper" / "level" / "m"
+    rc, err = cli(capsys, "merge", *dirs, "--out", out)
+    assert rc == 0, err
+    merged = sorted(out.glob("part-*.parquet"))
+    assert merged and not any(p.is_symlink() for p in merged)
+    assert data_files(out) == {**data_files(store), **data_files(dirs[1])}
+    assert main(["verify", str(out), "--sample", "0"]) == 0

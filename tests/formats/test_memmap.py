@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import xxhash
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from pretok_lib.errors import PretokError
 from pretok_lib.formats.memmap import (
@@ -312,3 +314,39 @@ def test_edited_last_length_detected(good):
 def test_decreasing_document_indices(good):
     patch(f"{good}.idx", HEADER + 12 * 20 + 8 * 4, struct.pack("<q", 1))
     expect_error(good, r"data\.idx: document indices decrease")
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_pointers_that_do_not_follow_the_lengths_are_refused(tmp_path_factory, data):
+    """Any index whose pointers are not the running byte sum of the lengths — middle documents stored in another
+    order (the first pointer and the last end still agree), a pointer shifted, duplicated or made negative — is
+    refused at open: `pretok merge` and the packed loader derive offsets from the lengths, Megatron and verify's
+    sample follow the pointers, so they would serve different tokens."""
+    dtype = data.draw(st.sampled_from(["uint16", "int32"]))
+    n = data.draw(st.integers(4, 12))
+    lengths = data.draw(st.lists(st.integers(1, 6), min_size=n, max_size=n))
+    docs = [np.arange(k) + 10 * i for i, k in enumerate(lengths)]
+    prefix, _ = build(tmp_path_factory.mktemp("ptr"), dtype, [docs])
+    item = np.dtype(dtype).itemsize
+    good = np.concatenate([[0], np.cumsum(lengths)[:-1]]) * item
+    ptr = good.copy()
+    how = data.draw(st.sampled_from(["permute", "shift", "duplicate", "negative"]))
+    i = data.draw(st.integers(1, n - 2))
+    if how == "permute":  # the middle documents in another order in .bin, pointers following them
+        order = [0, *data.draw(st.permutations(range(1, n - 1))), n - 1]
+        if order == list(range(n)):
+            order[1], order[2] = order[2], order[1]
+        at = 0
+        for j in order:
+            ptr[j], at = at, at + lengths[j] * item
+        Path(f"{prefix}.bin").write_bytes(b"".join(docs[j].astype(dtype).tobytes() for j in order))
+    elif how == "shift":
+        ptr[i] += item * data.draw(st.sampled_from([-1, 1]))
+    elif how == "duplicate":
+        ptr[i] = ptr[i - 1]
+    else:
+        ptr[i] = -item
+    assume(not np.array_equal(ptr, good))
+    patch(f"{prefix}.idx", HEADER + 4 * n, ptr.astype("<i8").tobytes())
+    expect_error(prefix, rf"data\.idx: sequence pointers inconsistent with sequence lengths \(pointer \d+ is ")
