@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import subprocess
 import sys
 import time
 from typing import TYPE_CHECKING
 
+from ..errors import PretokError
 from ..memory import peak_rss_mb
+from ..procs import run_child
 from . import fmt_num
 
 if TYPE_CHECKING:
@@ -95,9 +96,10 @@ def main(a: LoadersBench) -> list[dict]:
                     "world": a.memory_world, "seed": a.seed, "warmup": max(a.warmup, 20), "digest_batches": 20,
                     "batches": a.memory_exact_batches if impl == "exact" else a.memory_batches,
                     "cache_mb": a.cache_mb, "block_groups": a.block_groups}
-            out = subprocess.run([sys.executable, "-m", __name__, json.dumps(spec)], capture_output=True, text=True)
+            out = run_child([sys.executable, "-m", __name__, json.dumps(spec)], capture_output=True, text=True)
             if out.returncode:
-                raise SystemExit(f"{kind} {impl} failed:\n{out.stderr[-3000:]}")
+                last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+                raise PretokError(f"the {impl} reader failed (exit {out.returncode}): {last}", path)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             rows.append(r)
             print(f"  {kind} {impl}: {r['tokens_per_s'] / 1e6:.3f} M tokens/s, peak RSS {r['peak_rss_mb']:.0f} MB, "

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..datapaths import KINDS, ON_THE_FLY, PACKED
 from ..errors import PretokError
+from ..procs import run_child
 from . import fmt_num
 from .common import (BenchConfig, add_common_args, add_output_args, check_targets, corpus_and_tokenizer, environment,
                      from_args, write_json)
@@ -90,7 +90,7 @@ def run_path(kind: str, data_path: str, tok: str, a: TrainBench, runs: Path) -> 
     overrides += a.set  # last: --set overrides the defaults above
     cmd = [sys.executable, "-m", "pretok_lib.train", *(["--config", a.config] if a.config else []), *overrides]
     print(f"  {kind}: {' '.join(cmd[3:])}", flush=True)
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    p = run_child(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if p.returncode != 0:
         tail = p.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise PretokError(f"training on {kind} failed (exit {p.returncode}): {tail[0]}", runs / kind)
