@@ -83,7 +83,11 @@ class Point:
 def yaml_scalar(v: Any) -> str:
     """`v` as YAML flow text that parses back to `v` (PyYAML reads `3e-4` as a string; `0.0003` as a float)."""
     if isinstance(v, str):
-        return v if yaml.safe_load(v) == v else json.dumps(v)
+        try:
+            same = yaml.safe_load(v) == v
+        except yaml.YAMLError:  # `{a`, `[1,`: not YAML as it stands, so quoted
+            same = False
+        return v if same else json.dumps(v)
     text = yaml.safe_dump(v, default_flow_style=True, width=1 << 20).strip()
     return text[:-3].strip() if text.endswith("...") else text
 
@@ -487,8 +491,16 @@ def numbers(v: Any) -> Any:
 
 
 def parse_value(text: str) -> Any:
-    """A command-line value as YAML (`numbers` read as such)."""
-    return numbers(yaml.safe_load(text))
+    """A command-line value as YAML (`numbers` read as such); text that is not YAML is a one-line error."""
+    try:
+        return numbers(yaml.safe_load(text))
+    except yaml.YAMLError as e:
+        raise PretokError(f"'{text}' is not a YAML value ({yaml_problem(e)}); quote it to pass it as text") from None
+
+
+def yaml_problem(e: Exception) -> str:
+    """The first line of a PyYAML error ("while parsing a flow sequence"), without its position block."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def parse_axis(text: str) -> tuple[str, list]:
@@ -497,7 +509,10 @@ def parse_axis(text: str) -> tuple[str, list]:
     key, sep, vals = text.partition("=")
     if not sep or not key.strip() or not vals.strip():
         raise PretokError(f"axis '{text}' is not of the form key=v1,v2,...")
-    return key.strip(), [parse_value(v) for v in vals.split(",")]
+    try:
+        return key.strip(), [parse_value(v) for v in vals.split(",")]
+    except PretokError as e:
+        raise PretokError(f"axis '{text}': {e}") from None
 
 
 def parse_setting(text: str) -> tuple[str, Any]:
@@ -505,4 +520,7 @@ def parse_setting(text: str) -> tuple[str, Any]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise PretokError(f"'{text}' is not of the form key=value")
-    return key.strip(), parse_value(value)
+    try:
+        return key.strip(), parse_value(value)
+    except PretokError as e:
+        raise PretokError(f"{key.strip()}: {e}") from None

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pretok_lib.cli import main as cli_main
 from pretok_lib.errors import PretokError
@@ -399,3 +401,20 @@ def test_a_stop_signal_turned_into_another_error_still_stops_the_sweep(tmp_path:
     else:
         with pytest.raises(turned_into):
             cli_main(args)
+
+
+_YAML_TEXT = st.text(alphabet=st.sampled_from("[]{},:'\"&*!|>%@`#-? ab1.\\\t"), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_YAML_TEXT)
+def test_any_command_line_value_parses_or_is_one_line(text: str) -> None:
+    """`--set` / `--axis` values of `pretok sweep` and `pretok study`: YAML, or a one-line PretokError naming the
+    argument (a PyYAML exception reached the user as a traceback); a string value given back to the trainer
+    (`yaml_scalar`) reads back as itself."""
+    for parse in (lambda t: parse_setting(f"k={t}"), lambda t: parse_axis(f"k={t}")):
+        try:
+            parse(text)
+        except PretokError as e:
+            assert "\n" not in str(e) and str(e).startswith(("k:", "axis 'k=")), str(e)
+    assert yaml.safe_load(yaml_scalar(text)) == text
