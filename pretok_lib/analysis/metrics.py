@@ -197,6 +197,11 @@ def _mean(vals: list[float]) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
+def completed_metrics(runs: Iterable[Run], skip: int | None = None) -> list[RunMetrics]:
+    """`all_metrics` of the completed runs."""
+    return [m for m in all_metrics(runs, skip) if m.status == "completed"]
+
+
 def _values(ms: Iterable[RunMetrics], key: str) -> list[float]:
     return [v for m in ms if (v := getattr(m, key)) is not None and math.isfinite(v)]
 
@@ -205,9 +210,10 @@ def scaling_efficiency(runs: Iterable[Run], metric: str = "tokens_per_s", skip: 
                        ) -> list[dict[str, Any]]:
     """DDP scaling of groups of runs equal in all settings but the world size (only groups with >= 2 sizes).
     Per group and world size N: mean `metric` over repeats, speedup = T(N)/T(N0) and efficiency =
-    T(N)/(N/N0 x T(N0)), N0 the smallest size measured (normally 1: efficiency = T(N)/(N x T(1)))."""
+    T(N)/(N/N0 x T(N0)), N0 the smallest size measured (normally 1: efficiency = T(N)/(N x T(1))). Completed runs
+    only: a failed or stopped run's partial numbers are no measurement of its config."""
     rows = []
-    groups = sorted(_groups(all_metrics(runs, skip), WORLD_SIZE_KEYS).values(),
+    groups = sorted(_groups(completed_metrics(runs, skip), WORLD_SIZE_KEYS).values(),
                     key=lambda g: path_rank(g[0].data_kind))
     for ms in groups:
         by_ws: dict[int, list[RunMetrics]] = defaultdict(list)
@@ -231,9 +237,10 @@ def scaling_efficiency(runs: Iterable[Run], metric: str = "tokens_per_s", skip: 
 def path_speedups(runs: Iterable[Run], baseline: str = "padded", metric: str = "effective_tokens_per_s",
                   skip: int | None = None) -> list[dict[str, Any]]:
     """Per group of runs equal in all but the data path: each path's mean `metric` and its ratio to `baseline`'s
-    (None when the group has no baseline run)."""
+    (None when the group has no baseline run). Completed runs only, as the figures' bars (a failed run's partial
+    numbers would skew the ratios; notebook 05's table and the tokenization figure showed a failed baseline's)."""
     rows = []
-    for ms in _groups(all_metrics(runs, skip), DATA_PATH_KEYS, BATCH_SHAPE_KEYS).values():
+    for ms in _groups(completed_metrics(runs, skip), DATA_PATH_KEYS, BATCH_SHAPE_KEYS).values():
         by_kind: dict[str | None, list[RunMetrics]] = defaultdict(list)
         for m in ms:
             by_kind[m.data_kind].append(m)

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pretok_lib.analysis import figures as F
 from pretok_lib.analysis.metrics import path_speedups
@@ -118,3 +120,33 @@ def test_scaling_means_completed_runs_only(status: str, tmp_path: Path) -> None:
     simple_run(tmp_path, "n2-bad", kind="padded", tokens_per_s=10.0, world_size=2, seed=1, status=status)
     (line,) = [t for t in F.scaling_figure(load_runs(tmp_path)).data if t.mode == "lines+markers+text"]
     assert list(line.y) == [1000.0, 1800.0] and list(line.text) == ["", "90%"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from(["completed", "failed", "running", "interrupted"]), min_size=len(RUNS),
+                max_size=len(RUNS)))
+def test_comparisons_mean_completed_runs_only_whoever_calls_them(tmp_path_factory, statuses: list[str]) -> None:
+    """path_speedups, scaling_efficiency and tokenization_speedups give the numbers of the completed runs alone,
+    whatever the other runs' statuses: notebook 05's findings table and the tokenization figure passed every run
+    and showed a failed padded run's partial tokens/s as the baseline ("padded 630 x1")."""
+    from pretok_lib.analysis.metrics import scaling_efficiency, tokenization_speedups
+    from pretok_lib.study.results import findings
+    from pretok_lib.study.steps import StudyPaths
+
+    root = tmp_path_factory.mktemp("runs")
+    for (rid, (kind, _, seed, _, tps, loss0)), status in zip(RUNS.items(), statuses, strict=True):
+        simple_run(root, rid, kind=kind, tokens_per_s=tps, loss0=loss0, seed=seed, status=status, eff_frac=0.5)
+        simple_run(root, f"{rid}-w2", kind=kind, tokens_per_s=tps * 1.5, loss0=loss0, seed=seed, status=status,
+                   eff_frac=0.5, world_size=2)
+    simple_run(root, "pf", kind="padding-free", tokens_per_s=5000.0, eff_frac=0.5, status=statuses[0])
+    runs = load_runs(root)
+    done = [r for r in runs if r.status == "completed"]
+    bench = {"methods": {"(a) per-doc loop": {"mb_per_s": 1.0}, "(d) engine memmap w1": {"mb_per_s": 50.0},
+                         "(d) engine padded w1": {"mb_per_s": 40.0}}}
+    assert path_speedups(runs) == path_speedups(done)
+    assert scaling_efficiency(runs) == scaling_efficiency(done)
+    assert tokenization_speedups(bench, runs) == tokenization_speedups(bench, done)
+    table = [line for line in findings(runs, StudyPaths(tmp_path_factory.mktemp("study"))).splitlines()
+             if line.startswith("| ") and not line.startswith("| runs")]
+    assert table == [line for line in findings(done, StudyPaths(tmp_path_factory.mktemp("study"))).splitlines()
+                     if line.startswith("| ") and not line.startswith("| runs")]
