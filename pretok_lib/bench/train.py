@@ -21,8 +21,8 @@ from ..datapaths import KINDS, ON_THE_FLY, PACKED
 from ..errors import PretokError
 from ..procs import run_child
 from . import fmt_num
-from .common import (BenchConfig, add_common_args, add_output_args, check_targets, corpus_and_tokenizer, environment,
-                     from_args, write_json)
+from .common import (BenchConfig, add_common_args, add_output_args, at_least, check_targets, corpus_and_tokenizer,
+                     environment, from_args, write_json)
 from .loaders import FORMAT_OF, pretokenize, render, variant_dir
 
 PRETOK = ("pretok-padded", "pretok-token-list", "pretok-memmap")
@@ -50,11 +50,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     d = TrainBench()
     add_common_args(p, d, "corpus cache, pretokenized data, the runs")
     p.add_argument("--config", default=d.config, help="base training config (default: configs/tiny.yaml values)")
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--skip", type=int, default=d.skip, help="warm-up steps left out of the means")
-    p.add_argument("--seq-len", type=int, default=d.seq_len)
-    p.add_argument("--micro-batch", type=int, default=d.micro_batch)
-    p.add_argument("--num-workers", type=int, default=d.num_workers, help="DataLoader workers of every path")
+    p.add_argument("--steps", type=at_least(1), default=d.steps)
+    p.add_argument("--skip", type=at_least(0), default=d.skip, help="warm-up steps left out of the means")
+    p.add_argument("--seq-len", type=at_least(1), default=d.seq_len)
+    p.add_argument("--micro-batch", type=at_least(1), default=d.micro_batch)
+    p.add_argument("--num-workers", type=at_least(0), default=d.num_workers, help="DataLoader workers of every path")
     p.add_argument("--precision", default=d.precision, choices=("auto", "fp32", "bf16", "fp16"),
                    help="auto: bf16 where the hardware computes it natively, else fp32 (see run.json)")
     p.add_argument("--paths", default=d.paths, help="data paths to run, comma-separated")

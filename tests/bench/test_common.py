@@ -6,6 +6,8 @@ import dataclasses
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pretok_lib.bench.common import check_targets, from_args, write_json
 from pretok_lib.bench.loaders import LoadersBench
@@ -43,3 +45,34 @@ def test_results_json_and_the_targets_check(tmp_path):
     check_targets(LoadersBench(check=True), failed=False)
     with pytest.raises(PretokError, match="targets failed"):
         check_targets(LoadersBench(check=True), failed=True)
+
+
+def _numeric_options(name: str) -> list[str]:
+    """The options of `pretok bench <name>` that take a value of a type (numbers, lists of numbers)."""
+    bench = next(a for a in build_parser()._actions if a.dest == "cmd").choices["bench"]
+    sub = next(a for a in bench._actions if a.dest == "bench").choices[name]
+    return [act.option_strings[-1] for act in sub._actions if act.option_strings and act.type is not None]
+
+
+ODD = ["nan", "inf", "-inf", "-1", "0", "1e400", "a", "", "1,a", " ", "0.5", "3", "2,4"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(sorted(BENCHES)), st.data())
+def test_odd_numbers_are_an_argument_error_never_a_traceback(name: str, data) -> None:
+    """Every numeric option of every benchmark: a value it cannot take (nan, inf, 0 batches, 'a' workers) is
+    argparse's one-line error (exit 2) before anything runs; `--loop-mb nan`, `--workers a`, `--batches 0` were
+    tracebacks after minutes of corpus building. A value it takes is finite and within its range."""
+    import math
+
+    option = data.draw(st.sampled_from(_numeric_options(name)))
+    text = data.draw(st.sampled_from(ODD) | st.text(alphabet="0123456789.,-e", max_size=6))
+    try:
+        args = build_parser().parse_args(["bench", name, option, text])
+    except SystemExit as e:
+        assert e.code == 2
+        return
+    value = getattr(args, option.lstrip("-").replace("-", "_"))
+    for v in str(value).split(",") if isinstance(value, str) else [value]:
+        if str(v).strip():
+            assert math.isfinite(float(v)) and float(v) >= 0, (option, text, value)
