@@ -164,10 +164,13 @@ def environment() -> dict:
 
 
 def write_json(path: str | os.PathLike | None, result: Any, indent: int = 2) -> None:
-    """`result` as JSON at `path` (parents created); nothing when `path` is None."""
+    """`result` as JSON at `path` (parents created; written atomically: a full disk leaves the previous file, never
+    a torn one that readers such as notebook 05 take for no results); nothing when `path` is None."""
+    from ..atomic import atomic_write_text
+
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(result, indent=indent, default=str) + "\n")
+        atomic_write_text(path, json.dumps(result, indent=indent, default=str) + "\n")
 
 
 def check_targets(cfg: BenchConfig, failed: bool) -> None:

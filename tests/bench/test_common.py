@@ -76,3 +76,46 @@ def test_odd_numbers_are_an_argument_error_never_a_traceback(name: str, data) ->
     for v in str(value).split(",") if isinstance(value, str) else [value]:
         if str(v).strip():
             assert math.isfinite(float(v)) and float(v) >= 0, (option, text, value)
+
+
+@pytest.mark.parametrize("cut", [0, 1, 100, 5000])
+def test_results_json_on_a_full_disk_keeps_the_previous_file(tmp_path, monkeypatch, cut: int) -> None:
+    """`--json OUT` when the disk fills after `cut` bytes: one error naming OUT, the previous results intact and no
+    temp file; a torn JSON was left in place, which notebook 05 read as "no benchmark results"."""
+    import builtins
+    import errno
+    import io
+
+    out = tmp_path / "r.json"
+    write_json(out, {"previous": True})
+    real_open = builtins.open
+
+    class Full(io.StringIO):
+        def __init__(self, fh):
+            super().__init__()
+            self.fh = fh
+
+        def write(self, s):
+            room = cut - self.fh.tell()
+            self.fh.write(s[:max(0, room)])
+            if len(s) > room:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return len(s)
+
+        def close(self):
+            self.fh.close()
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+    def full_open(file, mode="r", *a, **kw):
+        fh = real_open(file, mode, *a, **kw)
+        return Full(fh) if "w" in mode and str(file).startswith(str(tmp_path)) else fh
+
+    monkeypatch.setattr(builtins, "open", full_open)
+    monkeypatch.setattr(io, "open", full_open)
+    with pytest.raises(OSError) as e:
+        write_json(out, {"x": "y" * 10_000})
+    monkeypatch.undo()
+    assert str(out) in str(e.value) and "No space left" in str(e.value)
+    assert json.loads(out.read_text()) == {"previous": True} and [p.name for p in tmp_path.iterdir()] == ["r.json"]
