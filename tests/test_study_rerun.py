@@ -191,3 +191,19 @@ def test_a_rerun_that_ends_early_leaves_no_report_of_the_previous_study(tmp_path
         record = r.run_study("smoke", out=out, notebooks=[n[:2] for n in names[here + 1:]] or ["05"],
                              stream=False, echo=None, publish=None)
         assert all(record["notebooks"][n]["status"] != "running" for n in record["notebooks"]), later
+
+
+def test_a_report_that_cannot_be_written_still_leaves_the_record(tmp_path: Path, fake, monkeypatch) -> None:
+    """The notebooks ran, then the report failed (disk full, findings that cannot be computed): study.json is the
+    study's final record (when it finished, no report); it was left as written while the notebooks ran."""
+    import errno
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(r, "write_report", full)
+    with pytest.raises(OSError):
+        study(tmp_path / "s", fake)
+    saved = json.loads((tmp_path / "s" / "study.json").read_text())
+    assert {n: x["status"] for n, x in saved["notebooks"].items()} == dict.fromkeys(NOTEBOOKS, "completed")
+    assert saved["finished"] and saved["seconds"] is not None and "report" not in saved

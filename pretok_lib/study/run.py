@@ -17,7 +17,7 @@ from typing import Any
 from .. import procs
 from ..errors import PretokError
 from .kernels import encrypted_kernel_channels
-from .profiles import profile_parameters
+from .profiles import check_parameters, profile_parameters
 from .steps import ROOT, resolve
 
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -181,6 +181,7 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     unknown = sorted(set(overrides) - set().union(*takes.values()))
     if unknown:
         raise PretokError(f"no study notebook has parameter(s) {', '.join(unknown)}")
+    check_parameters(overrides)
     previous = read_record(out_dir)
     params, changed = study_parameters(profile, overrides, names, previous, out_dir, takes)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -236,15 +237,17 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
         write_record(out_dir, record)
         raise failure
     record["figures"] = figure_counts(out_dir / "figures", started)
-    if report:
-        executed = [n for n in record["notebooks"] if (out_dir / "notebooks" / f"{n}.ipynb").is_file()]
-        record["report"] = {k: str(v) for k, v in write_report(out_dir, executed, record).items()}
-    if publish is not None and (out_dir / "figures").is_dir():
-        dest = resolve(publish) / out_dir.name
-        shutil.rmtree(dest, ignore_errors=True)
-        shutil.copytree(out_dir / "figures", dest)
-        record["published_figures"] = str(dest)
-    write_record(out_dir, record)
+    try:
+        if report:
+            executed = [n for n in record["notebooks"] if (out_dir / "notebooks" / f"{n}.ipynb").is_file()]
+            record["report"] = {k: str(v) for k, v in write_report(out_dir, executed, record).items()}
+        if publish is not None and (out_dir / "figures").is_dir():
+            dest = resolve(publish) / out_dir.name
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(out_dir / "figures", dest)
+            record["published_figures"] = str(dest)
+    finally:  # what the notebooks did is recorded even when the report or the copy fails (disk full, ...)
+        write_record(out_dir, record)
     say(summary(out_dir, record))
     if failure is not None:
         raise failure
