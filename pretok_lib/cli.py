@@ -218,6 +218,8 @@ def cmd_sweep(a: argparse.Namespace) -> None:
         grid.linked.setdefault("data", {})[kind.strip()] = {"data.path": path}
     grid.prefix = a.prefix or grid.prefix
     if a.dry_run:  # what the sweep would do with each point: its state, or why it would be refused
+        if not Path(a.config).is_file():  # as the sweep itself would say
+            raise PretokError("config file not found", a.config)
         for p in grid.points():
             why = _changed(Path(a.config).resolve(), p, Path(a.runs_dir).resolve())
             state = run_status(Path(a.runs_dir) / p.run_id) or "not run"

@@ -152,6 +152,8 @@ def test_grid_yaml_and_cli(tmp_path: Path, config: Path, monkeypatch: pytest.Mon
             "--module", FAKE]
     assert cli_main(args + ["--dry-run"]) == 0
     assert "g-w1-lr1e-3" in capsys.readouterr().out and not runs.exists()
+    assert cli_main(["sweep", "--config", str(tmp_path / "missing.yaml"), "--axis", "lr=1e-3", "--dry-run"]) == 1
+    assert capsys.readouterr().err.endswith("missing.yaml: config file not found\n")  # as the sweep says
     assert cli_main(args + ["--dry-run", "--axis", "data=padded,pretok-memmap", "--path", "padded=c.parquet"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "data.path=c.parquet" in out[0] and "data.kind=padded" in out[0] and "data.path" not in out[-1]
