@@ -150,3 +150,37 @@ def test_comparisons_mean_completed_runs_only_whoever_calls_them(tmp_path_factor
              if line.startswith("| ") and not line.startswith("| runs")]
     assert table == [line for line in findings(done, StudyPaths(tmp_path_factory.mktemp("study"))).splitlines()
                      if line.startswith("| ") and not line.startswith("| runs")]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_groups_of_other_configs_never_share_a_label(variant: str, tmp_path: Path) -> None:
+    """Two sweeps of the data paths (or world sizes) that differ in a setting the group label did not show
+    (train.lr, a new section, the model): path_speedups and scaling_efficiency gave both groups one label, and
+    every consumer pairing rows by label (tokenization_speedups, the findings' packing and stall, the scaling
+    figure's lines) paired a run of one config with a run of the other (lr 1e-3 padded / lr 2e-3 memmap)."""
+    from pretok_lib.analysis.metrics import precision_groups, scaling_efficiency, tokenization_speedups
+    from pretok_lib.study.findings import packing_finding
+
+    kw, _ = VARIANTS[variant]
+    rates = {"padded": 1000.0, "pretok-padded": 1500.0, "padding-free": 2000.0, "pretok-memmap": 4000.0}
+    for i, (var, scale) in enumerate(((False, 1.0), (True, 3.0))):
+        for kind, tps in rates.items():
+            for ws in (1, 2):
+                simple_run(tmp_path, f"{kind}-{i}-w{ws}", kind=kind, tokens_per_s=tps * scale * (1.5 if ws == 2 else 1),
+                           world_size=ws, eff_frac=0.5, **(kw if var else {}))
+    runs = load_runs(tmp_path)
+    sp = path_speedups(runs)
+    labels = {r["group"]: tuple(sorted(r["runs"])) for r in sp if r["data_kind"] == "padded"}
+    assert len(labels) == 4                         # 2 configs x 2 world sizes, each its own label
+    assert {round(r["speedup"], 6) for r in sp} == {1.0, 1.5, 2.0, 4.0}   # within a config only
+    scaling = scaling_efficiency(runs)
+    assert len({r["group"] for r in scaling}) == 8 and {round(r["efficiency"], 6) for r in scaling} == {1.0, 0.75}
+    lines = [t for t in F.scaling_figure(runs).data if t.mode == "lines+markers+text"]
+    assert len({t.name for t in lines}) == 8 and all(len(t.x) == 2 for t in lines)   # one line per config
+    bench = {"methods": {"(a) loop": {"mb_per_s": 1.0}, "(d) engine memmap w1": {"mb_per_s": 9.0},
+                         "(d) engine padded w1": {"mb_per_s": 9.0}}}
+    assert {round(r["training"], 6) for r in tokenization_speedups(bench, runs)} == {2.0, 1.5}
+    assert packing_finding(runs).startswith("effective tokens/s padding-free / padded x2; pretok-memmap / "
+                                            "pretok-padded x2.67;")
+    for label, ms in precision_groups(runs):
+        assert len({m.precision for m in ms}) >= 2 and label
