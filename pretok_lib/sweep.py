@@ -308,6 +308,17 @@ def _changed(config: Path, p: Point, runs: Path) -> str | None:
     return f"{refusal(runs / p.run_id, why)} (a sweep: --rerun-changed starts such points over)" if why else None
 
 
+def clear_run_dir(run_dir: Path) -> None:
+    """Remove a run directory: renamed aside first, then deleted, so a stop or kill while deleting leaves no half
+    of it (say a run.json saying completed without the config.yaml that tells it is another config's run, which
+    the next sweep then skipped as this point's), only a `.<id>.old-<pid>` directory that the next clear removes."""
+    for old in run_dir.parent.glob(f".{run_dir.name}.old-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    aside = run_dir.parent / f".{run_dir.name}.old-{os.getpid()}"
+    os.replace(run_dir, aside)
+    shutil.rmtree(aside)
+
+
 def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir: str | os.PathLike = "runs",
               launcher: str = "local", *, module: str = TRAIN_MODULE, timeout_s: float | None = None,
               env: Mapping[str, str] | None = None, slurm_script: str | os.PathLike = SBATCH_SCRIPT,
@@ -348,7 +359,7 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
             todo.append(p)
         elif changed == "rerun":  # cleared here, so a requeued SLURM job of it resumes rather than restarts
             say(f"  {p.run_id}: its run directory holds a run of another config: starting it over")
-            shutil.rmtree(runs / p.run_id)
+            clear_run_dir(runs / p.run_id)
             todo.append(p)
         else:  # the old run's results must not pass for this point's, nor be resumed under its config
             status[p.run_id] = "failed"

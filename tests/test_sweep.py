@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -420,3 +421,38 @@ def test_any_command_line_value_parses_or_is_one_line(text: str) -> None:
         except PretokError as e:
             assert "\n" not in str(e) and str(e).startswith(("k:", "axis 'k=")), str(e)
     assert yaml.safe_load(yaml_scalar(text)) == text
+
+
+@pytest.mark.parametrize("first", ["config.yaml", "checkpoints", "run.json"])
+def test_a_stop_while_starting_a_changed_point_over_never_leaves_half_a_run(tmp_path: Path, monkeypatch,
+                                                                           first: str) -> None:
+    """--rerun-changed deletes the old run's directory; stopped (Ctrl-C, SIGTERM) half-way, that left e.g. a
+    run.json saying completed without the config.yaml telling it was another config's run, and the next sweep
+    skipped the point as completed with the old run's numbers. The directory is renamed aside first."""
+    import shutil
+
+    import pretok_lib.sweep as sweep
+
+    data, _ = tiny_memmap(tmp_path)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"data:\n  path: {data}\ntrain:\n  steps: 1\n  lr: 0.001\n")
+    runs, env = tmp_path / "runs", {**ENV, "FAKE_SAVE_CONFIG": "1"}
+    grid = Grid(axes={"world": [1]}, base={"train.steps": 1})
+    assert [s for _, s in run_sweep(cfg, grid, runs, module=FAKE, env=env, echo=None)] == ["completed"]
+    (runs / "sweep-w1" / "checkpoints").mkdir()
+    cfg.write_text(cfg.read_text().replace("lr: 0.001", "lr: 0.002"))
+    real = shutil.rmtree
+
+    def stopped_half_way(path, *a, **kw):   # deletes `first` of the run, then the stop arrives
+        victim = Path(path) / first
+        real(victim) if victim.is_dir() else victim.unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep.shutil, "rmtree", stopped_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(cfg, grid, runs, module=FAKE, env=env, echo=None, changed="rerun")
+    monkeypatch.setattr(sweep.shutil, "rmtree", real)
+    res = run_sweep(cfg, grid, runs, module=FAKE, env=env, echo=None)
+    assert [s for _, s in res] == ["completed"]                      # run now under the new config
+    assert "lr: 0.002" in (runs / "sweep-w1" / "config.yaml").read_text()
+    assert [p.name for p in runs.iterdir() if p.name.startswith(".")] in ([], [f".sweep-w1.old-{os.getpid()}"])
