@@ -312,3 +312,10 @@ def test_a_parameter_of_the_wrong_shape_is_refused_before_anything_runs(tmp_path
                 run_study("smoke", out=out, notebooks=["05"], parameters=values, stream=False, echo=None,
                           publish=None)
             assert "\n" not in str(e.value) and ran == [] and not out.exists()
+
+
+def test_study_dir_is_given_by_out_not_set(tmp_path: Path) -> None:
+    """`--set study_dir=X` was silently replaced by --out's directory: refused, naming --out."""
+    with pytest.raises(PretokError, match="give --out /x"):
+        run_study("smoke", out=tmp_path / "s", parameters={"study_dir": "/x"}, echo=None, publish=None)
+    assert not (tmp_path / "s").exists()

@@ -181,6 +181,8 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     unknown = sorted(set(overrides) - set().union(*takes.values()))
     if unknown:
         raise PretokError(f"no study notebook has parameter(s) {', '.join(unknown)}")
+    if "study_dir" in overrides:  # every notebook gets --out's directory: a --set of it was silently dropped
+        raise PretokError(f"study_dir is the study directory, --out: give --out {overrides['study_dir']}")
     check_parameters(overrides)
     previous = read_record(out_dir)
     params, changed = study_parameters(profile, overrides, names, previous, out_dir, takes)
