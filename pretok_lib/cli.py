@@ -218,6 +218,8 @@ def cmd_sweep(a: argparse.Namespace) -> None:
         grid.linked.setdefault("data", {})[kind.strip()] = {"data.path": path}
     grid.prefix = a.prefix or grid.prefix
     if a.dry_run:  # what the sweep would do with each point: its state, or why it would be refused
+        if not Path(a.config).is_file():  # as the sweep itself would say
+            raise PretokError("config file not found", a.config)
         for p in grid.points():
             why = _changed(Path(a.config).resolve(), p, Path(a.runs_dir).resolve())
             state = run_status(Path(a.runs_dir) / p.run_id) or "not run"
@@ -381,6 +383,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return ap
 
 
+SIGTERM_OWN = (["train"],)  # left to the trainer, which checkpoints on SIGTERM (train/loop.py)
+
+
 class Terminated(BaseException):
     """SIGTERM (e.g. `scancel`, a job's time limit) turned into an exception, so the run unwinds its cleanup."""
 
@@ -402,14 +407,16 @@ def main(argv: list[str] | None = None, *, script: bool = False) -> int:
     into another error by an import or a library it interrupted). None of them leaves a manifest of a partial
     output.
 
-    tokenize and merge take SIGTERM first thing, before parsing (train and sweep handle it themselves). Earlier,
-    in interpreter start-up, the default action kills the process before it has written anything. When the work
-    is over, the previous handler comes back, or with `script=True` (the `pretok` command) SIGTERM is ignored, so a
-    late one cannot kill a finished command in interpreter shutdown (exit -15 over a complete output)."""
+    Every subcommand but train (whose trainer checkpoints on it) takes SIGTERM first thing, before parsing, so
+    that its cleanup runs (temp files removed, child processes stopped); sweep and study take it over while they
+    run their points and notebooks. Earlier, in interpreter start-up, the default action kills the process before
+    it has written anything. When the work is over, the previous handler comes back, or with `script=True` (the
+    `pretok` command) SIGTERM is ignored, so a late one cannot kill a finished command in interpreter shutdown
+    (exit -15 over a complete output)."""
     global _sigterm_seen
     argv = sys.argv[1:] if argv is None else argv
     previous, _sigterm_seen = None, False
-    if argv[:1] in (["tokenize"], ["merge"]) and threading.current_thread() is threading.main_thread():
+    if argv[:1] not in SIGTERM_OWN and threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         try:

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import PretokError
+from .errors import PretokError, os_error
 
 DEFAULT_PACKAGES = ("numpy", "pyarrow", "transformers", "datasets", "torch")
 STDLIB = "stdlib"
@@ -156,15 +156,26 @@ def build_corpus(
     sources is short, later passes ("epochs") repeat it with `#epochN` appended to `path`. Files that
     are not UTF-8 or shorter than `min_doc_bytes` are skipped (counted). Same install + args gives
     byte-identical output."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     if not (math.isfinite(max_mb) and max_mb > 0):
         raise PretokError(f"max_mb must be > 0, got {max_mb}", out)
     if not row_group_mb > 0:
         raise PretokError(f"row_group_mb must be > 0, got {row_group_mb}", out)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.is_dir():
+        raise PretokError("is a directory: give the path of the parquet file to write", out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return _build(out, max_mb, packages, row_group_mb, min_doc_bytes, include_stdlib, extend)
+    except OSError as e:  # pyarrow's errors name no file ("No such file or directory"): name the output
+        raise os_error(e, out) from None
+
+
+def _build(out: Path, max_mb: float, packages: Sequence[str] | None, row_group_mb: float, min_doc_bytes: int,
+           include_stdlib: bool, extend: bool) -> CorpusInfo:
+    """build_corpus's writing, into a temp file renamed to `out` last."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     cap, rg_cap = int(max_mb * 1e6), max(1, int(row_group_mb * 1e6))
     params = _params(max_mb, packages, row_group_mb, min_doc_bytes, include_stdlib, extend)
     iter_source_files(packages, include_stdlib=include_stdlib)  # validate names before writing anything

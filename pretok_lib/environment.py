@@ -57,11 +57,13 @@ def cpu_flags() -> set[str]:
 
 
 def environment() -> dict:
-    """Python, platform, CPU model, host, CPUs this process may use, the installed versions of `PACKAGES`, the git
-    commit and the SLURM job, if any."""
+    """Python, platform, CPU model, host, CPUs this process may use, the versions of pretok and of the installed
+    `PACKAGES`, the git commit and the SLURM job, if any."""
     import importlib.metadata  # here, not at import: ~15 ms that every worker would pay
 
-    versions = {}
+    from . import __version__
+
+    versions = {"pretok": __version__}
     for name in PACKAGES:
         try:
             versions[name] = importlib.metadata.version(name)

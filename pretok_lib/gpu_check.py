@@ -175,8 +175,8 @@ def _launch(cmd: list[str], log: Path, timeout: float) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as fh:
         try:
-            return subprocess.run(cmd, cwd=ROOT, env=_env(), stdout=fh, stderr=subprocess.STDOUT,
-                                  timeout=timeout).returncode
+            return procs.run_child(cmd, cwd=ROOT, env=_env(), stdout=fh, stderr=subprocess.STDOUT, timeout=timeout,
+                                   grace_s=10.0).returncode
         except subprocess.TimeoutExpired:
             return 124
 
@@ -281,12 +281,17 @@ def kill_and_resume(out: Path, cmd: list[str], run_id: str, timeout: float) -> i
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=procs.die_with_parent_hook())
         deadline = time.monotonic() + timeout
-        while proc.poll() is None and time.monotonic() < deadline:
-            if list_checkpoints(ckpt):
-                break
-            time.sleep(0.05)
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                if list_checkpoints(ckpt):
+                    break
+                time.sleep(0.05)
+        except BaseException:  # SIGTERM (the CLI's Terminated), Ctrl-C: the run must not outlive the check
+            with procs.stop_signals(procs.ignore):
+                procs.stop_tree(proc, grace_s=10.0)
+            raise
         killed = proc.poll() is None
         if killed:  # torchrun starts its workers in sessions of their own: kill every descendant, like a power cut
             procs.stop_tree(proc, grace_s=10.0, sig=signal.SIGKILL)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from .errors import PretokError
 
@@ -116,6 +117,23 @@ def stop_tree(proc: subprocess.Popen, grace_s: float = 60.0, sig: int = signal.S
             proc.wait(1.0)
         if not procs:
             return
+
+
+def run_child(cmd: list[str], *, timeout: float | None = None, grace_s: float = 60.0,
+              **popen: Any) -> subprocess.CompletedProcess:
+    """`subprocess.run` for a child that must not outlive this command: it gets SIGTERM when this process dies, even
+    by SIGKILL (`die_with_parent_hook`), and a stop signal, an error or `timeout` here stops its whole process tree
+    (`stop_tree`: SIGTERM, SIGKILL after `grace_s`) before the exception (TimeoutExpired for `timeout`) goes on."""
+    if popen.pop("capture_output", False):
+        popen.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with subprocess.Popen(cmd, preexec_fn=die_with_parent_hook(), **popen) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            with stop_signals(ignore):    # stopping already: a second signal must not cut it short
+                stop_tree(proc, grace_s)
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def forward(signum: int, to_pids: list[int]) -> None:

@@ -83,7 +83,11 @@ class Point:
 def yaml_scalar(v: Any) -> str:
     """`v` as YAML flow text that parses back to `v` (PyYAML reads `3e-4` as a string; `0.0003` as a float)."""
     if isinstance(v, str):
-        return v if yaml.safe_load(v) == v else json.dumps(v)
+        try:
+            same = yaml.safe_load(v) == v
+        except yaml.YAMLError:  # `{a`, `[1,`: not YAML as it stands, so quoted
+            same = False
+        return v if same else json.dumps(v)
     text = yaml.safe_dump(v, default_flow_style=True, width=1 << 20).strip()
     return text[:-3].strip() if text.endswith("...") else text
 
@@ -304,6 +308,17 @@ def _changed(config: Path, p: Point, runs: Path) -> str | None:
     return f"{refusal(runs / p.run_id, why)} (a sweep: --rerun-changed starts such points over)" if why else None
 
 
+def clear_run_dir(run_dir: Path) -> None:
+    """Remove a run directory: renamed aside first, then deleted, so a stop or kill while deleting leaves no half
+    of it (say a run.json saying completed without the config.yaml that tells it is another config's run, which
+    the next sweep then skipped as this point's), only a `.<id>.old-<pid>` directory that the next clear removes."""
+    for old in run_dir.parent.glob(f".{run_dir.name}.old-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    aside = run_dir.parent / f".{run_dir.name}.old-{os.getpid()}"
+    os.replace(run_dir, aside)
+    shutil.rmtree(aside)
+
+
 def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir: str | os.PathLike = "runs",
               launcher: str = "local", *, module: str = TRAIN_MODULE, timeout_s: float | None = None,
               env: Mapping[str, str] | None = None, slurm_script: str | os.PathLike = SBATCH_SCRIPT,
@@ -344,7 +359,7 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
             todo.append(p)
         elif changed == "rerun":  # cleared here, so a requeued SLURM job of it resumes rather than restarts
             say(f"  {p.run_id}: its run directory holds a run of another config: starting it over")
-            shutil.rmtree(runs / p.run_id)
+            clear_run_dir(runs / p.run_id)
             todo.append(p)
         else:  # the old run's results must not pass for this point's, nor be resumed under its config
             status[p.run_id] = "failed"
@@ -487,8 +502,16 @@ def numbers(v: Any) -> Any:
 
 
 def parse_value(text: str) -> Any:
-    """A command-line value as YAML (`numbers` read as such)."""
-    return numbers(yaml.safe_load(text))
+    """A command-line value as YAML (`numbers` read as such); text that is not YAML is a one-line error."""
+    try:
+        return numbers(yaml.safe_load(text))
+    except yaml.YAMLError as e:
+        raise PretokError(f"'{text}' is not a YAML value ({yaml_problem(e)}); quote it to pass it as text") from None
+
+
+def yaml_problem(e: Exception) -> str:
+    """The first line of a PyYAML error ("while parsing a flow sequence"), without its position block."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def parse_axis(text: str) -> tuple[str, list]:
@@ -497,7 +520,10 @@ def parse_axis(text: str) -> tuple[str, list]:
     key, sep, vals = text.partition("=")
     if not sep or not key.strip() or not vals.strip():
         raise PretokError(f"axis '{text}' is not of the form key=v1,v2,...")
-    return key.strip(), [parse_value(v) for v in vals.split(",")]
+    try:
+        return key.strip(), [parse_value(v) for v in vals.split(",")]
+    except PretokError as e:
+        raise PretokError(f"axis '{text}': {e}") from None
 
 
 def parse_setting(text: str) -> tuple[str, Any]:
@@ -505,4 +531,7 @@ def parse_setting(text: str) -> tuple[str, Any]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise PretokError(f"'{text}' is not of the form key=value")
-    return key.strip(), parse_value(value)
+    try:
+        return key.strip(), parse_value(value)
+    except PretokError as e:
+        raise PretokError(f"{key.strip()}: {e}") from None

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +86,73 @@ def test_a_signals_turned_into_another_error_still_ends_as_terminated(monkeypatc
     else:
         with pytest.raises(turned_into):
             cli.main(["merge", "shard-0", "--out", "out"])
+
+
+# Minimal arguments that parse, per subcommand; a subcommand missing here fails the test below (add it).
+PARSES = {"corpus": ["--out", "c.parquet"], "tokenize": ["in.txt", "--out", "o", "--tokenizer", "t"],
+          "merge": ["s0", "--out", "o"], "inspect": ["d"], "verify": ["d"], "demo": [], "export": ["runs/x"],
+          "sweep": ["--config", "c.yaml"], "study": [], "gpu-check": [], "bench tokenize": [], "bench loaders": [],
+          "bench train": []}
+OWN_SIGTERM = {"train"}  # the trainer checkpoints on SIGTERM (tests/train)
+
+
+def _subcommands() -> list[str]:
+    def subs(parser) -> dict:
+        act = next((a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"), None)
+        return act.choices if act else {}
+
+    out = []
+    for name, p in subs(build_parser()).items():
+        inner = subs(p)
+        out += [f"{name} {n}" for n in inner] if inner else [name]
+    return out
+
+
+@pytest.mark.parametrize("command", _subcommands())
+def test_sigterm_ends_every_subcommand_with_one_line_and_its_cleanup(monkeypatch, capsys, command: str) -> None:
+    """SIGTERM (scancel, a time limit, `kill`) in the middle of any subcommand raises in its code, so its cleanup
+    runs (a temp file removed, a child process stopped) and it ends with one line and exit 143, not killed by the
+    default action with a temp file or an orphaned child left behind (corpus, bench, export, gpu-check, ...)."""
+    from pretok_lib import cli
+
+    if command in OWN_SIGTERM:
+        return
+    assert command in PARSES, f"add `{command}` to PARSES"
+    cleaned = []
+
+    def work(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        finally:
+            cleaned.append(command)
+        raise AssertionError("SIGTERM did not stop the command")
+
+    def not_taken(signum, frame):  # stands for the default action (which would end pytest)
+        raise RuntimeError("SIGTERM left to the default action")
+
+    parsed = build_parser(command.split()[0]).parse_args([*command.split(), *PARSES[command]])
+    monkeypatch.setattr(cli, parsed.fn.__name__, work)
+    previous = signal.signal(signal.SIGTERM, not_taken)
+    try:
+        assert cli.main([*command.split(), *PARSES[command]]) == 143
+        assert signal.getsignal(signal.SIGTERM) is not_taken   # the previous handler is back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert cleaned == [command]
+    assert capsys.readouterr().err == "pretok: terminated by SIGTERM (rerun the same command to resume)\n"
+
+
+def test_sigterm_during_corpus_removes_its_temp_file(tmp_path: Path) -> None:
+    """`pretok corpus` stopped by SIGTERM while writing: exit 143, one line, no temp file and no output."""
+    out = tmp_path / "c.parquet"
+    proc = subprocess.Popen([sys.executable, "-m", "pretok_lib.cli", "corpus", "--out", str(out), "--max-mb", "400"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".c.parquet.tmp-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines() == ["pretok: terminated by SIGTERM (rerun the same command to resume)"]
+    assert list(tmp_path.iterdir()) == []

@@ -180,3 +180,52 @@ def test_default_corpus_and_tokenizer_is_idempotent(tmp_path):
     default_corpus_and_tokenizer(tmp_path / "cache", max_mb=1, vocab_size=600)
     assert (tok.parent / "pretok_default.json").is_file()
     assert Tokenizer.from_file(str(tok)).get_vocab_size() == 600
+
+
+def _writer_failing(after: int, error: OSError):
+    """A ParquetWriter whose `after`-th write_table (0: its opening) raises `error`, as pyarrow does on a full disk
+    or a path it cannot open (an OSError naming no file)."""
+    import pyarrow.parquet as real
+
+    class Writer(real.ParquetWriter):
+        def __init__(self, *a, **kw):
+            self.calls = 0
+            if after == 0:
+                raise error
+            super().__init__(*a, **kw)
+
+        def write_table(self, *a, **kw):
+            self.calls += 1
+            if self.calls >= after:
+                raise error
+            return super().write_table(*a, **kw)
+
+    return Writer
+
+
+@pytest.mark.parametrize("fault", ["directory", "under-a-file", "cannot-open", "disk-full-1", "disk-full-3"])
+def test_a_bad_out_or_a_full_disk_is_one_line_naming_the_output_and_leaves_nothing(tmp_path, monkeypatch, fault):
+    """`pretok corpus --out X` where X is a directory, lies under a file, cannot be opened or fills the disk: one
+    line naming X (pyarrow's errors named no file: "pretok: error: No space left on device"), no temp file."""
+    import errno
+
+    from pretok_lib.cli import main
+
+    out = tmp_path / "c.parquet"
+    if fault == "directory":
+        out.mkdir()
+    elif fault == "under-a-file":
+        (tmp_path / "f").write_text("x")
+        out = tmp_path / "f" / "c.parquet"
+    else:
+        after = 0 if fault == "cannot-open" else int(fault[-1])
+        err = OSError(errno.EACCES if after == 0 else errno.ENOSPC, "IOError: failed")
+        monkeypatch.setattr("pyarrow.parquet.ParquetWriter", _writer_failing(after, err))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(PretokError) as e:
+        build_corpus(out, max_mb=2, row_group_mb=0.2)
+    named = str(e.value).split(": ", 1)[0]    # the output, or the file in its way
+    assert (named == str(out) or out.is_relative_to(named)) and "\n" not in str(e.value), str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    if fault != "disk-full-3":  # (the command's 2 MB row groups make one write)
+        assert main(["corpus", "--out", str(out), "--max-mb", "2"]) == 1

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pretok_lib.cli import main as cli_main
 from pretok_lib.errors import PretokError
@@ -269,3 +271,51 @@ def test_the_kernel_channels_are_encrypted_and_its_start_is_quiet(tmp_path: Path
     assert "without encryption" not in capfd.readouterr().err
     monkeypatch.setattr(zmq, "has", lambda capability: False)
     assert kernels.encrypted_kernel_channels() == {}
+
+
+def test_every_notebook_parameter_has_a_shape_that_every_profile_fits() -> None:
+    from pretok_lib.study.profiles import PARAMETER_TYPES, check_parameters
+    from pretok_lib.study.run import NOTEBOOK_DIR, declared_parameters
+
+    declared = set().union(*(declared_parameters(NOTEBOOK_DIR / f"{n}.ipynb") for n in NOTEBOOKS))
+    assert declared == set(PARAMETER_TYPES)
+    for name in PROFILES:
+        check_parameters(PROFILES[name])
+        check_parameters(profile_parameters(name))
+
+
+_VALUES = st.sampled_from([0.4, 3, -1, 2.5, True, None, "x", "zstd:3", [], [0.3, 0.5], ["none"], [1, "a"],
+                           {"data": ["padded"]}, [{"data": ["padded"]}], {"train.steps": 3}])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(PROFILES["quick"])), _VALUES, min_size=1, max_size=3))
+def test_a_parameter_of_the_wrong_shape_is_refused_before_anything_runs(tmp_path_factory, values) -> None:
+    """`pretok study --set target_mfu=0.4` (a list expected) failed notebook 05 and then the report's assembly with a
+    TypeError traceback, after the other notebooks ran: a value of another shape is one line, before anything runs;
+    a value of the parameter's shape passes (whatever a notebook then makes of its range)."""
+    from pretok_lib.study.profiles import PARAMETER_TYPES, _is
+
+    fits = all(any(_is(v, t) for t in PARAMETER_TYPES[k]) for k, v in values.items())
+    out = tmp_path_factory.mktemp("s") / "study"
+    ran = []
+    with contextlib.ExitStack() as stack:
+        mp = stack.enter_context(pytest.MonkeyPatch.context())
+        mp.setattr("pretok_lib.study.run.execute", lambda *a, **kw: ran.append(a[0]) or 1.0)
+        mp.setattr("pretok_lib.study.run.write_report", lambda *a, **kw: {})
+        mp.setattr("pretok_lib.analysis.report.ensure_kernel", lambda kernel: kernel)
+        if fits:
+            run_study("smoke", out=out, notebooks=["05"], parameters=values, stream=False, echo=None, publish=None)
+            assert ran == ["05_analysis"]
+        else:
+            with pytest.raises(PretokError, match="of the wrong shape") as e:
+                run_study("smoke", out=out, notebooks=["05"], parameters=values, stream=False, echo=None,
+                          publish=None)
+            assert "\n" not in str(e.value) and ran == [] and not out.exists()
+
+
+def test_study_dir_is_given_by_out_not_set(tmp_path: Path) -> None:
+    """`--set study_dir=X` was silently replaced by --out's directory: refused, naming --out."""
+    with pytest.raises(PretokError, match="give --out /x"):
+        run_study("smoke", out=tmp_path / "s", parameters={"study_dir": "/x"}, echo=None, publish=None)
+    assert not (tmp_path / "s").exists()

@@ -3,6 +3,7 @@ the original study's claims, linked to their figures."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,21 @@ def test_findings_cell_of_a_study_directory(tmp_path: Path) -> None:
     assert "Profile quick, 2 training runs, measured on CPU" in html
     assert "pretok-memmap / pretok-padded" not in html and "padded rows are 50.0% padding" in html
     assert 'href="#fig-data_stall"' in html       # no loader benchmark: no prediction, the measured figure
+
+
+@pytest.mark.parametrize("variant", [{"precision": "bf16"}, {"micro_batch": 16},
+                                     {"config_extra": {"train": {"steps": 40, "precision": "fp32", "lr": 5e-3}}}])
+@pytest.mark.parametrize("kind", ["padded", "pretok-memmap"])
+def test_a_run_of_another_config_leaves_the_measured_stall_and_padding_alone(runs: list, tmp_path: Path, variant,
+                                                                           kind: str) -> None:
+    """The quick study's sweep adds precision variants of one path at world size 1 (and the full profile
+    micro-batch ones): the measured stall per path and the padded share were means over those too (a bf16 run
+    emulated 10x slower stalls 10x less); they are the data-path comparison's, whose group is named."""
+    base = {x.key: x.value for x in study_findings(runs, BENCH, STORAGE)}
+    simple_run(tmp_path, "variant", kind=kind, tokens_per_s=50.0, eff_frac=0.1, data_stall=0.9, **variant)
+    more = runs + [r for r in load_runs(tmp_path) if r.run_id == "variant"]
+    f = {x.key: x.value for x in study_findings(more, BENCH, STORAGE)}
+    label, rest = re.fullmatch(r"\((N=1, B=4, L=64, fp32[^)]*)\) (.*)", f["stall"]).groups()
+    assert rest == base["stall"], f["stall"]          # the comparison's numbers, its group named
+    assert label == "N=1, B=4, L=64, fp32" + (", train.lr=0.001" if "config_extra" in variant else "")
+    assert f["packing"] == base["packing"] and f["packing"].endswith("padded rows are 50.0% padding")

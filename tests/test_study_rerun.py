@@ -127,3 +127,83 @@ def test_study_paths_are_relative_to_the_current_directory(tmp_path: Path, fake,
     assert r.absolute_paths({"tokenizer": "gpt2", "corpus": "", "corpus_mb": 2, "config": "nope.yaml"}) == {
         "tokenizer": "gpt2", "corpus": "", "corpus_mb": 2, "config": str(cwd / "nope.yaml")}
     assert r.profile_parameters("smoke")["config"] == "configs/tiny.yaml"  # the profiles' defaults unchanged
+
+
+@pytest.mark.parametrize("ending", ["stopped", "failed", "crashed"])
+@pytest.mark.parametrize("at", range(len(NOTEBOOKS)))
+@pytest.mark.parametrize("subset", [None, ["03", "04", "05"]])
+def test_a_rerun_that_ends_early_leaves_no_report_of_the_previous_study(tmp_path: Path, fake, monkeypatch,
+                                                                        ending: str, at: int, subset) -> None:
+    """A complete study rerun (whole, or a part) into its directory and ended at a notebook (a stop signal, a cell
+    failing, a crash or kill -9 that records nothing): the previous report, which described notebooks now rerun,
+    is gone unless this run wrote its own, and study.json calls no notebook completed that did not complete;
+    notebooks never reached are not in it. A stopped rerun kept the old complete report beside a record saying
+    `stopped`."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "s"
+    study(out, fake)
+    names = r.select(subset)
+    if NOTEBOOKS[at] not in names:
+        return
+    ran: list[str] = []
+    real = r.execute
+
+    def execute(name, out_dir, params, kernel, stream, ended=None):
+        ran.append(name)
+        if name != NOTEBOOKS[at]:
+            return real(name, out_dir, params, kernel, stream, ended)
+        nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("partial")]),
+                       str(out_dir / "notebooks" / f"{name}.ipynb"))
+        if ending == "stopped":
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            raise RuntimeError("kernel interrupted")
+        if ending == "failed":
+            raise PretokError("cell 3 failed: boom (executed notebook kept)")
+        raise KeyboardInterrupt  # stands for a crash or a kill -9: nothing after it runs
+
+    monkeypatch.setattr(r, "execute", execute)
+    monkeypatch.setattr(r.procs, "forward", lambda sig, pids: None)  # no kernel here to interrupt
+    fake.n += 1
+    with pytest.raises((PretokError, KeyboardInterrupt)):
+        r.run_study("smoke", out=out, notebooks=subset, stream=False, echo=None, publish=None)
+    saved = json.loads((out / "study.json").read_text())
+    status = {n: x["status"] for n, x in saved["notebooks"].items()}
+    here = ran.index(NOTEBOOKS[at])
+    assert {n: status[n] for n in ran[:here]} == dict.fromkeys(ran[:here], "completed")
+    assert status[NOTEBOOKS[at]] == {"stopped": "stopped", "failed": "failed", "crashed": "running"}[ending]
+    never = [n for n in names if n not in ran]
+    assert all(status.get(n) in (None, "running") for n in never), status
+    if ending == "crashed":
+        assert all(status[n] == "running" for n in never)
+    reports = [out / "report.html", out / "report_nocode.html"]
+    if ending == "failed":   # this run's own report: the notebooks it ran, the failed one included
+        assert "partial" in reports[1].read_text()
+    else:
+        assert not any(p.exists() for p in reports)
+    if ending == "crashed":  # the next partial rerun takes the notebook cut by the kill as stopped
+        later = [n for n in NOTEBOOKS if n not in names[here:]]
+        monkeypatch.setattr(r, "execute", real)
+        fake.n += 1
+        record = r.run_study("smoke", out=out, notebooks=[n[:2] for n in names[here + 1:]] or ["05"],
+                             stream=False, echo=None, publish=None)
+        assert all(record["notebooks"][n]["status"] != "running" for n in record["notebooks"]), later
+
+
+def test_a_report_that_cannot_be_written_still_leaves_the_record(tmp_path: Path, fake, monkeypatch) -> None:
+    """The notebooks ran, then the report failed (disk full, findings that cannot be computed): study.json is the
+    study's final record (when it finished, no report); it was left as written while the notebooks ran."""
+    import errno
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(r, "write_report", full)
+    with pytest.raises(OSError):
+        study(tmp_path / "s", fake)
+    saved = json.loads((tmp_path / "s" / "study.json").read_text())
+    assert {n: x["status"] for n, x in saved["notebooks"].items()} == dict.fromkeys(NOTEBOOKS, "completed")
+    assert saved["finished"] and saved["seconds"] is not None and "report" not in saved

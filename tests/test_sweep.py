@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pretok_lib.cli import main as cli_main
 from pretok_lib.errors import PretokError
@@ -150,6 +153,8 @@ def test_grid_yaml_and_cli(tmp_path: Path, config: Path, monkeypatch: pytest.Mon
             "--module", FAKE]
     assert cli_main(args + ["--dry-run"]) == 0
     assert "g-w1-lr1e-3" in capsys.readouterr().out and not runs.exists()
+    assert cli_main(["sweep", "--config", str(tmp_path / "missing.yaml"), "--axis", "lr=1e-3", "--dry-run"]) == 1
+    assert capsys.readouterr().err.endswith("missing.yaml: config file not found\n")  # as the sweep says
     assert cli_main(args + ["--dry-run", "--axis", "data=padded,pretok-memmap", "--path", "padded=c.parquet"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "data.path=c.parquet" in out[0] and "data.kind=padded" in out[0] and "data.path" not in out[-1]
@@ -399,3 +404,55 @@ def test_a_stop_signal_turned_into_another_error_still_stops_the_sweep(tmp_path:
     else:
         with pytest.raises(turned_into):
             cli_main(args)
+
+
+_YAML_TEXT = st.text(alphabet=st.sampled_from("[]{},:'\"&*!|>%@`#-? ab1.\\\t"), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_YAML_TEXT)
+def test_any_command_line_value_parses_or_is_one_line(text: str) -> None:
+    """`--set` / `--axis` values of `pretok sweep` and `pretok study`: YAML, or a one-line PretokError naming the
+    argument (a PyYAML exception reached the user as a traceback); a string value given back to the trainer
+    (`yaml_scalar`) reads back as itself."""
+    for parse in (lambda t: parse_setting(f"k={t}"), lambda t: parse_axis(f"k={t}")):
+        try:
+            parse(text)
+        except PretokError as e:
+            assert "\n" not in str(e) and str(e).startswith(("k:", "axis 'k=")), str(e)
+    assert yaml.safe_load(yaml_scalar(text)) == text
+
+
+@pytest.mark.parametrize("first", ["config.yaml", "checkpoints", "run.json"])
+def test_a_stop_while_starting_a_changed_point_over_never_leaves_half_a_run(tmp_path: Path, monkeypatch,
+                                                                           first: str) -> None:
+    """--rerun-changed deletes the old run's directory; stopped (Ctrl-C, SIGTERM) half-way, that left e.g. a
+    run.json saying completed without the config.yaml telling it was another config's run, and the next sweep
+    skipped the point as completed with the old run's numbers. The directory is renamed aside first."""
+    import shutil
+
+    import pretok_lib.sweep as sweep
+
+    data, _ = tiny_memmap(tmp_path)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"data:\n  path: {data}\ntrain:\n  steps: 1\n  lr: 0.001\n")
+    runs, env = tmp_path / "runs", {**ENV, "FAKE_SAVE_CONFIG": "1"}
+    grid = Grid(axes={"world": [1]}, base={"train.steps": 1})
+    assert [s for _, s in run_sweep(cfg, grid, runs, module=FAKE, env=env, echo=None)] == ["completed"]
+    (runs / "sweep-w1" / "checkpoints").mkdir()
+    cfg.write_text(cfg.read_text().replace("lr: 0.001", "lr: 0.002"))
+    real = shutil.rmtree
+
+    def stopped_half_way(path, *a, **kw):   # deletes `first` of the run, then the stop arrives
+        victim = Path(path) / first
+        real(victim) if victim.is_dir() else victim.unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep.shutil, "rmtree", stopped_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(cfg, grid, runs, module=FAKE, env=env, echo=None, changed="rerun")
+    monkeypatch.setattr(sweep.shutil, "rmtree", real)
+    res = run_sweep(cfg, grid, runs, module=FAKE, env=env, echo=None)
+    assert [s for _, s in res] == ["completed"]                      # run now under the new config
+    assert "lr: 0.002" in (runs / "sweep-w1" / "config.yaml").read_text()
+    assert [p.name for p in runs.iterdir() if p.name.startswith(".")] in ([], [f".sweep-w1.old-{os.getpid()}"])

@@ -193,8 +193,40 @@ def group_label(ms: list[RunMetrics], fields: Iterable[str]) -> str:
     return ", ".join(parts) or "all runs"
 
 
+def differing_keys(sigs: Iterable[tuple]) -> list[str]:
+    """Config keys whose value differs among signatures (a key missing from some counts)."""
+    flats = [dict(s) for s in sigs]
+    keys = sorted({k for f in flats for k in f})
+    return [k for k in keys if len({f.get(k) for f in flats}) > 1]
+
+
+def shown_settings(sig: tuple, keys: list[str]) -> list[str]:
+    """`key=value` of a signature's `keys` ("-" where it has none)."""
+    flat = dict(sig)
+    return [f"{k}={flat.get(k, '-').strip(chr(39))}" for k in keys]
+
+
+def group_labels(groups: dict[tuple, list[RunMetrics]], fields: Iterable[str]) -> dict[tuple, str]:
+    """A label per group (`group_label` of `fields`), unique: groups sharing one get the config keys that tell
+    them apart (`train.lr=0.002`). Rows are paired by label (findings, figures): two configs under one label were
+    taken for one, a ratio pairing a run of one lr with a run of another."""
+    fields = tuple(fields)
+    base = {sig: group_label(ms, fields) for sig, ms in groups.items()}
+    out = {}
+    for label in dict.fromkeys(base.values()):
+        sigs = [s for s in groups if base[s] == label]
+        more = differing_keys(sigs) if len(sigs) > 1 else []
+        out.update({s: ", ".join([label, *shown_settings(s, more)]) for s in sigs})
+    return out
+
+
 def _mean(vals: list[float]) -> float | None:
     return float(np.mean(vals)) if vals else None
+
+
+def completed_metrics(runs: Iterable[Run], skip: int | None = None) -> list[RunMetrics]:
+    """`all_metrics` of the completed runs."""
+    return [m for m in all_metrics(runs, skip) if m.status == "completed"]
 
 
 def _values(ms: Iterable[RunMetrics], key: str) -> list[float]:
@@ -205,11 +237,12 @@ def scaling_efficiency(runs: Iterable[Run], metric: str = "tokens_per_s", skip: 
                        ) -> list[dict[str, Any]]:
     """DDP scaling of groups of runs equal in all settings but the world size (only groups with >= 2 sizes).
     Per group and world size N: mean `metric` over repeats, speedup = T(N)/T(N0) and efficiency =
-    T(N)/(N/N0 x T(N0)), N0 the smallest size measured (normally 1: efficiency = T(N)/(N x T(1)))."""
+    T(N)/(N/N0 x T(N0)), N0 the smallest size measured (normally 1: efficiency = T(N)/(N x T(1))). Completed runs
+    only: a failed or stopped run's partial numbers are no measurement of its config."""
     rows = []
-    groups = sorted(_groups(all_metrics(runs, skip), WORLD_SIZE_KEYS).values(),
-                    key=lambda g: path_rank(g[0].data_kind))
-    for ms in groups:
+    grouped = _groups(completed_metrics(runs, skip), WORLD_SIZE_KEYS)
+    labels = group_labels(grouped, ("data_kind", "global_batch", "seq_len", "precision"))
+    for sig, ms in sorted(grouped.items(), key=lambda kv: path_rank(kv[1][0].data_kind)):
         by_ws: dict[int, list[RunMetrics]] = defaultdict(list)
         for m in ms:
             if m.world_size and getattr(m, metric) is not None:
@@ -218,7 +251,7 @@ def scaling_efficiency(runs: Iterable[Run], metric: str = "tokens_per_s", skip: 
             continue
         n0 = min(by_ws)
         base = _mean(_values(by_ws[n0], metric))
-        label = group_label(ms, ("data_kind", "global_batch", "seq_len", "precision"))
+        label = labels[sig]
         for n in sorted(by_ws):
             v = _mean(_values(by_ws[n], metric))
             rows.append({"group": label, "data_kind": ms[0].data_kind, "world_size": n, "base_world_size": n0,
@@ -231,14 +264,17 @@ def scaling_efficiency(runs: Iterable[Run], metric: str = "tokens_per_s", skip: 
 def path_speedups(runs: Iterable[Run], baseline: str = "padded", metric: str = "effective_tokens_per_s",
                   skip: int | None = None) -> list[dict[str, Any]]:
     """Per group of runs equal in all but the data path: each path's mean `metric` and its ratio to `baseline`'s
-    (None when the group has no baseline run)."""
+    (None when the group has no baseline run). Completed runs only, as the figures' bars (a failed run's partial
+    numbers would skew the ratios; notebook 05's table and the tokenization figure showed a failed baseline's)."""
     rows = []
-    for ms in _groups(all_metrics(runs, skip), DATA_PATH_KEYS, BATCH_SHAPE_KEYS).values():
+    grouped = _groups(completed_metrics(runs, skip), DATA_PATH_KEYS, BATCH_SHAPE_KEYS)
+    labels = group_labels(grouped, ("world_size", "global_batch", "seq_len", "precision"))
+    for sig, ms in grouped.items():
         by_kind: dict[str | None, list[RunMetrics]] = defaultdict(list)
         for m in ms:
             by_kind[m.data_kind].append(m)
         base = _mean(_values(by_kind.get(baseline, []), metric))
-        label = group_label(ms, ("world_size", "global_batch", "seq_len", "precision"))
+        label = labels[sig]
         for kind in sorted(by_kind, key=path_rank):
             v = _mean(_values(by_kind[kind], metric))
             rows.append({"group": label, "data_kind": kind, "value": v, "baseline": baseline, "baseline_value": base,
@@ -341,11 +377,10 @@ def compare_by(runs: Iterable[Run], setting: str, ignore: Iterable[str], skip: i
                ) -> list[tuple[str, list[RunMetrics]]]:
     """Groups (label, metrics) of runs equal in all but `setting` (config keys `ignore`), keeping only groups
     where `setting` takes >= 2 values: the basis of e.g. the mixed vs full precision comparison."""
-    out = []
-    for ms in _groups(all_metrics(runs, skip), ignore).values():
-        if len({getattr(m, setting) for m in ms}) >= 2:
-            out.append((group_label(ms, fields), ms))
-    return out
+    grouped = {sig: ms for sig, ms in _groups(all_metrics(runs, skip), ignore).items()
+               if len({getattr(m, setting) for m in ms}) >= 2}
+    labels = group_labels(grouped, fields)
+    return [(labels[sig], ms) for sig, ms in grouped.items()]
 
 
 def precision_groups(runs: Iterable[Run], skip: int | None = None) -> list[tuple[str, list[RunMetrics]]]:

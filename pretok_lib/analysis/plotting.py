@@ -18,6 +18,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from .metrics import RunMetrics, all_metrics, path_rank
+from .metrics import differing_keys as _differing
+from .metrics import shown_settings as _shown
 from .runs import (BATCH_SHAPE_KEYS, DATA_PATH_KEYS, PRECISION_KEYS, WORLD_SIZE_KEYS, Run, _matches,
                    config_signature)
 
@@ -68,18 +70,6 @@ def _signature(m: RunMetrics, ignore: Iterable[str] = (), keep: Iterable[str] = 
 def path_free_signature(m: RunMetrics) -> tuple:
     """A run's config signature apart from the data path (batch shape kept), as `metrics.path_speedups` pairs."""
     return _signature(m, DATA_PATH_KEYS, BATCH_SHAPE_KEYS)
-
-
-def _differing(sigs: Iterable[tuple]) -> list[str]:
-    """Config keys whose value differs among signatures (a key missing from some counts)."""
-    flats = [dict(s) for s in sigs]
-    keys = sorted({k for f in flats for k in f})
-    return [k for k in keys if len({f.get(k) for f in flats}) > 1]
-
-
-def _shown(sig: tuple, keys: list[str]) -> list[str]:
-    flat = dict(sig)
-    return [f"{k}={flat.get(k, '-').strip(chr(39))}" for k in keys]
 
 
 def categorize(ms: list[RunMetrics]) -> Callable[[RunMetrics], str]:

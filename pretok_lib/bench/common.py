@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,11 +43,68 @@ def from_args(cls: type[C], args: argparse.Namespace) -> C:
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
 
 
+def positive(text: str) -> float:
+    """An argparse type: a finite number > 0 (MB sizes: nan or inf reached `int(mb * 1e6)` as a traceback)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def at_least(low: int):
+    """An argparse type: a whole number >= `low` (counts of batches, steps, repeats, ...)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {low}, got {text}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {low}, got {text}")
+        return value
+
+    parse.__name__ = f"whole number >= {low}"
+    return parse
+
+
+def counts(low: int = 0):
+    """An argparse type: comma-separated whole numbers >= `low` ("0,2": DataLoader worker counts), kept as text."""
+    one = at_least(low)
+
+    def parse(text: str) -> str:
+        items = [t for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"must be comma-separated whole numbers >= {low}, got '{text}'")
+        try:
+            for t in items:
+                one(t.strip())
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"must be comma-separated whole numbers >= {low}, got '{text}'") \
+                from None
+        return text
+
+    parse.__name__ = "counts"
+    return parse
+
+
+def sizes(text: str) -> str:
+    """An argparse type: comma-separated MB sizes, each a finite number > 0 ('' = none), kept as text."""
+    for t in (t for t in text.split(",") if t.strip()):
+        try:
+            positive(t.strip())
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"must be comma-separated numbers > 0 (or ''), got '{text}'") from None
+    return text
+
+
 def add_common_args(p: argparse.ArgumentParser, cfg: BenchConfig, workdir_help: str) -> None:
     """--corpus, --mb, --tokenizer, --workdir with `cfg`'s defaults (--json and --check: `add_output_args`)."""
     p.add_argument("--corpus", default=cfg.corpus,
                    help="parquet/jsonl input (default: build the embedded corpus of --mb MB)")
-    p.add_argument("--mb", type=float, default=cfg.mb, help="size of the embedded default corpus to build")
+    p.add_argument("--mb", type=positive, default=cfg.mb, help="size of the embedded default corpus to build")
     p.add_argument("--tokenizer", default=cfg.tokenizer,
                    help="tokenizer.json (default: ../shared/data GPT-2 if present, else the trained default)")
     p.add_argument("--workdir", default=cfg.workdir, help=workdir_help)
@@ -106,10 +164,13 @@ def environment() -> dict:
 
 
 def write_json(path: str | os.PathLike | None, result: Any, indent: int = 2) -> None:
-    """`result` as JSON at `path` (parents created); nothing when `path` is None."""
+    """`result` as JSON at `path` (parents created; written atomically: a full disk leaves the previous file, never
+    a torn one that readers such as notebook 05 take for no results); nothing when `path` is None."""
+    from ..atomic import atomic_write_text
+
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(result, indent=indent, default=str) + "\n")
+        atomic_write_text(path, json.dumps(result, indent=indent, default=str) + "\n")
 
 
 def check_targets(cfg: BenchConfig, failed: bool) -> None:

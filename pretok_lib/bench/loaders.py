@@ -24,8 +24,8 @@ from ..cpu_affinity import usable_cpus
 from ..datapaths import FORMAT_OF, KINDS, ON_THE_FLY, PACKED
 from ..errors import PretokError
 from . import fmt_num
-from .common import (BenchConfig, add_common_args, add_output_args, check_targets, corpus_and_tokenizer, environment,
-                     from_args, offline, write_json)
+from .common import (BenchConfig, add_common_args, add_output_args, at_least, check_targets, corpus_and_tokenizer,
+                     counts, environment, from_args, offline, write_json)
 
 SLOW = ON_THE_FLY  # tokenize on the fly: measured over --slow-batches
 COMPRESSIONS = ("none", "snappy", "zstd:3", "zstd:22")
@@ -79,17 +79,17 @@ def add_args(p: argparse.ArgumentParser) -> None:
     """Arguments of `pretok bench loaders` (defaults: `LoadersBench`)."""
     d = LoadersBench()
     add_common_args(p, d, "corpus cache and pretokenized outputs")
-    p.add_argument("--seq-len", type=int, default=d.seq_len)
-    p.add_argument("--micro-batch", type=int, default=d.micro_batch)
-    p.add_argument("--workers", default=d.workers, help="DataLoader worker counts, comma-separated")
-    p.add_argument("--batches", type=int, default=d.batches, help="timed batches per measurement")
-    p.add_argument("--slow-batches", type=int, default=d.slow_batches, help="timed batches for padded / padding-free")
-    p.add_argument("--warmup", type=int, default=d.warmup, help="untimed batches before timing starts")
+    p.add_argument("--seq-len", type=at_least(1), default=d.seq_len)
+    p.add_argument("--micro-batch", type=at_least(1), default=d.micro_batch)
+    p.add_argument("--workers", type=counts(0), default=d.workers, help="DataLoader worker counts, comma-separated")
+    p.add_argument("--batches", type=at_least(1), default=d.batches, help="timed batches per measurement")
+    p.add_argument("--slow-batches", type=at_least(1), default=d.slow_batches, help="timed batches for padded / padding-free")
+    p.add_argument("--warmup", type=at_least(0), default=d.warmup, help="untimed batches before timing starts")
     p.add_argument("--compressions", default=d.compressions, help="parquet codecs to read ('' = skip)")
-    p.add_argument("--read-repeats", type=int, default=d.read_repeats,
+    p.add_argument("--read-repeats", type=at_least(1), default=d.read_repeats,
                    help="reads per compression variant (best is kept)")
-    p.add_argument("--repeats", type=int, default=d.repeats, help="measurements per row; the fastest is kept")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--repeats", type=at_least(1), default=d.repeats, help="measurements per row; the fastest is kept")
+    p.add_argument("--seed", type=at_least(0), default=d.seed)
     add_output_args(p)
     from .loaders_memory import add_args as add_memory_args
 

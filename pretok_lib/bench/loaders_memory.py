@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import subprocess
 import sys
 import time
 from typing import TYPE_CHECKING
 
+from ..errors import PretokError
 from ..memory import peak_rss_mb
+from ..procs import run_child
+from .common import at_least, positive
 from . import fmt_num
 
 if TYPE_CHECKING:
@@ -41,13 +43,13 @@ def add_args(p: argparse.ArgumentParser, d: LoadersBench) -> None:
     """The --memory options of `pretok bench loaders`, with the defaults of `d`."""
     p.add_argument("--memory", action="append", default=list(d.memory), metavar="KIND=DIR",
                    help="only the memory benchmark, on this output (pretok-padded=DIR, pretok-token-list=DIR)")
-    p.add_argument("--memory-world", type=int, default=d.memory_world, help="ranks simulated (rank 0 is measured)")
-    p.add_argument("--memory-batches", type=int, default=d.memory_batches,
+    p.add_argument("--memory-world", type=at_least(1), default=d.memory_world, help="ranks simulated (rank 0 is measured)")
+    p.add_argument("--memory-batches", type=at_least(1), default=d.memory_batches,
                    help="timed batches (in-ram, block): several block windows, so read-ahead is amortised")
-    p.add_argument("--memory-exact-batches", type=int, default=d.memory_exact_batches,
+    p.add_argument("--memory-exact-batches", type=at_least(1), default=d.memory_exact_batches,
                    help="timed batches (exact order)")
-    p.add_argument("--cache-mb", type=float, default=d.cache_mb, help="decoded row-group cache per process")
-    p.add_argument("--block-groups", type=int, default=d.block_groups, help="row groups per block-order window")
+    p.add_argument("--cache-mb", type=positive, default=d.cache_mb, help="decoded row-group cache per process")
+    p.add_argument("--block-groups", type=at_least(1), default=d.block_groups, help="row groups per block-order window")
 
 
 def one(spec: dict) -> dict:
@@ -95,9 +97,10 @@ def main(a: LoadersBench) -> list[dict]:
                     "world": a.memory_world, "seed": a.seed, "warmup": max(a.warmup, 20), "digest_batches": 20,
                     "batches": a.memory_exact_batches if impl == "exact" else a.memory_batches,
                     "cache_mb": a.cache_mb, "block_groups": a.block_groups}
-            out = subprocess.run([sys.executable, "-m", __name__, json.dumps(spec)], capture_output=True, text=True)
+            out = run_child([sys.executable, "-m", __name__, json.dumps(spec)], capture_output=True, text=True)
             if out.returncode:
-                raise SystemExit(f"{kind} {impl} failed:\n{out.stderr[-3000:]}")
+                last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+                raise PretokError(f"the {impl} reader failed (exit {out.returncode}): {last}", path)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             rows.append(r)
             print(f"  {kind} {impl}: {r['tokens_per_s'] / 1e6:.3f} M tokens/s, peak RSS {r['peak_rss_mb']:.0f} MB, "

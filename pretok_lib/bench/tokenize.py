@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cpu_affinity import usable_cpus
-from .common import (GPT2_REL, BenchConfig, add_common_args, add_output_args, cached_corpus, check_targets,
-                     environment, from_args, offline, resolve_tokenizer, write_json)
+from .common import (GPT2_REL, BenchConfig, add_common_args, add_output_args, at_least, cached_corpus, check_targets,
+                     environment, from_args, offline, positive, resolve_tokenizer, sizes, write_json)
 from .tokenize_methods import (ChildRss, ceiling_parallel, child_ceiling, child_datasets, child_loop, hf_tokenizer,
                                in_child, iter_docs, run_engine, same_as_engine, scan_corpus)
 from .tokenize_report import (CEIL, LOOP, MAP, ceil_name, fastest, paired_ratio, phase_name, rates, table,
@@ -57,17 +57,17 @@ def add_args(p: argparse.ArgumentParser) -> None:
     """Arguments of `pretok bench tokenize` (defaults: `TokenizeBench`)."""
     d = TokenizeBench()
     add_common_args(p, d, "corpora cache and all outputs")
-    p.add_argument("--workers", type=int, default=d.workers,
+    p.add_argument("--workers", type=at_least(0), default=d.workers,
                    help=f"N for datasets.map and the engine (default {d.workers})")
     p.add_argument("--formats", nargs="+", default=d.formats, choices=FORMATS)
     p.add_argument("--skip", nargs="*", default=d.skip, choices=SKIPPABLE)
-    p.add_argument("--loop-mb", type=float, default=d.loop_mb, help="corpus prefix measured by (a) and (b)")
-    p.add_argument("--rss-scan", default=d.rss_scan,
+    p.add_argument("--loop-mb", type=positive, default=d.loop_mb, help="corpus prefix measured by (a) and (b)")
+    p.add_argument("--rss-scan", type=sizes, default=d.rss_scan,
                    help="corpus MB sizes for the worker-RSS check, smallest to largest ('' = off)")
-    p.add_argument("--part-mb", type=float, default=d.part_mb, help="engine --part-mb (default: the engine's)")
-    p.add_argument("--batch-mb", type=float, default=d.batch_mb,
+    p.add_argument("--part-mb", type=positive, default=d.part_mb, help="engine --part-mb (default: the engine's)")
+    p.add_argument("--batch-mb", type=positive, default=d.batch_mb,
                    help="engine --batch-mb, also the ceiling's batch size")
-    p.add_argument("--repeat", type=int, default=d.repeat,
+    p.add_argument("--repeat", type=at_least(1), default=d.repeat,
                    help="time the engine and the ceilings this many times: the table keeps the fastest, the targets "
                         "take the median of the ratios within each round (noisy machines)")
     add_output_args(p)

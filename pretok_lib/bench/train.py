@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..datapaths import KINDS, ON_THE_FLY, PACKED
 from ..errors import PretokError
+from ..procs import run_child
 from . import fmt_num
-from .common import (BenchConfig, add_common_args, add_output_args, check_targets, corpus_and_tokenizer, environment,
-                     from_args, write_json)
+from .common import (BenchConfig, add_common_args, add_output_args, at_least, check_targets, corpus_and_tokenizer,
+                     environment, from_args, write_json)
 from .loaders import FORMAT_OF, pretokenize, render, variant_dir
 
 PRETOK = ("pretok-padded", "pretok-token-list", "pretok-memmap")
@@ -50,11 +50,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     d = TrainBench()
     add_common_args(p, d, "corpus cache, pretokenized data, the runs")
     p.add_argument("--config", default=d.config, help="base training config (default: configs/tiny.yaml values)")
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--skip", type=int, default=d.skip, help="warm-up steps left out of the means")
-    p.add_argument("--seq-len", type=int, default=d.seq_len)
-    p.add_argument("--micro-batch", type=int, default=d.micro_batch)
-    p.add_argument("--num-workers", type=int, default=d.num_workers, help="DataLoader workers of every path")
+    p.add_argument("--steps", type=at_least(1), default=d.steps)
+    p.add_argument("--skip", type=at_least(0), default=d.skip, help="warm-up steps left out of the means")
+    p.add_argument("--seq-len", type=at_least(1), default=d.seq_len)
+    p.add_argument("--micro-batch", type=at_least(1), default=d.micro_batch)
+    p.add_argument("--num-workers", type=at_least(0), default=d.num_workers, help="DataLoader workers of every path")
     p.add_argument("--precision", default=d.precision, choices=("auto", "fp32", "bf16", "fp16"),
                    help="auto: bf16 where the hardware computes it natively, else fp32 (see run.json)")
     p.add_argument("--paths", default=d.paths, help="data paths to run, comma-separated")
@@ -90,7 +90,7 @@ def run_path(kind: str, data_path: str, tok: str, a: TrainBench, runs: Path) -> 
     overrides += a.set  # last: --set overrides the defaults above
     cmd = [sys.executable, "-m", "pretok_lib.train", *(["--config", a.config] if a.config else []), *overrides]
     print(f"  {kind}: {' '.join(cmd[3:])}", flush=True)
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    p = run_child(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if p.returncode != 0:
         tail = p.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise PretokError(f"training on {kind} failed (exit {p.returncode}): {tail[0]}", runs / kind)

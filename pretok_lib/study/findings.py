@@ -85,19 +85,27 @@ def _smallest_world(ms: list[Any]) -> list[Any]:
     return [m for m in ms if m.world_size == ws]
 
 
-def _by_path(ms: list[Any], key: str) -> dict[str, float]:
-    from ..analysis.metrics import path_rank
+def _path_comparison(runs: Sequence[Any], key: str) -> tuple[str | None, dict[str, float]]:
+    """Mean `key` per data path over the completed runs at the smallest world size, in the group of runs equal
+    but for the data path that compares the most paths (a precision or micro-batch variant of one path is not
+    averaged in, as the figures keep it a bar of its own); the group's label when there are other groups."""
+    from ..analysis import path_speedups
 
-    kinds = sorted({m.data_kind for m in ms if m.data_kind}, key=path_rank)
-    out = {k: _mean([getattr(m, key) for m in ms if m.data_kind == k]) for k in kinds}
-    return {k: v for k, v in out.items() if v is not None}
+    ids = {m.run_id for m in _smallest_world(_completed(runs))}
+    rows = [r for r in path_speedups([r for r in runs if r.run_id in ids], "padded", key) if r["value"] is not None]
+    groups = list(dict.fromkeys(r["group"] for r in rows))
+    if not groups:
+        return None, {}
+    main = max(groups, key=lambda g: sum(r["group"] == g for r in rows))   # the first of the largest
+    return (main if len(groups) > 1 else None), {r["data_kind"]: r["value"] for r in rows if r["group"] == main}
 
 
 def stall_finding(runs: Sequence[Any], prediction: Sequence[Mapping] = ()) -> str | None:
-    """Measured data stall per data path (smallest world size), and the stall predicted on the first accelerator
-    of `prediction` (rows of `analysis.stall.predict`) at its MFU range, best worker count per path."""
-    stall = _by_path(_smallest_world(_completed(runs)), "data_stall")
-    text = ", ".join(f"{k} {_pct(v)}" for k, v in stall.items())
+    """Measured data stall per data path (smallest world size, the data-path comparison's runs:
+    `_path_comparison`), and the stall predicted on the first accelerator of `prediction` (rows of
+    `analysis.stall.predict`) at its MFU range, best worker count per path."""
+    group, stall = _path_comparison(runs, "data_stall")
+    text = (f"({group}) " if group else "") + ", ".join(f"{k} {_pct(v)}" for k, v in stall.items())
     if prediction:
         acc = prediction[0]["accelerator"]
         best: dict[str, float] = {}
@@ -126,7 +134,7 @@ def packing_finding(runs: Sequence[Any]) -> str | None:
             parts.append(f"{packed} / {padded} {_span(ratios, _x)}")
     if parts:
         parts[0] = "effective tokens/s " + parts[0]
-    pad = _by_path(_completed(runs), "padding_frac").get("padded")
+    pad = _path_comparison(runs, "padding_frac")[1].get("padded")
     if pad is not None:
         parts.append(f"padded rows are {_pct(pad)} padding")
     return "; ".join(parts) or None

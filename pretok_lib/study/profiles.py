@@ -15,6 +15,7 @@ import copy
 from typing import Any
 
 from ..cpu_affinity import usable_cpus
+from ..errors import PretokError
 from ..datapaths import KINDS
 
 PATHS = list(KINDS)
@@ -73,6 +74,40 @@ PROFILES: dict[str, dict[str, Any]] = {
         "target_loss": None, "png": True, **STALL,
     },
 }
+
+
+# The shape of every notebook parameter (tests/test_study.py: each one a notebook declares is here): `pretok study
+# --set` values are checked against it before anything runs. "number": int or float; "count": int; None: may be null.
+PARAMETER_TYPES: dict[str, tuple] = {
+    "study_dir": ("text",), "corpus": ("text",), "corpus_mb": ("number",), "tokenizer": ("text",),
+    "vocab_size": ("count",), "seq_len": ("count",), "compressions": ("list of text",), "workers": ("count",),
+    "bench_loop_mb": ("number",), "micro_batch": ("count",), "loader_workers": ("text", "count"),
+    "loader_batches": ("count",), "loader_slow_batches": ("count",), "loader_repeats": ("count",),
+    "config": ("text",), "train_data_kind": ("text",), "train_world": ("count",), "train_overrides": ("mapping",),
+    "sweep_grids": ("list of mappings",), "sweep_base": ("mapping",), "launcher": ("text",),
+    "sweep_prefix": ("text",), "sweep_timeout_s": ("number", None), "target_loss": ("number", None),
+    "png": ("bool",), "target_config": ("text",), "target_vocab": ("count", None), "target_seq_len": ("count", None),
+    "target_mfu": ("list of numbers",), "cores_per_rank": ("count", None),
+}
+
+
+def _is(value: Any, kind: str | None) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return {None: value is None, "text": isinstance(value, str), "number": number,
+            "count": number and float(value).is_integer(), "bool": isinstance(value, bool),
+            "mapping": isinstance(value, dict),
+            "list of text": isinstance(value, list) and all(isinstance(v, str) for v in value),
+            "list of numbers": isinstance(value, list) and bool(value) and all(_is(v, "number") for v in value),
+            "list of mappings": isinstance(value, list) and all(isinstance(v, dict) for v in value)}[kind]
+
+
+def check_parameters(values: dict[str, Any]) -> None:
+    """PretokError (one line) naming every value whose shape its parameter does not take (`target_mfu=0.4` for
+    [0.35, 0.45] failed notebook 05 and then the report with a TypeError traceback)."""
+    bad = [f"{k}={v!r} (takes {' or '.join('null' if t is None else t for t in PARAMETER_TYPES[k])})"
+           for k, v in values.items() if k in PARAMETER_TYPES and not any(_is(v, t) for t in PARAMETER_TYPES[k])]
+    if bad:
+        raise PretokError("notebook parameter(s) of the wrong shape: " + "; ".join(bad))
 
 
 def gpu_count() -> int:

@@ -17,7 +17,7 @@ from typing import Any
 from .. import procs
 from ..errors import PretokError
 from .kernels import encrypted_kernel_channels
-from .profiles import profile_parameters
+from .profiles import check_parameters, profile_parameters
 from .steps import ROOT, resolve
 
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -181,6 +181,9 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     unknown = sorted(set(overrides) - set().union(*takes.values()))
     if unknown:
         raise PretokError(f"no study notebook has parameter(s) {', '.join(unknown)}")
+    if "study_dir" in overrides:  # every notebook gets --out's directory: a --set of it was silently dropped
+        raise PretokError(f"study_dir is the study directory, --out: give --out {overrides['study_dir']}")
+    check_parameters(overrides)
     previous = read_record(out_dir)
     params, changed = study_parameters(profile, overrides, names, previous, out_dir, takes)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -192,9 +195,15 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     history = [*(previous or {}).get("history", []), {"started": now, "notebooks": names,
                                                       **({"changed": changed} if changed else {})}]
     record: dict[str, Any] = {"profile": profile, "study_dir": str(out_dir), "parameters": params, "started": now,
-                              "notebooks": {n: r for n, r in (previous or {}).get("notebooks", {}).items()
+                              "notebooks": {n: _ended(r) for n, r in (previous or {}).get("notebooks", {}).items()
                                             if n in NOTEBOOKS and n not in names},
                               "history": history}
+    # From here the directory no longer holds the study its old report and record describe: the report goes, and the
+    # record says which notebooks are running, so a stop or a kill -9 leaves no complete-looking stale report.
+    for n in names:
+        record["notebooks"][n] = {"status": "running", "run": now}
+    remove_report(out_dir)
+    write_record(out_dir, record)
     t0, started = time.monotonic(), time.time()
     failure = None
     stop = _Stop()
@@ -207,6 +216,7 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
             try:
                 secs = execute(name, out_dir, params, kernel, stream, ended=stop.notebook_ended)
                 record["notebooks"][name] = {"status": "completed", "seconds": round(secs, 1), "run": now}
+                write_record(out_dir, record)     # a kill -9 later loses no completed notebook
                 say(f"== {name}: done in {secs:.0f} s")
             except Exception as e:  # after a stop signal, whatever the interrupted kernel or papermill raises
                 if not (stop.signum or isinstance(e, PretokError)):
@@ -222,25 +232,48 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
                                             out_dir)
                     record["notebooks"][name] = {"status": "stopped", "error": str(failure), "run": now}
     stop.done.set()
-    record["notebooks"] = {n: record["notebooks"][n] for n in NOTEBOOKS if n in record["notebooks"]}
+    record["notebooks"] = {n: r for n in NOTEBOOKS if (r := record["notebooks"].get(n))
+                           and r.get("status") != "running"}        # not reached, after a failure or a stop
     record.update(finished=_now(), seconds=round(time.monotonic() - t0, 1))
     if stop.signum:      # no report of a study stopped half-way; study.json says where it stopped
-        (out_dir / "study.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+        write_record(out_dir, record)
         raise failure
     record["figures"] = figure_counts(out_dir / "figures", started)
-    if report:
-        executed = [n for n in record["notebooks"] if (out_dir / "notebooks" / f"{n}.ipynb").is_file()]
-        record["report"] = {k: str(v) for k, v in write_report(out_dir, executed, record).items()}
-    if publish is not None and (out_dir / "figures").is_dir():
-        dest = resolve(publish) / out_dir.name
-        shutil.rmtree(dest, ignore_errors=True)
-        shutil.copytree(out_dir / "figures", dest)
-        record["published_figures"] = str(dest)
-    (out_dir / "study.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    try:
+        if report:
+            executed = [n for n in record["notebooks"] if (out_dir / "notebooks" / f"{n}.ipynb").is_file()]
+            record["report"] = {k: str(v) for k, v in write_report(out_dir, executed, record).items()}
+        if publish is not None and (out_dir / "figures").is_dir():
+            dest = resolve(publish) / out_dir.name
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(out_dir / "figures", dest)
+            record["published_figures"] = str(dest)
+    finally:  # what the notebooks did is recorded even when the report or the copy fails (disk full, ...)
+        write_record(out_dir, record)
     say(summary(out_dir, record))
     if failure is not None:
         raise failure
     return record
+
+
+def _ended(r: dict) -> dict:
+    """A kept notebook's record; `running` there means the study that ran it was killed before recording its end."""
+    if r.get("status") != "running":
+        return r
+    return {**r, "status": "stopped", "error": "the study running it ended without a word (killed?)"}
+
+
+def write_record(out_dir: Path, record: dict) -> None:
+    """`out_dir/study.json`, atomically (a full disk leaves the previous record, not a torn one)."""
+    from ..atomic import atomic_write_text
+
+    atomic_write_text(out_dir / "study.json", json.dumps(record, indent=2, default=str) + "\n")
+
+
+def remove_report(out_dir: Path) -> None:
+    """The study's HTML reports and their combined notebook (about to describe notebooks that are rerun)."""
+    for p in (out_dir / "report.html", out_dir / "report_nocode.html", out_dir / "notebooks" / "report.ipynb"):
+        p.unlink(missing_ok=True)
 
 
 class _Stop:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_write_text
 from ..datapaths import KIND_OF_FORMAT, ON_THE_FLY
 from ..errors import PretokError
 from .results import bench_figures, findings, png_available, read_bench, record_sweep, select_runs, sweep_runs
@@ -169,7 +170,7 @@ def pretokenize_all(paths: StudyPaths, corpus: str, tokenizer: str, seq_len: int
     index = {"corpus": corpus, "tokenizer": tokenizer, "seq_len": seq_len, "variants": variants,
              "paths": data_paths(corpus, {n: v["path"] for n, v in variants.items()})}
     paths.datasets_json.parent.mkdir(parents=True, exist_ok=True)
-    paths.datasets_json.write_text(json.dumps(index, indent=2) + "\n")
+    atomic_write_text(paths.datasets_json, json.dumps(index, indent=2) + "\n")
     return index
 
 

@@ -225,7 +225,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise PretokError(f"override '{item}' is not of the form section.key=value")
-        _set_dotted(raw, key.strip(), yaml.safe_load(text) if text.strip() else None)
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise PretokError(f"override '{item}': the value is not YAML ({first}); quote it to pass it as text") \
+                from None
+        _set_dotted(raw, key.strip(), value)
     _drop_replaced_alternatives(raw, {item.partition("=")[0].strip() for item in overrides})
     cfg = Config(name=Path(path).stem if path else "run")
     _merge(cfg, raw, "", source)

@@ -68,6 +68,16 @@ def pick_checkpoint(run_dir: Path, step: int | None = None) -> Path:
     return path
 
 
+def refuse_run_files(run_dir: Path, out: Path) -> None:
+    """An --out that is the run directory, holds it or is among its checkpoints would be replaced by the export,
+    the run's checkpoints, metrics and config with it (`--overwrite` did so): refused."""
+    run, dest = run_dir.resolve(), out.resolve()
+    ckpts = run / "checkpoints"
+    if dest == run or run.is_relative_to(dest) or dest == ckpts or dest.is_relative_to(ckpts):
+        raise PretokError(f"--out would replace the run's own files ({run_dir}): export into a directory of its own "
+                          f"(default: {run_dir / DEFAULT_DIR})", out)
+
+
 def load_model(cfg: Config, ckpt: Path):
     """The LlamaForCausalLM of `cfg` holding checkpoint `ckpt`'s weights (fp32, CPU)."""
     try:
@@ -161,6 +171,7 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None,
     cfg = run_config(run_dir)
     ckpt = pick_checkpoint(run_dir, step)
     out = Path(out) if out is not None else run_dir / DEFAULT_DIR
+    refuse_run_files(run_dir, out)
     if out.exists() and not overwrite and not (out / RECORD).is_file():
         raise PretokError("exists and is not a pretok export (use --overwrite to replace it)", out)
     model = load_model(cfg, ckpt)

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pretok_lib.analysis import figures as F
 from pretok_lib.analysis.metrics import path_speedups
@@ -118,3 +120,67 @@ def test_scaling_means_completed_runs_only(status: str, tmp_path: Path) -> None:
     simple_run(tmp_path, "n2-bad", kind="padded", tokens_per_s=10.0, world_size=2, seed=1, status=status)
     (line,) = [t for t in F.scaling_figure(load_runs(tmp_path)).data if t.mode == "lines+markers+text"]
     assert list(line.y) == [1000.0, 1800.0] and list(line.text) == ["", "90%"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from(["completed", "failed", "running", "interrupted"]), min_size=len(RUNS),
+                max_size=len(RUNS)))
+def test_comparisons_mean_completed_runs_only_whoever_calls_them(tmp_path_factory, statuses: list[str]) -> None:
+    """path_speedups, scaling_efficiency and tokenization_speedups give the numbers of the completed runs alone,
+    whatever the other runs' statuses: notebook 05's findings table and the tokenization figure passed every run
+    and showed a failed padded run's partial tokens/s as the baseline ("padded 630 x1")."""
+    from pretok_lib.analysis.metrics import scaling_efficiency, tokenization_speedups
+    from pretok_lib.study.results import findings
+    from pretok_lib.study.steps import StudyPaths
+
+    root = tmp_path_factory.mktemp("runs")
+    for (rid, (kind, _, seed, _, tps, loss0)), status in zip(RUNS.items(), statuses, strict=True):
+        simple_run(root, rid, kind=kind, tokens_per_s=tps, loss0=loss0, seed=seed, status=status, eff_frac=0.5)
+        simple_run(root, f"{rid}-w2", kind=kind, tokens_per_s=tps * 1.5, loss0=loss0, seed=seed, status=status,
+                   eff_frac=0.5, world_size=2)
+    simple_run(root, "pf", kind="padding-free", tokens_per_s=5000.0, eff_frac=0.5, status=statuses[0])
+    runs = load_runs(root)
+    done = [r for r in runs if r.status == "completed"]
+    bench = {"methods": {"(a) per-doc loop": {"mb_per_s": 1.0}, "(d) engine memmap w1": {"mb_per_s": 50.0},
+                         "(d) engine padded w1": {"mb_per_s": 40.0}}}
+    assert path_speedups(runs) == path_speedups(done)
+    assert scaling_efficiency(runs) == scaling_efficiency(done)
+    assert tokenization_speedups(bench, runs) == tokenization_speedups(bench, done)
+    table = [line for line in findings(runs, StudyPaths(tmp_path_factory.mktemp("study"))).splitlines()
+             if line.startswith("| ") and not line.startswith("| runs")]
+    assert table == [line for line in findings(done, StudyPaths(tmp_path_factory.mktemp("study"))).splitlines()
+                     if line.startswith("| ") and not line.startswith("| runs")]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_groups_of_other_configs_never_share_a_label(variant: str, tmp_path: Path) -> None:
+    """Two sweeps of the data paths (or world sizes) that differ in a setting the group label did not show
+    (train.lr, a new section, the model): path_speedups and scaling_efficiency gave both groups one label, and
+    every consumer pairing rows by label (tokenization_speedups, the findings' packing and stall, the scaling
+    figure's lines) paired a run of one config with a run of the other (lr 1e-3 padded / lr 2e-3 memmap)."""
+    from pretok_lib.analysis.metrics import precision_groups, scaling_efficiency, tokenization_speedups
+    from pretok_lib.study.findings import packing_finding
+
+    kw, _ = VARIANTS[variant]
+    rates = {"padded": 1000.0, "pretok-padded": 1500.0, "padding-free": 2000.0, "pretok-memmap": 4000.0}
+    for i, (var, scale) in enumerate(((False, 1.0), (True, 3.0))):
+        for kind, tps in rates.items():
+            for ws in (1, 2):
+                simple_run(tmp_path, f"{kind}-{i}-w{ws}", kind=kind, tokens_per_s=tps * scale * (1.5 if ws == 2 else 1),
+                           world_size=ws, eff_frac=0.5, **(kw if var else {}))
+    runs = load_runs(tmp_path)
+    sp = path_speedups(runs)
+    labels = {r["group"]: tuple(sorted(r["runs"])) for r in sp if r["data_kind"] == "padded"}
+    assert len(labels) == 4                         # 2 configs x 2 world sizes, each its own label
+    assert {round(r["speedup"], 6) for r in sp} == {1.0, 1.5, 2.0, 4.0}   # within a config only
+    scaling = scaling_efficiency(runs)
+    assert len({r["group"] for r in scaling}) == 8 and {round(r["efficiency"], 6) for r in scaling} == {1.0, 0.75}
+    lines = [t for t in F.scaling_figure(runs).data if t.mode == "lines+markers+text"]
+    assert len({t.name for t in lines}) == 8 and all(len(t.x) == 2 for t in lines)   # one line per config
+    bench = {"methods": {"(a) loop": {"mb_per_s": 1.0}, "(d) engine memmap w1": {"mb_per_s": 9.0},
+                         "(d) engine padded w1": {"mb_per_s": 9.0}}}
+    assert {round(r["training"], 6) for r in tokenization_speedups(bench, runs)} == {2.0, 1.5}
+    assert packing_finding(runs).startswith("effective tokens/s padding-free / padded x2; pretok-memmap / "
+                                            "pretok-padded x2.67;")
+    for label, ms in precision_groups(runs):
+        assert len({m.precision for m in ms}) >= 2 and label

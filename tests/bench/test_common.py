@@ -6,6 +6,8 @@ import dataclasses
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pretok_lib.bench.common import check_targets, from_args, write_json
 from pretok_lib.bench.loaders import LoadersBench
@@ -43,3 +45,77 @@ def test_results_json_and_the_targets_check(tmp_path):
     check_targets(LoadersBench(check=True), failed=False)
     with pytest.raises(PretokError, match="targets failed"):
         check_targets(LoadersBench(check=True), failed=True)
+
+
+def _numeric_options(name: str) -> list[str]:
+    """The options of `pretok bench <name>` that take a value of a type (numbers, lists of numbers)."""
+    bench = next(a for a in build_parser()._actions if a.dest == "cmd").choices["bench"]
+    sub = next(a for a in bench._actions if a.dest == "bench").choices[name]
+    return [act.option_strings[-1] for act in sub._actions if act.option_strings and act.type is not None]
+
+
+ODD = ["nan", "inf", "-inf", "-1", "0", "1e400", "a", "", "1,a", " ", "0.5", "3", "2,4"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(sorted(BENCHES)), st.data())
+def test_odd_numbers_are_an_argument_error_never_a_traceback(name: str, data) -> None:
+    """Every numeric option of every benchmark: a value it cannot take (nan, inf, 0 batches, 'a' workers) is
+    argparse's one-line error (exit 2) before anything runs; `--loop-mb nan`, `--workers a`, `--batches 0` were
+    tracebacks after minutes of corpus building. A value it takes is finite and within its range."""
+    import math
+
+    option = data.draw(st.sampled_from(_numeric_options(name)))
+    text = data.draw(st.sampled_from(ODD) | st.text(alphabet="0123456789.,-e", max_size=6))
+    try:
+        args = build_parser().parse_args(["bench", name, option, text])
+    except SystemExit as e:
+        assert e.code == 2
+        return
+    value = getattr(args, option.lstrip("-").replace("-", "_"))
+    for v in str(value).split(",") if isinstance(value, str) else [value]:
+        if str(v).strip():
+            assert math.isfinite(float(v)) and float(v) >= 0, (option, text, value)
+
+
+@pytest.mark.parametrize("cut", [0, 1, 100, 5000])
+def test_results_json_on_a_full_disk_keeps_the_previous_file(tmp_path, monkeypatch, cut: int) -> None:
+    """`--json OUT` when the disk fills after `cut` bytes: one error naming OUT, the previous results intact and no
+    temp file; a torn JSON was left in place, which notebook 05 read as "no benchmark results"."""
+    import builtins
+    import errno
+    import io
+
+    out = tmp_path / "r.json"
+    write_json(out, {"previous": True})
+    real_open = builtins.open
+
+    class Full(io.StringIO):
+        def __init__(self, fh):
+            super().__init__()
+            self.fh = fh
+
+        def write(self, s):
+            room = cut - self.fh.tell()
+            self.fh.write(s[:max(0, room)])
+            if len(s) > room:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return len(s)
+
+        def close(self):
+            self.fh.close()
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+    def full_open(file, mode="r", *a, **kw):
+        fh = real_open(file, mode, *a, **kw)
+        return Full(fh) if "w" in mode and str(file).startswith(str(tmp_path)) else fh
+
+    monkeypatch.setattr(builtins, "open", full_open)
+    monkeypatch.setattr(io, "open", full_open)
+    with pytest.raises(OSError) as e:
+        write_json(out, {"x": "y" * 10_000})
+    monkeypatch.undo()
+    assert str(out) in str(e.value) and "No space left" in str(e.value)
+    assert json.loads(out.read_text()) == {"previous": True} and [p.name for p in tmp_path.iterdir()] == ["r.json"]

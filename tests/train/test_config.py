@@ -164,3 +164,21 @@ def test_a_dataset_twice_in_a_mixture_is_refused():
     with pytest.raises(PretokError, match=r"data.mixture\[1\].path is data.mixture\[0\]'s dataset again"):
         load_config(None, ["data.mixture=[{path: /d/a, weight: 1}, {path: /d/b/../a, weight: 2}]"])
     assert len(load_config(None, ["data.mixture=[{path: /d/a, weight: 1}, {path: /d/b, weight: 2}]"]).data.mixture) == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.sampled_from("[]{},:'\"&*!|>%@`#-? ab1.\\\t"), max_size=12))
+def test_an_override_value_that_is_not_yaml_is_one_line(text: str) -> None:
+    """`pretok train ... key=<text>`: whatever the text, a config or a one-line PretokError naming the override
+    (a PyYAML exception reached the user as a traceback)."""
+    import yaml
+
+    try:
+        yaml.safe_load(text.strip() and text)   # an empty value is null
+        is_yaml = True
+    except yaml.YAMLError:
+        is_yaml = False
+    try:
+        load_config(None, [f"run.id={text}"])
+    except PretokError as e:
+        assert "\n" not in str(e) and (is_yaml or f"override 'run.id={text}'" in str(e)), str(e)

@@ -332,3 +332,14 @@ def test_a_run_from_before_run_json_named_its_tokenizer_finds_it(source, runs, t
     rc, stdout, stderr = export(capsys, str(run))
     assert rc == 0 and "model and tokenizer" in stdout and "warning" not in stderr, stderr
     assert (run / "hf" / "tokenizer.json").read_bytes() == (runs / "one" / "hf" / "tokenizer.json").read_bytes()
+
+
+@pytest.mark.parametrize("where", [".", "..", "checkpoints", "checkpoints/step_00000008", "checkpoints/new", "./x/.."])
+def test_an_out_that_would_replace_the_run_is_refused_even_with_overwrite(where, runs, tmp_path, capsys):
+    """`pretok export runs/x --out runs/x --overwrite` replaced the whole run (checkpoints, metrics, config) with
+    its export and exited 0; its parent or its checkpoints likewise: refused, nothing touched."""
+    run = _copy_run(runs, tmp_path)
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    rc, _, stderr = export(capsys, str(run), "--out", str(run / where), "--overwrite")
+    assert rc == 1 and "would replace the run's own files" in stderr and stderr.count("\n") == 1, stderr
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
