@@ -98,7 +98,7 @@ class EvalConfig:
     kind: str = "pretok-memmap"     # the held-out split; the same for every data path so losses compare
     path: str | None = None         # no validation when empty
     every: int = 50
-    batches: int = 8                # micro-batches per rank
+    batches: int = 8                # global batches (micro_batch x ranks x grad_accum samples each)
 
 
 @dataclass

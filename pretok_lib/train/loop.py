@@ -121,7 +121,7 @@ def _endless(loader, data: str | None = None):
             n += 1
             yield batch
         if n == 0 and whole_epoch:
-            raise PretokError("the training data has fewer samples than one global batch "
+            raise PretokError("the training data has fewer samples than one loader batch "
                               "(micro_batch × world size); use a smaller batch or more data", data)
 
 
@@ -249,12 +249,13 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Mean loss over the first eval.batches micro-batches of every rank of the held-out split."""
+        """Mean loss over the first eval.batches global batches of the held-out split (eval.batches x grad_accum
+        micro-batches of every rank), so the same samples whatever the split of the global batch."""
         self.net.eval()
         self.val.position = Position()
         loss_sum = torch.zeros(2, dtype=torch.float64)
         for i, batch in enumerate(make_loader(self.val)):
-            if i >= self.cfg.eval.batches:
+            if i >= self.cfg.eval.batches * self.cfg.train.grad_accum:
                 break
             loss_sum[0] += forward_loss_sum(self.net, batch, self.d.device, self.cfg.train.precision).item()
             loss_sum[1] += batch["effective_tokens"]
@@ -270,11 +271,22 @@ class Trainer:
         """One optimizer step over grad_accum micro-batches; returns this rank's raw measurements."""
         c, d = self.cfg, self.d
         t0 = time.perf_counter()
-        micro, wait = [], 0.0
-        for _ in range(c.train.grad_accum):
+        micro, wait, dropped = [], 0.0, 0
+        while len(micro) < c.train.grad_accum:
             t = time.perf_counter()
-            micro.append(next(batches))
+            batch = next(batches)
             wait += time.perf_counter() - t
+            if micro and batch["epoch"] != micro[0]["epoch"]:
+                # The epoch ended within this step: its last micro-batches, fewer than one accumulation, are dropped
+                # like an epoch's remainder under one loader batch, so a step never spans two epochs and any split
+                # of the global batch (micro-batch x ranks x accumulation) trains on the same samples.
+                dropped += 1
+                if dropped > 1:   # a whole epoch without one step's worth of micro-batches
+                    raise PretokError(f"the training data has fewer samples than one global batch "
+                                      f"({c.global_batch(d.world)} = micro_batch x world size x grad_accum); use "
+                                      f"a smaller batch or more data", self._data_path())
+                micro = []
+            micro.append(batch)
         counts = torch.tensor([[b[k] for k in ("tokens", "effective_tokens", "padding_tokens", "masked_tokens")]
                                for b in micro], dtype=torch.float64).sum(0)
         if self.mixture:  # per dataset: input tokens, then effective tokens (labels that count)
@@ -329,9 +341,14 @@ class Trainer:
     def run(self, metrics: MetricsLog | None, stop: StopFlag) -> str:
         """Train to cfg.train.steps; 'completed', or 'interrupted' after a stop signal (checkpoint saved)."""
         self.net.train()
-        batches = _endless(self.loader, None if self.cfg.data.mixture else self.cfg.data.path)
+        batches = _endless(self.loader, self._data_path())
         with collector.scheduled(self.cfg.train.gc_every) as after_step:
             return self._steps(metrics, stop, batches, after_step)
+
+    def _data_path(self) -> str | None:
+        """The training data's path for an error line (None for a mixture or several text inputs)."""
+        path = self.cfg.data.path
+        return path if isinstance(path, str) and path and not self.cfg.data.mixture else None
 
     def _steps(self, metrics: MetricsLog | None, stop: StopFlag, batches, after_step) -> str:
         c, d, p = self.cfg, self.d, self.progress
