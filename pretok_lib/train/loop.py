@@ -394,9 +394,9 @@ class Trainer:
             saved = bool(flag[0] or last or (c.checkpoint.every and p.step % c.checkpoint.every == 0))
             if saved:
                 self.save()
+            if last:    # also when a stop signal came during the last step: nothing is left to resume
+                break
             if flag[0]:
                 return "interrupted"
-            if last:
-                break
             after_step(p.step, evaluated or saved)
         return "completed"

@@ -396,3 +396,27 @@ def test_a_stop_signal_to_the_process_group_reaches_the_loader_workers_too(tiny,
     rc, errors, err = train_cli(o, capsys)
     assert rc == 0 and "resumed from" in err, err
     assert curve(run) == curve(tmp_path / "ref")
+
+
+@pytest.mark.parametrize("why", ["steps", "time budget"])
+def test_a_stop_signal_during_the_last_step_completes_the_run(tiny, reference, tmp_path, capsys, monkeypatch, why):
+    """SIGTERM during the step that ends the run (its last step, or the one that passes train.time_budget_s): the
+    run has nothing left to do, yet it stopped `interrupted` (exit 3, no summary.json, no export; under SLURM a
+    requeue or a resubmission only to finish). Now exit 0, `completed`, summary written."""
+    from pretok_lib.train import loop
+
+    real, last = loop.Trainer.step, STEPS if why == "steps" else 4
+    extra = [] if why == "steps" else ["train.time_budget_s=1e-6", "log.skip_steps=2"]
+
+    def step(self, batches):
+        if self.progress.step == last - 1:
+            os.kill(os.getpid(), signal.SIGTERM)   # handled by the run's StopFlag: the step goes on
+        return real(self, batches)
+
+    monkeypatch.setattr(loop.Trainer, "step", step)
+    rc, errors, err = train_cli(overrides(tiny, tmp_path) + extra, capsys)
+    assert rc == 0 and not errors, err
+    run = tmp_path / "run"
+    assert status(run)["status"] == "completed" and (run / "summary.json").is_file()
+    assert json.loads((run / "summary.json").read_text())["steps"] == last
+    assert curve(run) == reference[:last]
