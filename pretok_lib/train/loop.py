@@ -310,6 +310,12 @@ class Trainer:
         clip = c.train.grad_clip if c.train.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         lr = self.optimizer.param_groups[0]["lr"]
+        if not math.isfinite(grad_norm) and not self.scaler.is_enabled():
+            # Before the update (fp16's scaler skips such a step itself): with it, the weights became NaN while this
+            # step's loss was still finite, and a checkpoint at this step kept them, so every rerun resumed from
+            # NaN weights and failed again. The norm is global (DDP reduced the gradients): every rank stops here.
+            what = f"loss is {loss_sum}" if not math.isfinite(loss_sum) else f"gradient norm is {grad_norm}"
+            raise self.non_finite(f"{what} at step {self.progress.step + 1}", lr, "before updating the weights")
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
@@ -318,6 +324,12 @@ class Trainer:
             torch.cuda.synchronize(d.device)
         return {"loss_sum": loss_sum, "counts": counts, "wait": wait, "time": time.perf_counter() - t0,
                 "lr": lr, "grad_norm": grad_norm, "global_eff": global_eff}
+
+    def non_finite(self, what: str, lr: float, when: str = "") -> NonFiniteLoss:
+        """The error that fails the run at a NaN / infinite loss or gradient norm (`what`: which, at which step)."""
+        c = self.cfg
+        return NonFiniteLoss(f"{what} (precision {c.train.precision}{', torch.compile' if c.train.compile else ''}, "
+                             f"lr {lr:.2e}); the run stops{' ' + when if when else ''}, its last checkpoint kept")
 
     def record(self, m: dict) -> dict:
         """The metrics.jsonl record of a step: sums over ranks, times as the slowest rank's."""
@@ -367,9 +379,7 @@ class Trainer:
             logging = p.step % c.log.every == 0 or last or bool(flag[0])
             rec = self.record(m)  # every step: the cumulative counters must be global and exact
             if not math.isfinite(rec["loss"]):
-                raise NonFiniteLoss(f"loss is {rec['loss']} at step {p.step} (precision {c.train.precision}"
-                                    f"{', torch.compile' if c.train.compile else ''}, lr {rec['lr']:.2e}); "
-                                    f"the run stops, its last checkpoint kept")
+                raise self.non_finite(f"loss is {rec['loss']} at step {p.step}", rec["lr"])
             p.cum_tokens += rec["tokens"]
             p.cum_effective_tokens += rec["effective_tokens"]
             rec.update(cum_tokens=p.cum_tokens, cum_effective_tokens=p.cum_effective_tokens)
