@@ -32,6 +32,7 @@ from .metrics import MetricsLog, peak_memory_mb, perplexity
 from .model import build_model, model_flops_per_token, vocab_size_for
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+BUDGET_SPENT = "time_budget_spent"  # Counters.extra: the run ended at this step by train.time_budget_s
 
 
 @dataclass
@@ -366,6 +367,8 @@ class Trainer:
         c, d, p = self.cfg, self.d, self.progress
         started, wall0 = time.perf_counter(), p.wall_s
         global_batch = c.global_batch(d.world)
+        if p.extra.get(BUDGET_SPENT):   # resumed from the checkpoint of the step that ended the run: nothing to do
+            return "completed"
         while p.step < c.train.steps:
             m = self.step(batches)
             p.step += 1
@@ -376,6 +379,8 @@ class Trainer:
             spent = budget is not None and p.wall_s >= budget and p.step > c.log.skip_steps + 1
             flag = all_reduce(torch.tensor([1.0 if stop.signum else 0.0, 1.0 if spent else 0.0]))
             last = p.step == c.train.steps or bool(flag[1])
+            if flag[1]:  # in this step's checkpoint: a run killed before it recorded its end resumes to that end
+                p.extra[BUDGET_SPENT] = True
             logging = p.step % c.log.every == 0 or last or bool(flag[0])
             rec = self.record(m)  # every step: the cumulative counters must be global and exact
             if not math.isfinite(rec["loss"]):
