@@ -112,7 +112,8 @@ class LogConfig:
 class CheckpointConfig:
     every: int = 50                 # 0: only at the end and on SIGTERM/SIGUSR1
     keep: int = 2
-    resume: bool = True             # continue from the newest checkpoint in the run directory
+    resume: bool = True             # continue from the newest checkpoint in the run directory (false: start
+    #                                 over, deleting the run directory's checkpoints first)
     export: bool = True             # a completed run writes <run>/hf: transformers model + tokenizer (export.py)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -224,6 +225,12 @@ class Trainer:
 
     def _resume(self) -> None:
         if not self.cfg.checkpoint.resume:
+            # Starting over: an older attempt's checkpoints go now, not at this run's first save (which prunes them as
+            # later steps), or a kill before that save left them for the next resume, which mixed the two runs.
+            ckpts = self.run_dir / "checkpoints"
+            if self.d.is_main and ckpts.exists():
+                with checkpoint.names_path(ckpts):
+                    shutil.rmtree(ckpts)
             return
         found = checkpoint.load_newest(self.run_dir / "checkpoints", self.model, self.optimizer, self.d.device,
                                        self.log if self.d.is_main else lambda msg: None)
