@@ -18,6 +18,7 @@ from .collate import collate
 from .order import Position, Shard, my_steps
 from .source import BatchedSource, IndexedSource, StreamingSource
 from .worker_exit import end_spawned_worker_at_once
+from .worker_signals import starting_workers, worker_init
 
 
 def dist_rank_world() -> tuple[int, int]:
@@ -107,8 +108,11 @@ class StatefulLoader:
         if self.num_workers > 0 and prepare is not None:  # the epoch's index, built once and shared by the workers
             prepare(start.epoch)
         loader = DataLoader(self.dataset, batch_size=None, num_workers=self.num_workers,
-                            pin_memory=self.pin_memory, prefetch_factor=self.prefetch_factor)
-        for batch in loader:
+                            pin_memory=self.pin_memory, prefetch_factor=self.prefetch_factor,
+                            worker_init_fn=worker_init if self.num_workers > 0 else None)
+        with starting_workers():  # stop signals are the trainer's to answer, not its workers' (worker_signals.py)
+            batches = iter(loader)
+        for batch in batches:
             consumed = start.consumed + (batch["step"] + 1) * self.dataset.global_batch
             cursor = batch.pop("cursor", None)
             self.dataset.position = Position(start.epoch, consumed, tuple(cursor) if cursor is not None else None)

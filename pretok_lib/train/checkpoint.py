@@ -28,6 +28,9 @@ STEP_DIR = re.compile(r"^step_(\d{8})$")
 FILES = ("model.pt", "optim.pt", "state.pt")
 CHECKSUMS = "checksums.json"
 STATE_KEYS = ("scheduler", "scaler", "loader", "progress", "rng")
+# Set in state.pt by every checkpoint written with checksums.json: such a checkpoint without one lost it (damage),
+# unlike one written before checksums existed (loaded unverified, with a warning).
+CHECKSUMMED = "checksummed"
 
 
 def rng_state() -> dict:
@@ -94,7 +97,7 @@ def save(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer, state: di
         tmp.mkdir()
         sums = {}
         for name, obj in zip(FILES, (model.state_dict(), optimizer.state_dict(),
-                                     dict(state, step=step, rng=rng_state()))):
+                                     dict(state, step=step, rng=rng_state(), **{CHECKSUMMED: True}))):
             with names_path(tmp / name), open(tmp / name, "wb") as fh:
                 out = _Hashing(fh)
                 try:
@@ -134,21 +137,27 @@ def stale_checkpoints(found: list[Path], step: int, keep: int) -> list[Path]:
 
 
 def list_checkpoints(ckpt_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (temp dirs of an interrupted save are ignored)."""
+    """Every checkpoint directory (`step_N`), oldest first, intact or not: only `save` makes one, by renaming a
+    complete temp dir, so a file missing from one is damage for `damage` to report, never a reason to pass over it
+    in silence (a resume then restarted the run from step 0, an export took an older step). Temp dirs of an
+    interrupted save are ignored."""
     if not ckpt_dir.is_dir():
         return []
-    found = [p for p in ckpt_dir.iterdir() if p.is_dir() and STEP_DIR.match(p.name)
-             and all((p / f).is_file() for f in ("model.pt", "optim.pt", "state.pt"))]
+    found = [p for p in ckpt_dir.iterdir() if STEP_DIR.match(p.name) and p.is_dir()]
     return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
 
 
 def damage(path: Path) -> str | None:
     """Why checkpoint `path` cannot be trusted (a file missing, unreadable or not matching its checksum), or
-    None when every file matches. A checkpoint written before checksums existed has no checksums.json: None."""
+    None when every file matches. A checkpoint written before checksums existed has no checksums.json: None (told
+    by its state.pt from one that lost its checksums.json, which is damaged)."""
+    for name in FILES:
+        if not (path / name).is_file():
+            return f"{name} is missing"
     try:
         sums = json.loads((path / CHECKSUMS).read_text())
     except FileNotFoundError:
-        return None
+        return _lost_checksums(path)
     except (OSError, ValueError) as e:
         return f"{CHECKSUMS} unreadable ({_first_line(e)})"
     if not isinstance(sums, dict):
@@ -162,6 +171,18 @@ def damage(path: Path) -> str | None:
                 return f"{name} does not match its checksum"
         except OSError as e:
             return f"{name}: {e.strerror or _first_line(e)}"
+    return None
+
+
+def _lost_checksums(path: Path) -> str | None:
+    """For a checkpoint without checksums.json: why it is damaged if its state.pt says it was written with one
+    (the file was lost), else None (written before checksums existed)."""
+    try:
+        state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - whatever a damaged pickle raises
+        return f"state.pt unreadable ({_first_line(e)})"
+    if isinstance(state, dict) and state.get(CHECKSUMMED):
+        return f"{CHECKSUMS} is missing"
     return None
 
 

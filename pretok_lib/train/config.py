@@ -98,7 +98,7 @@ class EvalConfig:
     kind: str = "pretok-memmap"     # the held-out split; the same for every data path so losses compare
     path: str | None = None         # no validation when empty
     every: int = 50
-    batches: int = 8                # micro-batches per rank
+    batches: int = 8                # global batches (micro_batch x ranks x grad_accum samples each)
 
 
 @dataclass
@@ -112,7 +112,8 @@ class LogConfig:
 class CheckpointConfig:
     every: int = 50                 # 0: only at the end and on SIGTERM/SIGUSR1
     keep: int = 2
-    resume: bool = True             # continue from the newest checkpoint in the run directory
+    resume: bool = True             # continue from the newest checkpoint in the run directory (false: start
+    #                                 over, deleting the run directory's checkpoints first)
     export: bool = True             # a completed run writes <run>/hf: transformers model + tokenizer (export.py)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from .metrics import MetricsLog, peak_memory_mb, perplexity
 from .model import build_model, model_flops_per_token, vocab_size_for
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+BUDGET_SPENT = "time_budget_spent"  # Counters.extra: the run ended at this step by train.time_budget_s
 
 
 @dataclass
@@ -121,7 +123,7 @@ def _endless(loader, data: str | None = None):
             n += 1
             yield batch
         if n == 0 and whole_epoch:
-            raise PretokError("the training data has fewer samples than one global batch "
+            raise PretokError("the training data has fewer samples than one loader batch "
                               "(micro_batch × world size); use a smaller batch or more data", data)
 
 
@@ -223,6 +225,12 @@ class Trainer:
 
     def _resume(self) -> None:
         if not self.cfg.checkpoint.resume:
+            # Starting over: an older attempt's checkpoints go now, not at this run's first save (which prunes them as
+            # later steps), or a kill before that save left them for the next resume, which mixed the two runs.
+            ckpts = self.run_dir / "checkpoints"
+            if self.d.is_main and ckpts.exists():
+                with checkpoint.names_path(ckpts):
+                    shutil.rmtree(ckpts)
             return
         found = checkpoint.load_newest(self.run_dir / "checkpoints", self.model, self.optimizer, self.d.device,
                                        self.log if self.d.is_main else lambda msg: None)
@@ -249,12 +257,13 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Mean loss over the first eval.batches micro-batches of every rank of the held-out split."""
+        """Mean loss over the first eval.batches global batches of the held-out split (eval.batches x grad_accum
+        micro-batches of every rank), so the same samples whatever the split of the global batch."""
         self.net.eval()
         self.val.position = Position()
         loss_sum = torch.zeros(2, dtype=torch.float64)
         for i, batch in enumerate(make_loader(self.val)):
-            if i >= self.cfg.eval.batches:
+            if i >= self.cfg.eval.batches * self.cfg.train.grad_accum:
                 break
             loss_sum[0] += forward_loss_sum(self.net, batch, self.d.device, self.cfg.train.precision).item()
             loss_sum[1] += batch["effective_tokens"]
@@ -270,11 +279,22 @@ class Trainer:
         """One optimizer step over grad_accum micro-batches; returns this rank's raw measurements."""
         c, d = self.cfg, self.d
         t0 = time.perf_counter()
-        micro, wait = [], 0.0
-        for _ in range(c.train.grad_accum):
+        micro, wait, dropped = [], 0.0, 0
+        while len(micro) < c.train.grad_accum:
             t = time.perf_counter()
-            micro.append(next(batches))
+            batch = next(batches)
             wait += time.perf_counter() - t
+            if micro and batch["epoch"] != micro[0]["epoch"]:
+                # The epoch ended within this step: its last micro-batches, fewer than one accumulation, are dropped
+                # like an epoch's remainder under one loader batch, so a step never spans two epochs and any split
+                # of the global batch (micro-batch x ranks x accumulation) trains on the same samples.
+                dropped += 1
+                if dropped > 1:   # a whole epoch without one step's worth of micro-batches
+                    raise PretokError(f"the training data has fewer samples than one global batch "
+                                      f"({c.global_batch(d.world)} = micro_batch x world size x grad_accum); use "
+                                      f"a smaller batch or more data", self._data_path())
+                micro = []
+            micro.append(batch)
         counts = torch.tensor([[b[k] for k in ("tokens", "effective_tokens", "padding_tokens", "masked_tokens")]
                                for b in micro], dtype=torch.float64).sum(0)
         if self.mixture:  # per dataset: input tokens, then effective tokens (labels that count)
@@ -298,6 +318,12 @@ class Trainer:
         clip = c.train.grad_clip if c.train.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         lr = self.optimizer.param_groups[0]["lr"]
+        if not math.isfinite(grad_norm) and not self.scaler.is_enabled():
+            # Before the update (fp16's scaler skips such a step itself): with it, the weights became NaN while this
+            # step's loss was still finite, and a checkpoint at this step kept them, so every rerun resumed from
+            # NaN weights and failed again. The norm is global (DDP reduced the gradients): every rank stops here.
+            what = f"loss is {loss_sum}" if not math.isfinite(loss_sum) else f"gradient norm is {grad_norm}"
+            raise self.non_finite(f"{what} at step {self.progress.step + 1}", lr, "before updating the weights")
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
@@ -306,6 +332,12 @@ class Trainer:
             torch.cuda.synchronize(d.device)
         return {"loss_sum": loss_sum, "counts": counts, "wait": wait, "time": time.perf_counter() - t0,
                 "lr": lr, "grad_norm": grad_norm, "global_eff": global_eff}
+
+    def non_finite(self, what: str, lr: float, when: str = "") -> NonFiniteLoss:
+        """The error that fails the run at a NaN / infinite loss or gradient norm (`what`: which, at which step)."""
+        c = self.cfg
+        return NonFiniteLoss(f"{what} (precision {c.train.precision}{', torch.compile' if c.train.compile else ''}, "
+                             f"lr {lr:.2e}); the run stops{' ' + when if when else ''}, its last checkpoint kept")
 
     def record(self, m: dict) -> dict:
         """The metrics.jsonl record of a step: sums over ranks, times as the slowest rank's."""
@@ -329,14 +361,21 @@ class Trainer:
     def run(self, metrics: MetricsLog | None, stop: StopFlag) -> str:
         """Train to cfg.train.steps; 'completed', or 'interrupted' after a stop signal (checkpoint saved)."""
         self.net.train()
-        batches = _endless(self.loader, None if self.cfg.data.mixture else self.cfg.data.path)
+        batches = _endless(self.loader, self._data_path())
         with collector.scheduled(self.cfg.train.gc_every) as after_step:
             return self._steps(metrics, stop, batches, after_step)
+
+    def _data_path(self) -> str | None:
+        """The training data's path for an error line (None for a mixture or several text inputs)."""
+        path = self.cfg.data.path
+        return path if isinstance(path, str) and path and not self.cfg.data.mixture else None
 
     def _steps(self, metrics: MetricsLog | None, stop: StopFlag, batches, after_step) -> str:
         c, d, p = self.cfg, self.d, self.progress
         started, wall0 = time.perf_counter(), p.wall_s
         global_batch = c.global_batch(d.world)
+        if p.extra.get(BUDGET_SPENT):   # resumed from the checkpoint of the step that ended the run: nothing to do
+            return "completed"
         while p.step < c.train.steps:
             m = self.step(batches)
             p.step += 1
@@ -347,12 +386,12 @@ class Trainer:
             spent = budget is not None and p.wall_s >= budget and p.step > c.log.skip_steps + 1
             flag = all_reduce(torch.tensor([1.0 if stop.signum else 0.0, 1.0 if spent else 0.0]))
             last = p.step == c.train.steps or bool(flag[1])
+            if flag[1]:  # in this step's checkpoint: a run killed before it recorded its end resumes to that end
+                p.extra[BUDGET_SPENT] = True
             logging = p.step % c.log.every == 0 or last or bool(flag[0])
             rec = self.record(m)  # every step: the cumulative counters must be global and exact
             if not math.isfinite(rec["loss"]):
-                raise NonFiniteLoss(f"loss is {rec['loss']} at step {p.step} (precision {c.train.precision}"
-                                    f"{', torch.compile' if c.train.compile else ''}, lr {rec['lr']:.2e}); "
-                                    f"the run stops, its last checkpoint kept")
+                raise self.non_finite(f"loss is {rec['loss']} at step {p.step}", rec["lr"])
             p.cum_tokens += rec["tokens"]
             p.cum_effective_tokens += rec["effective_tokens"]
             rec.update(cum_tokens=p.cum_tokens, cum_effective_tokens=p.cum_effective_tokens)
@@ -377,9 +416,9 @@ class Trainer:
             saved = bool(flag[0] or last or (c.checkpoint.every and p.step % c.checkpoint.every == 0))
             if saved:
                 self.save()
+            if last:    # also when a stop signal came during the last step: nothing is left to resume
+                break
             if flag[0]:
                 return "interrupted"
-            if last:
-                break
             after_step(p.step, evaluated or saved)
         return "completed"

@@ -134,3 +134,68 @@ def test_a_save_after_a_resume_past_a_damaged_checkpoint_keeps_what_it_wrote(tmp
     assert [p.name for p in checkpoint.list_checkpoints(d)] == ["step_00000001", "step_00000002",
                                                                 "step_00000003"][-keep:]
     assert checkpoint.load_newest(d, model, opt, "cpu")[0].name == "step_00000003"
+
+
+def _lose(path: Path, how: str) -> None:
+    """A file of a checkpoint lost: deleted, or a directory where the file was (what a bad copy leaves)."""
+    path.unlink()
+    if how == "directory":
+        path.mkdir()
+
+
+LOSSES = [(name, how) for name in FILES for how in ("deleted", "directory")]
+
+
+@pytest.mark.parametrize("name,how", LOSSES)
+def test_a_checkpoint_that_lost_a_file_is_damaged_never_passed_over(saved, tmp_path, name, how):
+    """Checkpoints listed only when all their files were there: one that lost model.pt, optim.pt or state.pt was
+    skipped without a word, so a resume took the one before (or, with none left, restarted the run from step 0 and
+    cut its metrics to nothing, exit 0) and `pretok export` exported an older step. A lost checksums.json made the
+    checkpoint load unverified, as one from before checksums. Now each is damage: a warning and the previous one,
+    one clean error when none is left, an export error naming it."""
+    from pretok_lib.train.export import pick_checkpoint
+
+    run = tmp_path / "run"
+    d = run / "checkpoints"
+    shutil.copytree(saved[0], d)
+    _lose(d / "step_00000002" / name, how)
+    assert [p.name for p in checkpoint.list_checkpoints(d)] == ["step_00000001", "step_00000002"]
+    assert name in checkpoint.damage(d / "step_00000002")
+    model, opt = _model_opt(seed=1)
+    warnings: list[str] = []
+    path, state = checkpoint.load_newest(d, model, opt, "cpu", warnings.append)
+    assert path.name == "step_00000001" and state["step"] == 1
+    assert all(torch.equal(v, saved[1][1][k]) for k, v in model.state_dict().items())
+    assert len(warnings) == 1 and "step_00000002" in warnings[0] and name in warnings[0]
+    with pytest.raises(PretokError, match=f"damaged checkpoint: {name}") as e:
+        pick_checkpoint(run)
+    assert "step_00000002" in str(e.value) and "--step" in str(e.value)
+    _lose(d / "step_00000001" / name, how)
+    with pytest.raises(PretokError, match="no intact checkpoint to resume from") as e:
+        checkpoint.load_newest(d, model, opt, "cpu")
+    assert "\n" not in str(e.value)
+
+
+def test_a_checkpoint_from_before_checksums_still_loads_with_a_warning(saved, tmp_path):
+    """What a checkpoint written before checksums.json existed looks like (no file, no mark in state.pt): loaded,
+    with the `loaded unverified` warning."""
+    d = tmp_path / "checkpoints"
+    shutil.copytree(saved[0], d)
+    newest = d / "step_00000002"
+    (newest / checkpoint.CHECKSUMS).unlink()
+    state = torch.load(newest / "state.pt", weights_only=False)
+    del state[checkpoint.CHECKSUMMED]
+    torch.save(state, newest / "state.pt")
+    model, opt = _model_opt(seed=1)
+    warnings: list[str] = []
+    path, state = checkpoint.load_newest(d, model, opt, "cpu", warnings.append)
+    assert path == newest and state["step"] == 2 and len(warnings) == 1 and "loaded unverified" in warnings[0]
+
+
+def test_an_empty_checkpoint_directory_is_damaged(saved, tmp_path):
+    d = tmp_path / "checkpoints"
+    shutil.copytree(saved[0], d)
+    (d / "step_00000003").mkdir()
+    warnings: list[str] = []
+    path, _ = checkpoint.load_newest(d, *_model_opt(seed=1), "cpu", warnings.append)
+    assert path.name == "step_00000002" and len(warnings) == 1 and "model.pt is missing" in warnings[0]

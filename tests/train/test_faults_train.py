@@ -367,10 +367,14 @@ def test_second_sigint_turned_into_another_error_still_stops_at_once(tiny, refer
     assert rc == 0 and "step_00000004" in err and curve(tmp_path / "run") == reference
 
 
-def test_ctrl_c_in_a_terminal_reaches_the_loader_workers_too(tiny, tmp_path, capsys):
-    """Ctrl-C in a terminal sends SIGINT to the whole foreground process group: the trainer and its DataLoader
-    workers alike. The workers must not take the run down with them: exit 3, one line, run.json `interrupted`, a
-    checkpoint at the last logged step; the rerun resumes and equals an uninterrupted run bit for bit."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_to_the_process_group_reaches_the_loader_workers_too(tiny, tmp_path, capsys, sig):
+    """Ctrl-C in a terminal sends SIGINT to the whole foreground process group, the trainer and its DataLoader
+    workers alike; SIGTERM reaches them all from `kill -TERM -PGID`, torchrun's shutdown, a sweep's stop, SLURM's
+    scancel (every process of the step). The workers must not take the run down with them (SIGTERM killed them:
+    exit 1, "DataLoader worker (pid N) is killed by signal: Terminated", no checkpoint): exit 3, one line, run.json
+    `interrupted`, a checkpoint at the last logged step; the rerun resumes and equals an uninterrupted run bit for
+    bit."""
     steps = 100
     o = overrides(tiny, tmp_path) + [f"train.steps={steps}", "checkpoint.every=50", "data.num_workers=2"]
     rc, errors, err = train_cli(o + ["run.id=ref"], capsys)
@@ -382,7 +386,7 @@ def test_ctrl_c_in_a_terminal_reaches_the_loader_workers_too(tiny, tmp_path, cap
     while _last_step(run) < 3:
         assert proc.poll() is None and time.monotonic() < end, proc.communicate()[1]
         time.sleep(0.005)
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, sig)
     err = proc.communicate(timeout=120)[1]
     errors = [ln for ln in err.splitlines() if "error:" in ln or "Traceback" in ln]
     assert proc.returncode == 3 and not errors, err
@@ -392,3 +396,27 @@ def test_ctrl_c_in_a_terminal_reaches_the_loader_workers_too(tiny, tmp_path, cap
     rc, errors, err = train_cli(o, capsys)
     assert rc == 0 and "resumed from" in err, err
     assert curve(run) == curve(tmp_path / "ref")
+
+
+@pytest.mark.parametrize("why", ["steps", "time budget"])
+def test_a_stop_signal_during_the_last_step_completes_the_run(tiny, reference, tmp_path, capsys, monkeypatch, why):
+    """SIGTERM during the step that ends the run (its last step, or the one that passes train.time_budget_s): the
+    run has nothing left to do, yet it stopped `interrupted` (exit 3, no summary.json, no export; under SLURM a
+    requeue or a resubmission only to finish). Now exit 0, `completed`, summary written."""
+    from pretok_lib.train import loop
+
+    real, last = loop.Trainer.step, STEPS if why == "steps" else 4
+    extra = [] if why == "steps" else ["train.time_budget_s=1e-6", "log.skip_steps=2"]
+
+    def step(self, batches):
+        if self.progress.step == last - 1:
+            os.kill(os.getpid(), signal.SIGTERM)   # handled by the run's StopFlag: the step goes on
+        return real(self, batches)
+
+    monkeypatch.setattr(loop.Trainer, "step", step)
+    rc, errors, err = train_cli(overrides(tiny, tmp_path) + extra, capsys)
+    assert rc == 0 and not errors, err
+    run = tmp_path / "run"
+    assert status(run)["status"] == "completed" and (run / "summary.json").is_file()
+    assert json.loads((run / "summary.json").read_text())["steps"] == last
+    assert curve(run) == reference[:last]

@@ -133,3 +133,56 @@ def test_a_second_trainer_into_a_busy_run_directory_is_refused(short_epochs, tmp
     assert [p.name for p in runs.iterdir()] == ["run"]  # nothing beside run directories (readers list them)
     rc, err = train(overrides(short_epochs["pretok-memmap"], runs, **{"train.steps": 2}), capsys)
     assert rc == 0, err
+
+
+def test_a_run_ended_by_its_time_budget_and_killed_before_its_end_was_recorded_resumes_to_that_end(
+        short_epochs, tmp_path, capsys):
+    """The step that passes train.time_budget_s is checkpointed, then the summary and the export are written: a kill
+    in between (a time limit, preemption) left run.json `running`, and the rerun resumed from that checkpoint and
+    trained one step more than the run had (its wall time was past the budget, so it stopped after the next step).
+    The checkpoint says the run ended there: the rerun completes it with the same steps."""
+    data = short_epochs["pretok-memmap"]
+    budget = ["train.time_budget_s=1e-6", "log.skip_steps=2", "train.steps=50"]
+    ref_runs = tmp_path / "ref"
+    rc, err = train(overrides(data, ref_runs) + budget, capsys)
+    assert rc == 0, err
+    reference = curve(ref_runs / "run")
+    assert [s for s, *_ in reference] == [1, 2, 3, 4]
+    runs = tmp_path / "killed"
+    interrupted_after(ref_runs / "run", runs / "run", 4)
+    rc, err = train(overrides(data, runs) + budget, capsys)
+    assert rc == 0 and "step_00000004" in err, err
+    assert curve(runs / "run") == reference
+    assert json.loads((runs / "run" / "summary.json").read_text())["steps"] == 4
+    assert json.loads((runs / "run" / "run.json").read_text())["status"] == "completed"
+
+
+def test_starting_over_with_resume_off_drops_the_older_checkpoints_at_once(short_epochs, tmp_path, capsys,
+                                                                          monkeypatch):
+    """checkpoint.resume=false starts the run over, but the older attempt's checkpoints stayed until the new run's
+    first save: a crash before it, then the same command with resume on, resumed the old run's step 6 after the new
+    run's steps 1-2 (metrics.jsonl steps 1, 2, 7, 8: two runs mixed, completed). Now they go at the start, and the
+    rerun trains from step 1 like the uninterrupted run."""
+    from pretok_lib.train import loop
+
+    data = short_epochs["pretok-memmap"]
+    ref_runs = tmp_path / "ref"
+    assert train(overrides(data, ref_runs), capsys)[0] == 0
+    reference = curve(ref_runs / "run")
+    runs = tmp_path / "again"
+    interrupted_after(ref_runs / "run", runs / "run", 6)
+    real = loop.Trainer.step
+
+    def crash_after_two(self, batches):
+        if self.progress.step == 2:
+            raise RuntimeError("injected crash")
+        return real(self, batches)
+
+    monkeypatch.setattr(loop.Trainer, "step", crash_after_two)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        train(overrides(data, runs, **{"checkpoint.resume": "false", "checkpoint.every": 4}), capsys)
+    assert not checkpoint.list_checkpoints(runs / "run" / "checkpoints")
+    monkeypatch.setattr(loop.Trainer, "step", real)
+    rc, err = train(overrides(data, runs), capsys)
+    assert rc == 0 and "resumed from" not in err, err
+    assert curve(runs / "run") == reference

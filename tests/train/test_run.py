@@ -147,6 +147,40 @@ def test_a_non_finite_loss_fails_the_run_at_that_step(train_data, tmp_path, monk
     assert all(math.isfinite(r["loss"]) for r in records(tmp_path / "run"))  # no garbage record written
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_non_finite_gradient_stops_the_run_before_the_update(train_data, tmp_path, monkeypatch, bad):
+    """A gradient that overflows while the step's loss is finite (a bf16/fp32 overflow in the backward pass): the
+    optimizer made the weights NaN, the loss was checked only after it, so a checkpoint at that step kept NaN
+    weights; the run failed one step later and every rerun resumed from them and failed again. Now the run stops
+    at that step before the update; the checkpoints hold finite weights and a rerun without the fault completes."""
+    import pretok_lib.train.loop as loop
+    import torch
+
+    real, poison = loop.Trainer.step, [True]
+
+    def step(self, batches):
+        if self.progress.step == 1 and poison[0]:            # the second step
+            hook = next(self.model.parameters()).register_hook(lambda g: g * bad)
+            try:
+                return real(self, batches)
+            finally:
+                hook.remove()
+        return real(self, batches)
+
+    monkeypatch.setattr(loop.Trainer, "step", step)
+    base = tiny_overrides(train_data, tmp_path, **{"train.steps": 4, "checkpoint.every": 1, "checkpoint.keep": 4})
+    assert train(load_config(None, base)) == 1
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["status"] == "failed" and info["error"].startswith("gradient norm is nan at step 2 "), info["error"]
+    assert [r["step"] for r in records(tmp_path / "run")] == [1]
+    ckpts = sorted((tmp_path / "run" / "checkpoints").iterdir())
+    assert [p.name for p in ckpts] == ["step_00000001"]
+    assert all(torch.isfinite(v).all() for v in torch.load(ckpts[0] / "model.pt").values())
+    poison[0] = False
+    assert train(load_config(None, base)) == 0
+    assert all(math.isfinite(r["loss"]) for r in records(tmp_path / "run"))
+
+
 def test_torch_compile_trains_like_eager(train_data, tmp_path):
     base = tiny_overrides(train_data, tmp_path, **{"train.steps": 2})
     assert train(load_config(None, base + ["run.id=eager"])) == 0
