@@ -349,4 +349,4 @@ def test_pointers_that_do_not_follow_the_lengths_are_refused(tmp_path_factory, d
         ptr[i] = -item
     assume(not np.array_equal(ptr, good))
     patch(f"{prefix}.idx", HEADER + 4 * n, ptr.astype("<i8").tobytes())
-    expect_error(prefix, rf"data\.idx: sequence pointers inconsistent with sequence lengths \(pointer \d+ is ")
+    expect_error(prefix, r"data\.idx: sequence pointers inconsistent with sequence lengths \(pointer \d+ is ")
