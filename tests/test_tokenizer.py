@@ -359,3 +359,49 @@ def test_identify_gives_what_make_encoder_needs_without_building(infos, english_
         a = make_encoder(quick, backend).encode_batch(english_docs[:3])
         b = make_encoder(full, backend).encode_batch(english_docs[:3])
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]), name
+
+
+def _non_utf8_dir(base, seed: int):
+    """A directory whose name holds bytes that are not UTF-8 (seeded: lone continuation bytes, a lead byte cut
+    short, latin-1 letters), as Python names it (surrogate escapes): a file system of another encoding."""
+    import random
+
+    rng = random.Random(seed)
+    junk = bytes(rng.choice([rng.randrange(0x80, 0xC0), rng.randrange(0xE0, 0xF0), rng.choice(b"\xe9\xfc\xf1")])
+                 for _ in range(rng.randint(1, 4)))
+    path = os.path.join(os.fsencode(base), b"tok " + junk)
+    os.mkdir(path)
+    return os.fsdecode(path)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("name", ["r50k_tt", "cl100k_tt"])
+def test_fastokens_builds_a_tiktoken_file_whose_path_is_not_utf8(tmp_path, monkeypatch, infos, english_docs, name,
+                                                                 seed):
+    """fastokens takes a Rust string path: it refused such a file and the run fell back to tiktoken (3-4x slower);
+    it now builds from a cached copy of the fingerprinted bytes, with the reference's ids."""
+    monkeypatch.setenv("PRETOK_CACHE_DIR", str(tmp_path / "cache"))
+    directory = _non_utf8_dir(tmp_path, seed)
+    copy = os.path.join(directory, SPECS[name].name)
+    with open(copy, "wb") as f:
+        f.write(SPECS[name].read_bytes())
+    with pytest.raises(UnicodeEncodeError):
+        copy.encode("utf-8")
+    info = load_tokenizer(copy)
+    got = make_encoder(info, "fastokens").encode_batch(english_docs[:5])
+    want = make_encoder(info, "tiktoken").encode_batch(english_docs[:5])
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert select_backend(info, english_docs[:2]).backend == "fastokens"
+
+
+def test_a_full_cache_dir_leaves_no_partial_copy(tmp_path, monkeypatch, infos):
+    """A derived file (tekken's ranks) that does not fit: the build fails (the run falls back to the next candidate)
+    and the partial copy is removed, not left filling the file system (TMPDIR: a small tmpfs)."""
+    from .engine.test_faults_tokenize import tmpfs
+
+    for size in (64 << 10, 1 << 20):  # far too small, and short by a few MB
+        with tmpfs(tmp_path / f"cache{size}", size) as cache:
+            monkeypatch.setenv("PRETOK_CACHE_DIR", str(cache))
+            with pytest.raises(tk.BackendUnavailable, match="No space left"):
+                make_encoder(infos["tekken"], "fastokens")
+            assert [p.name for p in cache.iterdir()] == []

@@ -145,9 +145,25 @@ def _cached(name: str, data: bytes) -> Path:
     if not path.is_file() or path.read_bytes() != data:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except BaseException:  # a full disk left a partial copy that kept the space (and filled it for others)
+            tmp.unlink(missing_ok=True)
+            raise
     return path
+
+
+def _fastokens_file(path: Path, data: bytes, name: str) -> str:
+    """A path fastokens can open to read `data`, the file's fingerprinted bytes: the file itself, or a copy in
+    the cache (`_cached`) when its path is not valid UTF-8 (bytes of another encoding in a directory name, a
+    non-UTF-8 locale's undecodable arguments), which fastokens, taking a Rust string, refused to build from."""
+    file = os.fspath(path)
+    try:
+        file.encode("utf-8")
+    except UnicodeEncodeError:
+        return str(_cached(name, data))
+    return file
 
 
 def fastokens_encoder(tok: Any, specials: Sequence[str] = (), shift: int = 0) -> Encoder:
@@ -186,7 +202,8 @@ def _build_tiktoken(info: TokenizerInfo, backend: str) -> Encoder:
     pattern, specials = _tiktoken_constants(path)
     if backend == "fastokens":
         import fastokens
-        return fastokens_encoder(fastokens.Tokenizer.from_tiktoken(str(path), pattern=pattern, special_tokens=specials))
+        file = _fastokens_file(path, data, f"{path.stem}-{info.fingerprint[7:]}.tiktoken")
+        return fastokens_encoder(fastokens.Tokenizer.from_tiktoken(file, pattern=pattern, special_tokens=specials))
     import tiktoken
     enc = tiktoken.Encoding(path.stem, pat_str=pattern, mergeable_ranks=_parse_tiktoken(data, path),
                             special_tokens=specials)  # a plain loop: encode_ordinary_batch spawns threads
