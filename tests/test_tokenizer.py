@@ -405,3 +405,52 @@ def test_a_full_cache_dir_leaves_no_partial_copy(tmp_path, monkeypatch, infos):
             with pytest.raises(tk.BackendUnavailable, match="No space left"):
                 make_encoder(infos["tekken"], "fastokens")
             assert [p.name for p in cache.iterdir()] == []
+
+
+def _code_point_texts(seed: int) -> list[str]:
+    """Every code point of the categories regex engines' tables may class differently, and a seeded sample of all
+    code points, each in contexts where its class decides the split (after a space, before a letter, digit or
+    contraction, between newlines)."""
+    import random
+    import unicodedata
+
+    from pretok_lib.tokenizer.select import _VOLATILE_CATEGORIES
+
+    volatile = [c for c in range(0x40000) if not 0xD800 <= c < 0xE000
+                and (unicodedata.category(chr(c)) in _VOLATILE_CATEGORIES or chr(c).isspace())]
+    rng = random.Random(seed)
+    sample = [c for c in (rng.randrange(0x110000) for _ in range(3000)) if not 0xD800 <= c < 0xE000]
+    contexts = (" {}x", "{} x", "x{}1", " {}1", "{}'ll", "\n{}\n", " {} ", "A{}a")
+    return ["".join(ctx.format(chr(c)) for ctx in contexts) for c in volatile + sample]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "cl100k", "r50k_tt", "cl100k_tt", "tekken"])
+def test_the_chosen_backend_equals_the_reference_on_every_volatile_code_point(infos, encoders, name):
+    """fastokens split " \\u180ex" unlike tiktoken (U+180E, Mongolian vowel separator, was white space before Unicode
+    6.3) and the check never saw one: a .tiktoken corpus holding it got other ids than the reference. The check's
+    probes hold every such code point now, and fastokens is given tiktoken's white space explicitly."""
+    info = infos[name]
+    choice = select_backend(info, ["Hello world"])
+    texts = _code_point_texts(seed=len(name))
+    got = encoders[(name, choice.backend)].encode_batch(texts)
+    want = encoders[(name, choice.reference)].encode_batch(texts)
+    bad = [texts[i][:12] for i in range(len(texts)) if not np.array_equal(got[0][got[1][i]:got[1][i + 1]],
+                                                                          want[0][want[1][i]:want[1][i + 1]])]
+    assert not bad, (choice.backend, len(bad), bad[:5])
+    assert choice.backend == "fastokens", choice.rejected  # exact and still the fast one
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_candidate_differing_on_any_volatile_code_point_is_rejected(infos, seed):
+    """A fast backend that classes one such code point differently (here: takes it for a space) is caught by the
+    probes alone, whatever the sample."""
+    import random
+
+    from pretok_lib.tokenizer.select import unicode_probes
+
+    chars = sorted({ch for text in unicode_probes() for ch in text} - set(" x'l1"))
+    ch = random.Random(seed).choice(chars)
+    good = make_encoder(infos["cl100k_tt"], "fastokens").encode_batch
+    off = lambda texts: good([t.replace(ch, " ") for t in texts])  # noqa: E731
+    choice = select_backend(infos["cl100k_tt"], ["Hello world"], encoders={"fastokens": off})
+    assert choice.backend == "tiktoken" and "ids differ on probe" in choice.rejected["fastokens"], (hex(ord(ch)),)
