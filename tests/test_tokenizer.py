@@ -454,3 +454,61 @@ def test_a_candidate_differing_on_any_volatile_code_point_is_rejected(infos, see
     off = lambda texts: good([t.replace(ch, " ") for t in texts])  # noqa: E731
     choice = select_backend(infos["cl100k_tt"], ["Hello world"], encoders={"fastokens": off})
     assert choice.backend == "tiktoken" and "ids differ on probe" in choice.rejected["fastokens"], (hex(ord(ch)),)
+
+
+JUNK = [None, 0, -1, 1.5, "", "x", [], {}, [1], {"a": 1}, True, {"content": None}, {"content": 5}, {"content": ["x"]}]
+
+
+def _mutations(obj, rng, n: int):
+    """n copies of `obj`, each with one seeded value (at any depth) deleted or replaced by junk of another shape."""
+    import copy
+
+    def paths(o, pre=()):
+        if pre:
+            yield pre
+        items = o.items() if isinstance(o, dict) else enumerate(o[:3]) if isinstance(o, list) else ()
+        for k, v in items:
+            yield from paths(v, (*pre, k))
+
+    every = list(paths(obj))
+    for _ in range(n):
+        o = copy.deepcopy(obj)
+        at = rng.choice(every)
+        parent = o
+        for k in at[:-1]:
+            parent = parent[k]
+        if isinstance(parent, dict) and rng.random() < 0.3:
+            del parent[at[-1]]
+        else:
+            parent[at[-1]] = rng.choice(JUNK)
+        yield at, o
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_misshapen_post_processor_or_special_tokens_config_is_one_line(tmp_path, seed):
+    """A TemplateProcessing post_processor or a tokenizer_config.json / special_tokens_map.json role of another shape
+    (a list, a number, a dict without a string content) raised KeyError/TypeError/IndexError tracebacks from
+    load_tokenizer; now one line naming the file (or the tokenizer loads, when the shape does not matter)."""
+    import random
+
+    rng = random.Random(seed)
+    gpt2 = json.loads(GPT2_JSON.read_text(encoding="utf-8"))
+    gpt2["post_processor"] = {
+        "type": "TemplateProcessing", "pair": [],
+        "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [50256], "tokens": ["<|endoftext|>"]}}}
+    tok_json = json.dumps(gpt2)
+    config = {"bos_token": "<|endoftext|>", "eos_token": {"content": "<|endoftext|>"}, "pad_token": None}
+    cases = [("tokenizer.json", {"post_processor": pp}) for _, pp in _mutations(gpt2["post_processor"], rng, 12)]
+    cases += [(name, cfg) for name in ("tokenizer_config.json", "special_tokens_map.json")
+              for _, cfg in _mutations(config, rng, 6)]
+    for n, (name, change) in enumerate(cases):
+        d = tmp_path / f"case{n}"
+        d.mkdir()
+        (d / "tokenizer.json").write_text(json.dumps({**gpt2, **change}) if name == "tokenizer.json" else tok_json)
+        if name != "tokenizer.json":
+            (d / name).write_text(json.dumps(change))
+        try:
+            load_tokenizer(d)
+        except PretokError as e:
+            assert str(d / name) in str(e) and "\n" not in str(e), (name, change)
