@@ -453,10 +453,23 @@ def _exit_code(e: BaseException) -> int:
 _STARTED: float | None = None  # when the `pretok` command's process started (None: main() called in-process)
 
 
+def _escape_unencodable_output() -> None:
+    """Print what stdout's encoding cannot show as escapes (stderr does so already): under a non-UTF-8 locale
+    (LANG=en_US on ISO-8859-1, PYTHONUTF8=0 with LC_ALL=C, PYTHONIOENCODING=ascii) a summary holding '\u2026' or a
+    non-ASCII path failed a finished command with a UnicodeEncodeError traceback and exit 1."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        try:
+            reconfigure(errors="backslashreplace")
+        except (ValueError, OSError):  # a closed or detached stdout: nothing will be printed there anyway
+            pass
+
+
 def script() -> None:
     """The `pretok` command (and `python -m pretok_lib.cli`)."""
     global _STARTED
     _STARTED = process_start_time()
+    _escape_unencodable_output()
     if sys.argv[1:2] == ["train"]:
         from .train.collector import import_training_modules
 

@@ -156,3 +156,24 @@ def test_sigterm_during_corpus_removes_its_temp_file(tmp_path: Path) -> None:
     assert proc.returncode == 143, err
     assert err.strip().splitlines() == ["pretok: terminated by SIGTERM (rerun the same command to resume)"]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_a_non_utf8_stdout_prints_escapes_not_a_traceback(tmp_path, shared_data, encoding) -> None:
+    """Under a locale whose encoding cannot show the summary ('\u2026' after the fingerprint) or a non-ASCII path,
+    a finished command printed a UnicodeEncodeError traceback and exited 1 over a complete output."""
+    import os
+
+    from .conftest import GPT2_JSON, ROOT
+
+    data = tmp_path / "donn\u00e9es \u65e5"
+    data.mkdir()
+    (data / "d.jsonl").write_text('{"text": "caf\u00e9 \u65e5\u672c"}\n' * 3, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "PYTHONIOENCODING": encoding,
+           "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    out = data / "out"
+    for args in (["tokenize", str(data / "d.jsonl"), "--out", str(out), "--tokenizer", str(GPT2_JSON),
+                  "--workers", "0", "--no-progress"], ["inspect", str(out)]):
+        r = subprocess.run([sys.executable, "-m", "pretok_lib.cli", *args], capture_output=True, timeout=300, env=env)
+        assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr.decode(errors="replace")[-2000:]
+        assert b"\\u2026" in r.stdout and b"documents   3" in r.stdout

@@ -359,3 +359,156 @@ def test_identify_gives_what_make_encoder_needs_without_building(infos, english_
         a = make_encoder(quick, backend).encode_batch(english_docs[:3])
         b = make_encoder(full, backend).encode_batch(english_docs[:3])
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]), name
+
+
+def _non_utf8_dir(base, seed: int):
+    """A directory whose name holds bytes that are not UTF-8 (seeded: lone continuation bytes, a lead byte cut
+    short, latin-1 letters), as Python names it (surrogate escapes): a file system of another encoding."""
+    import random
+
+    rng = random.Random(seed)
+    junk = bytes(rng.choice([rng.randrange(0x80, 0xC0), rng.randrange(0xE0, 0xF0), rng.choice(b"\xe9\xfc\xf1")])
+                 for _ in range(rng.randint(1, 4)))
+    path = os.path.join(os.fsencode(base), b"tok " + junk)
+    os.mkdir(path)
+    return os.fsdecode(path)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("name", ["r50k_tt", "cl100k_tt"])
+def test_fastokens_builds_a_tiktoken_file_whose_path_is_not_utf8(tmp_path, monkeypatch, infos, english_docs, name,
+                                                                 seed):
+    """fastokens takes a Rust string path: it refused such a file and the run fell back to tiktoken (3-4x slower);
+    it now builds from a cached copy of the fingerprinted bytes, with the reference's ids."""
+    monkeypatch.setenv("PRETOK_CACHE_DIR", str(tmp_path / "cache"))
+    directory = _non_utf8_dir(tmp_path, seed)
+    copy = os.path.join(directory, SPECS[name].name)
+    with open(copy, "wb") as f:
+        f.write(SPECS[name].read_bytes())
+    with pytest.raises(UnicodeEncodeError):
+        copy.encode("utf-8")
+    info = load_tokenizer(copy)
+    got = make_encoder(info, "fastokens").encode_batch(english_docs[:5])
+    want = make_encoder(info, "tiktoken").encode_batch(english_docs[:5])
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert select_backend(info, english_docs[:2]).backend == "fastokens"
+
+
+def test_a_full_cache_dir_leaves_no_partial_copy(tmp_path, monkeypatch, infos):
+    """A derived file (tekken's ranks) that does not fit: the build fails (the run falls back to the next candidate)
+    and the partial copy is removed, not left filling the file system (TMPDIR: a small tmpfs)."""
+    from .engine.test_faults_tokenize import tmpfs
+
+    for size in (64 << 10, 1 << 20):  # far too small, and short by a few MB
+        with tmpfs(tmp_path / f"cache{size}", size) as cache:
+            monkeypatch.setenv("PRETOK_CACHE_DIR", str(cache))
+            with pytest.raises(tk.BackendUnavailable, match="No space left"):
+                make_encoder(infos["tekken"], "fastokens")
+            assert [p.name for p in cache.iterdir()] == []
+
+
+def _code_point_texts(seed: int) -> list[str]:
+    """Every code point of the categories regex engines' tables may class differently, and a seeded sample of all
+    code points, each in contexts where its class decides the split (after a space, before a letter, digit or
+    contraction, between newlines)."""
+    import random
+    import unicodedata
+
+    from pretok_lib.tokenizer.select import _VOLATILE_CATEGORIES
+
+    volatile = [c for c in range(0x40000) if not 0xD800 <= c < 0xE000
+                and (unicodedata.category(chr(c)) in _VOLATILE_CATEGORIES or chr(c).isspace())]
+    rng = random.Random(seed)
+    sample = [c for c in (rng.randrange(0x110000) for _ in range(3000)) if not 0xD800 <= c < 0xE000]
+    contexts = (" {}x", "{} x", "x{}1", " {}1", "{}'ll", "\n{}\n", " {} ", "A{}a")
+    return ["".join(ctx.format(chr(c)) for ctx in contexts) for c in volatile + sample]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "cl100k", "r50k_tt", "cl100k_tt", "tekken"])
+def test_the_chosen_backend_equals_the_reference_on_every_volatile_code_point(infos, encoders, name):
+    """fastokens split " \\u180ex" unlike tiktoken (U+180E, Mongolian vowel separator, was white space before Unicode
+    6.3) and the check never saw one: a .tiktoken corpus holding it got other ids than the reference. The check's
+    probes hold every such code point now, and fastokens is given tiktoken's white space explicitly."""
+    info = infos[name]
+    choice = select_backend(info, ["Hello world"])
+    texts = _code_point_texts(seed=len(name))
+    got = encoders[(name, choice.backend)].encode_batch(texts)
+    want = encoders[(name, choice.reference)].encode_batch(texts)
+    bad = [texts[i][:12] for i in range(len(texts)) if not np.array_equal(got[0][got[1][i]:got[1][i + 1]],
+                                                                          want[0][want[1][i]:want[1][i + 1]])]
+    assert not bad, (choice.backend, len(bad), bad[:5])
+    assert choice.backend == "fastokens", choice.rejected  # exact and still the fast one
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_candidate_differing_on_any_volatile_code_point_is_rejected(infos, seed):
+    """A fast backend that classes one such code point differently (here: takes it for a space) is caught by the
+    probes alone, whatever the sample."""
+    import random
+
+    from pretok_lib.tokenizer.select import unicode_probes
+
+    chars = sorted({ch for text in unicode_probes() for ch in text} - set(" x'l1"))
+    ch = random.Random(seed).choice(chars)
+    good = make_encoder(infos["cl100k_tt"], "fastokens").encode_batch
+    off = lambda texts: good([t.replace(ch, " ") for t in texts])  # noqa: E731
+    choice = select_backend(infos["cl100k_tt"], ["Hello world"], encoders={"fastokens": off})
+    assert choice.backend == "tiktoken" and "ids differ on probe" in choice.rejected["fastokens"], (hex(ord(ch)),)
+
+
+JUNK = [None, 0, -1, 1.5, "", "x", [], {}, [1], {"a": 1}, True, {"content": None}, {"content": 5}, {"content": ["x"]}]
+
+
+def _mutations(obj, rng, n: int):
+    """n copies of `obj`, each with one seeded value (at any depth) deleted or replaced by junk of another shape."""
+    import copy
+
+    def paths(o, pre=()):
+        if pre:
+            yield pre
+        items = o.items() if isinstance(o, dict) else enumerate(o[:3]) if isinstance(o, list) else ()
+        for k, v in items:
+            yield from paths(v, (*pre, k))
+
+    every = list(paths(obj))
+    for _ in range(n):
+        o = copy.deepcopy(obj)
+        at = rng.choice(every)
+        parent = o
+        for k in at[:-1]:
+            parent = parent[k]
+        if isinstance(parent, dict) and rng.random() < 0.3:
+            del parent[at[-1]]
+        else:
+            parent[at[-1]] = rng.choice(JUNK)
+        yield at, o
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_misshapen_post_processor_or_special_tokens_config_is_one_line(tmp_path, seed):
+    """A TemplateProcessing post_processor or a tokenizer_config.json / special_tokens_map.json role of another shape
+    (a list, a number, a dict without a string content) raised KeyError/TypeError/IndexError tracebacks from
+    load_tokenizer; now one line naming the file (or the tokenizer loads, when the shape does not matter)."""
+    import random
+
+    rng = random.Random(seed)
+    gpt2 = json.loads(GPT2_JSON.read_text(encoding="utf-8"))
+    gpt2["post_processor"] = {
+        "type": "TemplateProcessing", "pair": [],
+        "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [50256], "tokens": ["<|endoftext|>"]}}}
+    tok_json = json.dumps(gpt2)
+    config = {"bos_token": "<|endoftext|>", "eos_token": {"content": "<|endoftext|>"}, "pad_token": None}
+    cases = [("tokenizer.json", {"post_processor": pp}) for _, pp in _mutations(gpt2["post_processor"], rng, 12)]
+    cases += [(name, cfg) for name in ("tokenizer_config.json", "special_tokens_map.json")
+              for _, cfg in _mutations(config, rng, 6)]
+    for n, (name, change) in enumerate(cases):
+        d = tmp_path / f"case{n}"
+        d.mkdir()
+        (d / "tokenizer.json").write_text(json.dumps({**gpt2, **change}) if name == "tokenizer.json" else tok_json)
+        if name != "tokenizer.json":
+            (d / name).write_text(json.dumps(change))
+        try:
+            load_tokenizer(d)
+        except PretokError as e:
+            assert str(d / name) in str(e) and "\n" not in str(e), (name, change)

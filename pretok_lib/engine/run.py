@@ -13,7 +13,9 @@ for any number of workers, any interruption, and any sharding followed by `preto
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import sys
 import threading
 import time
 from datetime import datetime, timezone
@@ -121,6 +123,11 @@ def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None, _
                           "by atomic renames, which object stores lack", cfg.out)
     t0 = _t0 or time.time()
     out = resolve_output(cfg.out)
+    if cfg.workers > 0 and multiprocessing.current_process().daemon:
+        # a Pool or DataLoader worker may not start processes (multiprocessing asserts): the same bytes, inline
+        print(f"pretok: warning: {out}: run_tokenize in a daemonic process (a multiprocessing Pool worker) cannot "
+              f"start {cfg.workers} worker processes; tokenizing in this process (workers=0)", file=sys.stderr)
+        cfg = TokenizeConfig(**{**cfg.__dict__, "workers": 0})
     rejected = dict(_rejected or {})
     try:
         with output_lock(out):  # before anything under `out` is read or changed; held across an --overwrite

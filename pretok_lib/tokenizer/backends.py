@@ -145,9 +145,51 @@ def _cached(name: str, data: bytes) -> Path:
     if not path.is_file() or path.read_bytes() != data:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except BaseException:  # a full disk left a partial copy that kept the space (and filled it for others)
+            tmp.unlink(missing_ok=True)
+            raise
     return path
+
+
+def _fastokens_file(path: Path, data: bytes, name: str) -> str:
+    """A path fastokens can open to read `data`, the file's fingerprinted bytes: the file itself, or a copy in
+    the cache (`_cached`) when its path is not valid UTF-8 (bytes of another encoding in a directory name, a
+    non-UTF-8 locale's undecodable arguments), which fastokens, taking a Rust string, refused to build from."""
+    file = os.fspath(path)
+    try:
+        file.encode("utf-8")
+    except UnicodeEncodeError:
+        return str(_cached(name, data))
+    return file
+
+
+# Unicode's White_Space, which tiktoken's regex engine means by \s. fastokens, on tiktoken's patterns, takes U+180E
+# for white space too (Unicode before 6.3): " \u180ex" was [" ", "\u180ex"] there, [" \u180e", "x"] in tiktoken.
+WHITE_SPACE = "\t-\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+
+
+def explicit_white_space(pattern: str) -> str:
+    """`pattern` with \\s and \\S spelled out as Unicode's White_Space (inside a class too), for fastokens to split
+    text as tiktoken does."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        two = pattern[i:i + 2]
+        if two == "\\s":
+            out.append(WHITE_SPACE if in_class else f"[{WHITE_SPACE}]")
+        elif two == "\\S" and not in_class:
+            out.append(f"[^{WHITE_SPACE}]")
+        elif two[0] == "\\":
+            out.append(two)
+        else:
+            in_class = (in_class or two[0] == "[") and not (in_class and two[0] == "]")
+            out.append(two[0])
+            i += 1
+            continue
+        i += 2
+    return "".join(out)
 
 
 def fastokens_encoder(tok: Any, specials: Sequence[str] = (), shift: int = 0) -> Encoder:
@@ -186,7 +228,9 @@ def _build_tiktoken(info: TokenizerInfo, backend: str) -> Encoder:
     pattern, specials = _tiktoken_constants(path)
     if backend == "fastokens":
         import fastokens
-        return fastokens_encoder(fastokens.Tokenizer.from_tiktoken(str(path), pattern=pattern, special_tokens=specials))
+        file = _fastokens_file(path, data, f"{path.stem}-{info.fingerprint[7:]}.tiktoken")
+        return fastokens_encoder(fastokens.Tokenizer.from_tiktoken(file, pattern=explicit_white_space(pattern),
+                                                                   special_tokens=specials))
     import tiktoken
     enc = tiktoken.Encoding(path.stem, pat_str=pattern, mergeable_ranks=_parse_tiktoken(data, path),
                             special_tokens=specials)  # a plain loop: encode_ordinary_batch spawns threads

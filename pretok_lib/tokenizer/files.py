@@ -136,7 +136,14 @@ def _config(directory: Path) -> dict:
     for name in ("special_tokens_map.json", "tokenizer_config.json"):
         if (directory / name).is_file():
             obj = _parse_json(_read_bytes(directory / name), directory / name)
-            out.update(obj if isinstance(obj, dict) else {})
+            obj = obj if isinstance(obj, dict) else {}
+            for role in _KNOWN:
+                tok = obj.get(f"{role}_token")
+                if not (tok is None or isinstance(tok, str) or isinstance(tok, dict)
+                        and isinstance(tok.get("content"), (str, type(None)))):
+                    raise PretokError(f"{role}_token must be a string, null or {{\"content\": string}} "
+                                      f"(got {json.dumps(tok)[:60]})", directory / name)
+            out.update(obj)
     return out
 
 
@@ -156,13 +163,18 @@ def _special_ids(lookup: Callable[[str], int | None], config: dict, own: dict[st
     return out
 
 
-def _template_roles(pp: dict | None) -> dict[str, int]:
+def _template_roles(pp: dict | None, path: Path) -> dict[str, int]:
     """bos/eos ids a HF TemplateProcessing post-processor puts before/after a single sequence."""
     if not isinstance(pp, dict) or pp.get("type") != "TemplateProcessing":
         return {}
-    items = pp.get("single", [])
-    seq = next((i for i, item in enumerate(items) if "Sequence" in item), 0)
-    ids = [pp["special_tokens"][item["SpecialToken"]["id"]]["ids"][0] for item in items if "SpecialToken" in item]
+    try:
+        items = pp.get("single", [])
+        seq = next((i for i, item in enumerate(items) if "Sequence" in item), 0)
+        ids = [pp["special_tokens"][item["SpecialToken"]["id"]]["ids"][0] for item in items if "SpecialToken" in item]
+        if not all(type(i) is int for i in ids):
+            raise ValueError("a special token id is not an integer")
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise PretokError(f"not a valid HF tokenizer.json: its TemplateProcessing post_processor: {e!r}", path) from None
     before = sum("SpecialToken" in item for item in items[:seq])
     return {**({"bos": ids[0]} if before else {}), **({"eos": ids[-1]} if len(ids) > before else {})}
 
@@ -213,7 +225,7 @@ def json_vocab(obj: dict, path: Path) -> dict[str, int]:
 
 def _info_hf_json(spec: str, path: Path, data: bytes, obj: dict) -> TokenizerInfo:
     vocab = json_vocab(obj, path)
-    ids = _special_ids(vocab.get, _config(path.parent), _template_roles(obj.get("post_processor")))
+    ids = _special_ids(vocab.get, _config(path.parent), _template_roles(obj.get("post_processor"), path))
     return TokenizerInfo(spec, "hf-json", _sha(data), max(vocab.values()) + 1, *ids)
 
 

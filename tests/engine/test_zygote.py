@@ -254,3 +254,36 @@ def test_an_answer_that_cannot_be_sent_is_an_error_for_the_main_process(monkeypa
     assert isinstance(got, RuntimeError) and "could not be sent" in str(got)
     main.close()
     assert zygote._answer(child) is False  # the main process closed its end: the checks end
+
+
+def _tokenize_in_a_pool_worker(corpus: str, out: str, workers: int) -> tuple[str, object]:
+    from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
+
+    try:
+        m = run_tokenize(TokenizeConfig(inputs=[corpus], out=out, tokenizer=str(GPT2_JSON), workers=workers,
+                                        progress=False, part_mb=0.01))
+        return "ok", m["run"]["workers"]
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        return type(e).__name__, str(e)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_run_tokenize_in_a_daemonic_pool_worker_writes_the_same_bytes(shared_data: Path, tmp_path: Path, capfd,
+                                                                       method: str) -> None:
+    """A multiprocessing Pool (or DataLoader) worker is daemonic and may not start processes: run_tokenize with
+    workers > 0 there failed with "AssertionError: daemonic processes are not allowed to have children". It now
+    tokenizes inline, says so in one line, and writes the bytes of any other worker count."""
+    import json
+    import multiprocessing as mp
+
+    from tests.conftest import PYDOCS_JSONL
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": json.loads(line)["text"][:3000]}) + "\n"
+                              for line in list(PYDOCS_JSONL.open())[:30]))
+    with mp.get_context(method).Pool(1) as pool:
+        got = pool.starmap(_tokenize_in_a_pool_worker, [(str(corpus), str(tmp_path / f"w{w}"), w) for w in (0, 2)])
+    assert got == [("ok", 0), ("ok", 0)]
+    assert "daemonic process" in capfd.readouterr().err
+    for name in ("data.bin", "data.idx"):
+        assert (tmp_path / "w0" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes()
