@@ -441,6 +441,8 @@ def _exit_code(e: BaseException) -> int:
     if isinstance(e, PretokError):
         print(f"pretok: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 1)  # 3: a sweep/study stopped by a signal (pretok_lib.procs.Stopped)
+    if isinstance(e, BrokenPipeError) and _reader_gone():
+        return READER_GONE
     if isinstance(e, OSError):
         print(f"pretok: error: {os_error(e)}", file=sys.stderr)
         return 1
@@ -451,6 +453,27 @@ def _exit_code(e: BaseException) -> int:
 
 
 _STARTED: float | None = None  # when the `pretok` command's process started (None: main() called in-process)
+READER_GONE = 141  # the exit code of a command whose output's reader went away, as the shell shows SIGPIPE's
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has gone (`pretok inspect OUT | head -1`; poll says POLLERR): then
+    stdout is pointed at /dev/null, so that nothing more (nor the interpreter's last flush) fails on it, and the
+    command ends quietly rather than with 'pretok: error: Broken pipe'."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        gone = any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # closed, detached, no poll: not a pipe's reader
+        return False
+    if gone:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    return gone
 
 
 def _escape_unencodable_output() -> None:
@@ -474,7 +497,16 @@ def script() -> None:
         from .train.collector import import_training_modules
 
         import_training_modules()  # as `python -m pretok_lib.train` does (train/collector.py)
-    sys.exit(main(script=True))
+    try:
+        rc = main(script=True)
+    except SystemExit as e:  # --help, --version
+        rc = e.code
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # what was left in stdout's buffer found the pipe closed
+        if _reader_gone():
+            rc = READER_GONE
+    sys.exit(rc)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,24 @@ PACKAGES = ("numpy", "pyarrow", "tokenizers", "fastokens", "tiktoken", "sentence
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")
 
 
-def git_commit() -> str | None:
-    """The checkout's HEAD commit, or None outside a git checkout (an installed package)."""
+def git_commit(root: Path | None = None) -> str | None:
+    """The checkout's HEAD commit (pretok's, or `root`'s), or None outside a git checkout (an installed package)."""
     try:
-        root = Path(__file__).resolve().parents[1]
+        root = root or Path(__file__).resolve().parents[1]
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
         return out.stdout.strip() or None
+    except Exception:
+        return None
+
+
+def git_dirty(root: Path | None = None) -> bool | None:
+    """Whether the checkout's (pretok's, or `root`'s) tracked files differ from its HEAD (the code that ran is not
+    `git_commit`'s), or None outside a git checkout."""
+    try:
+        root = root or Path(__file__).resolve().parents[1]
+        out = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, timeout=10)
+        return bool(out.stdout.strip()) if out.returncode == 0 else None
     except Exception:
         return None
 
@@ -58,7 +70,7 @@ def cpu_flags() -> set[str]:
 
 def environment() -> dict:
     """Python, platform, CPU model, host, CPUs this process may use, the versions of pretok and of the installed
-    `PACKAGES`, the git commit and the SLURM job, if any."""
+    `PACKAGES`, the git commit (and whether tracked files differ from it) and the SLURM job, if any."""
     import importlib.metadata  # here, not at import: ~15 ms that every worker would pay
 
     from . import __version__
@@ -71,5 +83,5 @@ def environment() -> dict:
             pass
     return {"python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
             "cpu_model": cpu_model(), "hostname": socket.gethostname(), "cpus": usable_cpus(),
-            "packages": versions, "git_commit": git_commit(),
+            "packages": versions, "git_commit": git_commit(), "git_dirty": git_dirty(),
             "slurm": {k: v for k, v in os.environ.items() if k in SLURM_VARS}}

@@ -177,3 +177,18 @@ def test_a_non_utf8_stdout_prints_escapes_not_a_traceback(tmp_path, shared_data,
         r = subprocess.run([sys.executable, "-m", "pretok_lib.cli", *args], capture_output=True, timeout=300, env=env)
         assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr.decode(errors="replace")[-2000:]
         assert b"\\u2026" in r.stdout and b"documents   3" in r.stdout
+
+
+@pytest.mark.parametrize("lines", [1, 3, 3000])
+def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path, lines) -> None:
+    """`pretok inspect OUT | head -1`: the reader of stdout is gone before the command writes; it printed
+    'pretok: error: Broken pipe' (exit 1). Output of any size: what print() wrote, what the last flush wrote."""
+    args = ["sweep", "--config", "configs/tiny.yaml", "--axis", f"seed={','.join(map(str, range(lines)))}",
+            "--dry-run", "--runs-dir", "{tmp}"]
+    from .conftest import ROOT
+
+    proc = subprocess.Popen([sys.executable, "-m", "pretok_lib.cli", *[a.format(tmp=tmp_path) for a in args]],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()                                     # before the child has imported anything
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err.decode()) == (141, "")

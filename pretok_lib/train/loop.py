@@ -243,7 +243,8 @@ class Trainer:
         self.progress = Counters(**state["progress"])
         self.resumed_from = self.progress.step
         checkpoint.set_rng_state(state["rng"])
-        self.log(f"resumed from {path} (step {self.progress.step})")
+        if self.d.is_main:  # once, not once per rank
+            self.log(f"resumed from {path} (step {self.progress.step})")
 
     def save(self) -> None:
         p = self.progress

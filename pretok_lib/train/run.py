@@ -51,8 +51,9 @@ def _run_info(run_id: str, d: distributed.Dist, status: str, started: str, error
     dev = d.device
     return {"version": RUN_VERSION, "run_id": run_id, "status": status, "error": error, "started": started,
             "finished": _now() if status != "running" else None, "world_size": d.world, "device": dev.type,
-            "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else env["platform"],
-            "backend": d.backend, "git_commit": env["git_commit"],
+            "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else env["cpu_model"],
+            "cpu_model": env["cpu_model"], "platform": env["platform"],
+            "backend": d.backend, "git_commit": env["git_commit"], "git_dirty": env["git_dirty"],
             "versions": {"python": env["python"], **env["packages"]}, "host": socket.gethostname(),
             "cpus": env["cpus"], "torch_threads": torch.get_num_threads(),
             "slurm": {k: v for k, v in os.environ.items() if k.startswith("SLURM_") and k in (

@@ -31,6 +31,8 @@ def test_every_data_path_trains_and_writes_the_run_contract(kind, train_data, tm
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "completed" and info["world_size"] == 1 and info["backend"] is None
     assert info["versions"]["torch"] and info["flops_per_token"] > 0 and info["peak_flops"] > 0
+    from pretok_lib.environment import cpu_model
+    assert info["device_name"] == info["cpu_model"] == cpu_model() and info["git_dirty"] in (True, False, None)
     assert yaml.safe_load((run / "config.yaml").read_text())["data"]["kind"] == kind
     rec = records(run)
     assert [r["step"] for r in rec] == [1, 2, 3] and set(rec[0]) == TRAIN_KEYS
