@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import multiprocessing
 import os
 import signal
 import threading
@@ -33,10 +34,12 @@ _started = False  # this process's SIGTERM watcher runs (one per worker process)
 
 @contextlib.contextmanager
 def starting_workers() -> Iterator[None]:
-    """SIGTERM blocked in this thread while DataLoader workers are forked or spawned from it (they inherit the
-    mask); one that arrives meanwhile is delivered when the block ends. Only in the main thread, where Python runs
-    its signal handlers."""
-    if not _SUPPORTED or threading.current_thread() is not threading.main_thread():
+    """SIGTERM blocked in this thread while DataLoader workers are forked from it (they inherit the mask); one
+    that arrives meanwhile is delivered when the block ends. Only in the main thread, where Python runs its signal
+    handlers, and only for the fork start method: a forkserver started inside the block kept SIGTERM blocked for
+    good, and so did every process it started later (a Pool's `terminate()` then hung)."""
+    if (not _SUPPORTED or threading.current_thread() is not threading.main_thread()
+            or multiprocessing.get_start_method() != "fork"):
         yield
         return
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})

@@ -68,3 +68,45 @@ def test_a_sigterm_from_the_parent_still_ends_a_worker(wiki):
     assert workers[0].wait(timeout=30) == 0
     it.close()
     psutil.wait_procs(workers, timeout=30)
+
+
+AFTER_WORKERS = r"""
+import multiprocessing as mp, sys, time
+
+
+def main():
+    mp.set_start_method(sys.argv[2])
+    from pretok_lib.data import make_dataset, make_loader
+    for _ in make_loader(make_dataset("pretok-memmap", sys.argv[1], 64, micro_batch=4, rank=0, world=1), num_workers=1):
+        pass
+    p = mp.get_context("forkserver").Process(target=time.sleep, args=(120,))
+    p.start()
+    time.sleep(0.5)
+    p.terminate()
+    p.join(30)
+    print(p.exitcode)
+    if p.exitcode is None:
+        p.kill()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn", "fork"])
+def test_processes_started_after_the_workers_still_take_sigterm(wiki, tmp_path, method):
+    """SIGTERM was blocked while any DataLoader started its workers: a forkserver started for them (the start
+    method forkserver; Python 3.14's default on Linux) kept it blocked, and so did every process it forked later:
+    a multiprocessing Pool's `terminate()` then hung for good. In a fresh interpreter, whose forkserver is not
+    running yet."""
+    import sys
+
+    from ..conftest import ROOT
+
+    script = tmp_path / "after_workers.py"
+    script.write_text(AFTER_WORKERS)
+    r = subprocess.run([sys.executable, str(script), str(wiki.dirs["pretok-memmap"]), method], cwd=ROOT,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == str(-signal.SIGTERM), r.stdout
