@@ -16,26 +16,30 @@ PACKAGES = ("numpy", "pyarrow", "tokenizers", "fastokens", "tiktoken", "sentence
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")
 
 
-def git_commit(root: Path | None = None) -> str | None:
-    """The checkout's HEAD commit (pretok's, or `root`'s), or None outside a git checkout (an installed package)."""
+def git_state(root: Path | None = None) -> tuple[str | None, bool | None]:
+    """(HEAD commit, whether tracked files differ from it) of pretok's checkout (or `root`'s), from one `git status`;
+    (None, None) outside a git checkout (an installed package)."""
     try:
         root = root or Path(__file__).resolve().parents[1]
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None
+        out = subprocess.run(["git", "-C", str(root), "status", "--porcelain=v2", "--branch", "--untracked-files=no"],
+                             capture_output=True, text=True, timeout=10)
     except Exception:
-        return None
+        return None, None
+    if out.returncode != 0:
+        return None, None
+    lines = out.stdout.splitlines()
+    oid = next((ln.split()[2] for ln in lines if ln.startswith("# branch.oid ")), None)
+    return (oid if oid != "(initial)" else None), any(not ln.startswith("#") for ln in lines)
+
+
+def git_commit(root: Path | None = None) -> str | None:
+    """The checkout's HEAD commit (`git_state`)."""
+    return git_state(root)[0]
 
 
 def git_dirty(root: Path | None = None) -> bool | None:
-    """Whether the checkout's (pretok's, or `root`'s) tracked files differ from its HEAD (the code that ran is not
-    `git_commit`'s), or None outside a git checkout."""
-    try:
-        root = root or Path(__file__).resolve().parents[1]
-        out = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                             capture_output=True, text=True, timeout=10)
-        return bool(out.stdout.strip()) if out.returncode == 0 else None
-    except Exception:
-        return None
+    """Whether the checkout's tracked files differ from its HEAD (the code that ran is not `git_commit`'s)."""
+    return git_state(root)[1]
 
 
 def _cpuinfo() -> dict[str, str]:
@@ -81,7 +85,8 @@ def environment() -> dict:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             pass
+    commit, dirty = git_state()
     return {"python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
             "cpu_model": cpu_model(), "hostname": socket.gethostname(), "cpus": usable_cpus(),
-            "packages": versions, "git_commit": git_commit(), "git_dirty": git_dirty(),
+            "packages": versions, "git_commit": commit, "git_dirty": dirty,
             "slurm": {k: v for k, v in os.environ.items() if k in SLURM_VARS}}

@@ -16,7 +16,7 @@ import pytest
 
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
-from ..conftest import GPT2_JSON, ROOT, WIKI_EN
+from ..conftest import GPT2_JSON, ROOT, WIKI_EN, tiny_memmap
 
 SEQ = 64
 
@@ -104,3 +104,25 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def sized_corpus(base: Path, sentence: str, seq_len: int, micro_batch: int, fits, formats=("memmap",), docs: int = 4,
+                 lengths=range(2, 80)) -> tuple[Path, Path, dict[str, Path], int]:
+    """(source jsonl, tokenizer, {format: output}, samples) of `docs` documents of n words of `sentence`, for the
+    first n in `lengths` whose memmap output holds `fits(samples)` windows of seq_len + 1 (epochs of a chosen size)."""
+    from pretok_lib.data import make_dataset
+
+    _, tok = tiny_memmap(base)
+    words = sentence.split()
+    for n in lengths:
+        src = base / f"docs-{n}.jsonl"
+        src.write_text("".join(json.dumps({"text": " ".join(words[(i + j) % len(words)] for j in range(n))}) + "\n"
+                               for i in range(docs)))
+        out = {fmt: base / f"{fmt}-{n}" for fmt in formats}
+        for fmt, o in out.items():
+            run_tokenize(TokenizeConfig(inputs=[str(src)], out=str(o), tokenizer=str(tok), format=fmt, workers=0,
+                                        progress=False))
+        samples = make_dataset("pretok-memmap", out["memmap"], seq_len, micro_batch=micro_batch).source.num_samples
+        if fits(samples):
+            return src, tok, out, samples
+    raise AssertionError(f"no document length of {list(lengths)[0]}-{list(lengths)[-1]} words fits")

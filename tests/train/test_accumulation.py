@@ -13,11 +13,8 @@ from pathlib import Path
 import pytest
 
 from pretok_lib.cli import main as cli_main
-from pretok_lib.data import make_dataset
-from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
-from ..conftest import tiny_memmap
-from .conftest import run_cli
+from .conftest import run_cli, sized_corpus
 
 SEQ, GLOBAL, STEPS = 16, 4, 10
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/train/conftest.py
@@ -27,20 +24,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/train/conftest.py
 def odd_data(tmp_path_factory) -> tuple[Path, int]:
     """(memmap dir, samples) of data whose epoch is 3 global batches of GLOBAL plus an odd remainder (13 or 15
     samples), so splits with accumulation 2 or 4 reach an epoch end in the middle of a step."""
-    d = tmp_path_factory.mktemp("odd-epochs")
-    _, tok = tiny_memmap(d)
-    words = "a step of several micro batches never takes samples from two epochs at once".split()
-    for n in range(2, 80):
-        src = d / f"docs-{n}.jsonl"
-        src.write_text("".join(json.dumps({"text": " ".join(words[(i + j) % len(words)] for j in range(n))}) + "\n"
-                               for i in range(4)))
-        out = d / f"memmap-{n}"
-        run_tokenize(TokenizeConfig(inputs=[str(src)], out=str(out), tokenizer=str(tok), format="memmap", workers=0,
-                                    progress=False))
-        samples = make_dataset("pretok-memmap", out, SEQ, micro_batch=1).source.num_samples
-        if samples in (13, 15):
-            return out, samples
-    raise AssertionError("no document length gives 13 or 15 samples")
+    _, _, out, samples = sized_corpus(tmp_path_factory.mktemp("odd-epochs"), "a step of several micro batches never "
+                                      "takes samples from two epochs at once", SEQ, 1, lambda n: n in (13, 15))
+    return out["memmap"], samples
 
 
 def overrides(data: Path, runs: Path, run_id: str, micro: int, accum: int, **extra) -> list[str]:

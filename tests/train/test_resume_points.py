@@ -12,11 +12,9 @@ import pytest
 import torch
 
 from pretok_lib.cli import main as cli_main
-from pretok_lib.data import make_dataset
-from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 from pretok_lib.train import checkpoint
 
-from ..conftest import tiny_memmap
+from .conftest import sized_corpus
 
 SEQ, MICRO, EPOCH_STEPS, STEPS = 16, 2, 3, 8
 
@@ -25,23 +23,12 @@ SEQ, MICRO, EPOCH_STEPS, STEPS = 16, 2, 3, 8
 def short_epochs(tmp_path_factory) -> dict[str, list[str]]:
     """Overrides of each data kind (memmap, token-list, padding-free on the fly) on documents that make epochs of
     EPOCH_STEPS global batches of SEQ-token windows (plus a remainder under one batch)."""
-    d = tmp_path_factory.mktemp("short-epochs")
-    _, tok = tiny_memmap(d)
-    words = "data loaders resume from the position they saved at the end of every epoch".split()
-    for n in range(2, 60):
-        src = d / f"docs-{n}.jsonl"
-        src.write_text("".join(json.dumps({"text": " ".join(words[(i + j) % len(words)] for j in range(n))}) + "\n"
-                               for i in range(4)))
-        out = {fmt: d / f"{fmt}-{n}" for fmt in ("memmap", "token-list")}
-        for fmt, o in out.items():
-            run_tokenize(TokenizeConfig(inputs=[str(src)], out=str(o), tokenizer=str(tok), format=fmt, workers=0,
-                                        progress=False))
-        if make_dataset("pretok-memmap", out["memmap"], SEQ, micro_batch=MICRO).source.num_samples // MICRO == \
-                EPOCH_STEPS:
-            return {"pretok-memmap": [f"data.path={out['memmap']}"],
-                    "pretok-token-list": ["data.kind=pretok-token-list", f"data.path={out['token-list']}"],
-                    "padding-free": ["data.kind=padding-free", f"data.path={src}", f"data.tokenizer={tok}"]}
-    raise AssertionError("no document length gives epochs of EPOCH_STEPS steps")
+    src, tok, out, _ = sized_corpus(tmp_path_factory.mktemp("short-epochs"), "data loaders resume from the position "
+                                    "they saved at the end of every epoch", SEQ, MICRO,
+                                    lambda n: n // MICRO == EPOCH_STEPS, ("memmap", "token-list"), lengths=range(2, 60))
+    return {"pretok-memmap": [f"data.path={out['memmap']}"],
+            "pretok-token-list": ["data.kind=pretok-token-list", f"data.path={out['token-list']}"],
+            "padding-free": ["data.kind=padding-free", f"data.path={src}", f"data.tokenizer={tok}"]}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/train/conftest.py
