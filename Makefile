@@ -8,8 +8,9 @@ STAMP := $(VENV)/.pretok-installed
 DEMO_DIR ?= runs/demo
 STUDY_DIR ?= runs/study-quick
 # Test processes (pytest-xdist): each test file runs whole on one of them, tests/slurm together (tests/conftest.py).
-# Three on two cores were slower (13.2 min, 19.0 CPU-min, against 11.9 min, 15.6 CPU-min with two, same code).
-TEST_WORKERS ?= 2
+# Three on two cores: on the slow kind the third fills the time the others wait (SLURM jobs, kernels, children).
+# Measured on the Zen 3 stand-in (README): 18.8 min with 3, 21.2 with 2; natively here 13.2 with 3, 11.9 with 2.
+TEST_WORKERS ?= 3
 DURATIONS ?= 15
 
 .PHONY: setup sysdeps demo lab test bench clean

@@ -127,7 +127,7 @@ def shared_data() -> Path:
     return SHARED
 
 
-# Test processes (`make test`: pytest-xdist `-n 2`): each test file is one unit of work, run whole on one process
+# Test processes (`make test`: pytest-xdist `-n 3`): each test file is one unit of work, run whole on one process
 # (its module fixtures are built once), and tests/slurm is one unit (one SLURM cluster). The slowest units start
 # first, so the run does not end waiting on one long file (measured: `--durations`).
 SLOW_FIRST = ("tests/notebooks/test_notebooks.py", "tests/slurm", "tests/bench/test_bench_train.py",
