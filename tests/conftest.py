@@ -89,16 +89,14 @@ def _temp_dir_of_this_session():
 
 
 def _signal_state() -> dict:
-    """This process's signal dispositions and mask: what every process a test starts inherits (an ignored SIGINT
-    or a blocked SIGTERM makes a child deaf to it)."""
+    """This process's signal mask and dispositions by signal number: what every process a test starts inherits
+    (an ignored SIGINT or a blocked SIGTERM makes a child deaf to it)."""
     import signal
 
-    state = {"mask": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))}
-    for s in signal.valid_signals():
-        # SIGCHLD: torch's DataLoader sets its handler once for the process's life (it chains to the previous one)
-        if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
-            state[signal.Signals(s).name if s in signal.Signals._value2member_map_ else int(s)] = signal.getsignal(s)
-    return state
+    # SIGCHLD: torch's DataLoader sets its handler once for the process's life (it chains to the previous one)
+    exempt = (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD)
+    return {"mask": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+            **{int(s): signal.getsignal(s) for s in signal.valid_signals() if s not in exempt}}
 
 
 @pytest.fixture(autouse=True)
@@ -110,14 +108,15 @@ def _no_signal_state_leaks(request):
     before = _signal_state()
     yield
     after = _signal_state()
-    if after == before:
+    changed = [k for k in before if before[k] != after[k]]
+    if not changed:
         return
-    changed = sorted(k for k in before if before[k] != after[k])
     signal.pthread_sigmask(signal.SIG_SETMASK, before["mask"])
-    for name, handler in before.items():
-        if name != "mask" and handler is not None and after[name] != handler:
-            signal.signal(getattr(signal, name) if isinstance(name, str) else name, handler)
-    pytest.fail(f"{request.node.nodeid} left the signal state of the test process changed: {changed}")
+    for s in changed:
+        if s != "mask" and before[s] is not None:  # None: a handler not set from Python, which cannot be put back
+            signal.signal(s, before[s])
+    names = ["mask" if s == "mask" else signal.strsignal(s) or str(s) for s in changed]
+    pytest.fail(f"{request.node.nodeid} left the signal state of the test process changed: {names}")
 
 
 @pytest.fixture(scope="session")
