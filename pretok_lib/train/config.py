@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from ..datapaths import ON_THE_FLY, global_batch
+from .. import strict_yaml
 from ..errors import PretokError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -217,9 +218,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         if not p.is_file():
             raise PretokError("config file not found", p)
         try:
-            raw = yaml.safe_load(p.read_text()) or {}
+            raw = strict_yaml.load(p.read_text()) or {}
         except yaml.YAMLError as e:
-            raise PretokError(f"not valid YAML ({str(e).splitlines()[0]})", p) from None
+            raise PretokError(f"not valid YAML ({str(e).strip().splitlines()[0]})", p) from None
     if not isinstance(raw, dict):
         raise PretokError("a config must be a YAML mapping of sections", source)
     for item in overrides:
@@ -227,7 +228,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         if not sep or not key:
             raise PretokError(f"override '{item}' is not of the form section.key=value")
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = strict_yaml.load(text) if text.strip() else None
         except yaml.YAMLError as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise PretokError(f"override '{item}': the value is not YAML ({first}); quote it to pass it as text") \
