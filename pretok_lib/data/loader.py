@@ -133,6 +133,9 @@ class StatefulLoader:
 
     def load_state_dict(self, state: dict) -> None:
         mine = self._identity()
+        legacy = getattr(self.dataset.source, "legacy_order_identity", None)
+        if legacy is not None and any("manifest" in e for e in state.get("mixture") or [] if isinstance(e, dict)):
+            mine = {**mine, **legacy()}   # a mixture's state from before data identities: by manifest checksum
         state = {"order": "exact", **state}  # a state saved before orders existed was made in the exact order
         diff = [k for k in mine if k in state and state[k] != mine[k]]
         if "data" in diff:

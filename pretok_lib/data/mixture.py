@@ -24,6 +24,7 @@ from ..datapaths import BY_NAME, KIND_OF_FORMAT, PARQUET_KINDS
 from ..errors import PretokError
 from ..formats.manifest import data_identity, read_manifest
 from .blend import Blend
+from .content import content_fingerprint, content_key
 from .packing import Sample
 from .source import EXACT, PretokenizedSource
 
@@ -88,10 +89,19 @@ class MixtureSource:
         j, e, i = self.locate(epoch, k)
         return dataclasses.replace(self.sources[j].sample(e, i), origin=j)
 
+    def legacy_order_identity(self) -> dict:
+        """The order identity loader states saved before 2026-11-27 recorded (each dataset by its manifest's
+        checksum): such a state still resumes on the very same outputs."""
+        new = self.order_identity()
+        return {**new, "mixture": [{**{k: v for k, v in e.items() if k != "data"},
+                                    "manifest": s.m.get("manifest_sha256")}
+                                   for e, s in zip(new["mixture"], self.sources)]}
+
     def order_identity(self) -> dict:
-        """What makes this order this order (a loader state is refused on any other): every dataset by its
-        manifest's own checksum (so a moved copy resumes) and size, the rational weights, the policy."""
-        return {**EXACT, "mixture": [{"manifest": s.m.get("manifest_sha256"), "num_samples": n,
+        """What makes this order this order (a loader state is refused on any other): every dataset by its data
+        identity (format, dtype, file checksums: a moved copy, or the same input tokenized again to the same bytes,
+        resumes) and size, the rational weights, the policy."""
+        return {**EXACT, "mixture": [{"data": data_identity(s.m), "num_samples": n,
                                       "weight": [p, self.blend.Q], **s.order_identity()}
                             for s, n, p in zip(self.sources, self.sizes, self.blend.p)],
                 "mixture_exhausted": self.exhausted}
@@ -108,15 +118,16 @@ def open_mixture(entries: Sequence[tuple[str | os.PathLike, float]], seq_len: in
 
     if not entries:
         raise PretokError("data.mixture is empty: list {path, weight} entries")
-    sources, first, seen = [], None, {}
+    sources, first, manifests = [], None, []
     for i, (path, _) in enumerate(entries):
         m = read_manifest(path)
         where = Path(path) / "manifest.json"
-        same = seen.setdefault(data_identity(m), i)
-        if same != i:  # its samples would come twice, back to back (one order per dataset)
-            raise PretokError(f"holds the same data as the mixture's dataset {entries[same][0]} (the same output, "
-                              "a copy, or the same input tokenized again): give it once, with the sum of the "
-                              "weights", where)
+        same = _same_content(entries, manifests, path, m)
+        if same is not None:  # its samples would come twice, back to back (one order per dataset)
+            raise PretokError(f"holds the same data (token ids) as the mixture's dataset {entries[same][0]} (the same "
+                              "output, a copy, or the same input tokenized again, maybe in another format or "
+                              "dtype): give it once, with the sum of the weights", where)
+        manifests.append(m)
         if first is None:
             first = (path, m)
         else:
@@ -134,3 +145,20 @@ def open_mixture(entries: Sequence[tuple[str | os.PathLike, float]], seq_len: in
                                    shuffle=shuffle, verify_on_open=verify_on_open,
                                    **(order_kw if KIND_OF_FORMAT[m["format"]] in PARQUET_KINDS else {})))
     return MixtureSource(sources, [w for _, w in entries], exhausted, names=[str(p) for p, _ in entries])
+
+
+def _same_content(entries: Sequence[tuple], manifests: list[dict], path, m: dict) -> int | None:
+    """The index of an earlier dataset holding the same documents' ids as `path` (manifest `m`): byte-identical
+    files (`data_identity`), else the same ids in another format, dtype or layout (`content_fingerprint`, read only
+    for datasets whose manifests agree on tokenizer and counts)."""
+    ident = data_identity(m)
+    for j, mj in enumerate(manifests):
+        if data_identity(mj) == ident:
+            return j
+    candidates = [j for j, mj in enumerate(manifests) if content_key(mj) == content_key(m)]
+    if candidates:
+        mine = content_fingerprint(path, m)
+        for j in candidates:
+            if content_fingerprint(entries[j][0], manifests[j]) == mine:
+                return j
+    return None
