@@ -206,7 +206,7 @@ def cmd_export(a: argparse.Namespace) -> None:
 
 def cmd_sweep(a: argparse.Namespace) -> None:
     from .run_record import run_status
-    from .sweep import RERUN, Grid, _changed, command, parse_axis, parse_setting, run_sweep
+    from .sweep import RERUN, Grid, Unclearable, _changed, command, parse_axis, parse_setting, run_sweep
 
     grid = Grid.from_yaml(a.grid) if a.grid else Grid()
     grid.axes.update(dict(parse_axis(x) for x in a.axis))
@@ -223,8 +223,8 @@ def cmd_sweep(a: argparse.Namespace) -> None:
         for p in grid.points():
             why = _changed(Path(a.config).resolve(), p, Path(a.runs_dir).resolve())
             state = run_status(Path(a.runs_dir) / p.run_id) or "not run"
-            state = state if why in (None, RERUN) else ("would start over: " if a.rerun_changed else
-                                                           "would be refused: ") + why
+            state = state if why in (None, RERUN) else ("would start over: " if a.rerun_changed and not isinstance(
+                why, Unclearable) else "would be refused: ") + why
             print(f"{p.run_id}  [{state}]  {' '.join(command(p, a.config, a.launcher, a.runs_dir, a.module))}")
         return
     res = run_sweep(a.config, grid, a.runs_dir, a.launcher, module=a.module, timeout_s=a.timeout,
@@ -328,7 +328,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a `pretok train` run directory (runs/<id>)")
     p.add_argument("--out", default=None, help="output directory (default: RUN_DIR/hf)")
     p.add_argument("--step", type=int, default=None, help="the checkpoint of this step (default: the newest)")
-    p.add_argument("--overwrite", action="store_true", help="replace an --out that is not a previous export")
+    p.add_argument("--overwrite", action="store_true", help="replace an --out holding only an export's files but "
+                   "no pretok_export.json (never one holding other files)")
     p.set_defaults(fn=cmd_export)
     p = sub.add_parser("sweep", help="a grid of training runs, one process (or SLURM job) per point, resumable")
     p.add_argument("--config", required=True, help="training config YAML (e.g. configs/tiny.yaml)")

@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from . import procs
+from . import procs, strict_yaml
 from .errors import PretokError
 from .procs import SweepStopped, stop_signals
 from .run_record import run_error, run_status
@@ -188,7 +188,7 @@ class Grid:
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> Grid:
         try:
-            d = numbers(yaml.safe_load(Path(path).read_text()) or {})
+            d = numbers(strict_yaml.load(Path(path).read_text()) or {})
         except (OSError, yaml.YAMLError) as e:
             raise PretokError(f"cannot read sweep grid ({str(e).splitlines()[0]})", path) from None
         unknown = set(d) - {"axes", "base", "linked", "prefix"}
@@ -292,17 +292,23 @@ RERUN = "rerun"
 CHANGED_POLICIES = ("refuse", "rerun")  # a point whose run directory holds another config (train/identity.py)
 
 
+class Unclearable(str):
+    """A point's run directory that is another run's but holds the config's inputs: neither rerun nor cleared."""
+
+
 def _changed(config: Path, p: Point, runs: Path) -> str | None:
     """Why the run directory of point `p` (an earlier attempt) is not this point's run (another config:
     train/identity.py), or None when it is or holds nothing; RERUN when it is not but the point says
     run.overwrite=true."""
     from .train.config import load_config
-    from .train.identity import changed, refusal
+    from .train.identity import changed, inputs_inside, refusal
 
     if not (runs / p.run_id / "config.yaml").exists():  # no earlier attempt's config to compare with
         return None
     cfg = load_config(config, [*p.cli_overrides(), f"run.id={p.run_id}", f"run.dir={runs}"])
     why = changed(runs / p.run_id, cfg, p.world)
+    if why and inputs_inside(cfg, runs / p.run_id):  # neither the trainer's overwrite nor --rerun-changed clears it
+        return Unclearable(f"{runs / p.run_id}: {why}; and it {inputs_inside(cfg, runs / p.run_id)}")
     if why and cfg.run.overwrite:
         return RERUN
     return f"{refusal(runs / p.run_id, why)} (a sweep: --rerun-changed starts such points over)" if why else None
@@ -357,8 +363,9 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
                 todo.append(p)
         elif why == RERUN:  # the point itself says run.overwrite=true: the trainer starts over
             todo.append(p)
-        elif changed == "rerun":  # cleared here, so a requeued SLURM job of it resumes rather than restarts
-            say(f"  {p.run_id}: its run directory holds a run of another config: starting it over")
+        elif changed == "rerun" and not isinstance(why, Unclearable):  # cleared here, so a requeued SLURM job
+            # of it resumes rather than restarts
+            say(f"  {p.run_id}: its run directory holds a run of another config or other data: starting it over")
             clear_run_dir(runs / p.run_id)
             todo.append(p)
         else:  # the old run's results must not pass for this point's, nor be resumed under its config
@@ -504,7 +511,7 @@ def numbers(v: Any) -> Any:
 def parse_value(text: str) -> Any:
     """A command-line value as YAML (`numbers` read as such); text that is not YAML is a one-line error."""
     try:
-        return numbers(yaml.safe_load(text))
+        return numbers(strict_yaml.load(text))
     except yaml.YAMLError as e:
         raise PretokError(f"'{text}' is not a YAML value ({yaml_problem(e)}); quote it to pass it as text") from None
 

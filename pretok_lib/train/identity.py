@@ -19,6 +19,11 @@ from typing import Any
 
 import yaml
 
+from .. import strict_yaml
+from ..data.blend import rational_weights
+from ..datapaths import ON_THE_FLY
+from ..errors import PretokError
+from ..formats.manifest import data_identity, read_manifest
 from ..run_record import flatten, read_run_record
 from .config import Config
 
@@ -47,8 +52,17 @@ def _norm(key: str, v: Any, cwd: str | None = None) -> Any:
     if key in PATH_KEYS:
         return _path(v, cwd)
     if key == "data.mixture" and isinstance(v, list):
-        return [{**e, "path": _path(e.get("path"), cwd)} if isinstance(e, dict) else e for e in v]
+        return [{**e, "path": _path(e.get("path"), cwd)} if isinstance(e, dict) else e for e in _shares(v)]
     return v
+
+
+def _shares(mixture: list) -> list:
+    """A mixture's weights as the exact shares the blend realises ("3/10"): 3/7 is 0.3/0.7 (blend.py)."""
+    try:
+        p, q = rational_weights([e["weight"] for e in mixture])
+    except (ValueError, TypeError, KeyError):
+        return mixture      # compared as written; the config check says what is wrong with them
+    return [{**e, "weight": f"{pj}/{q}"} for e, pj in zip(mixture, p)]
 
 
 def _exempt(key: str) -> bool:
@@ -77,7 +91,7 @@ def changed(run_dir: str | os.PathLike, cfg: Config, world: int) -> str | None:
     if not saved_cfg.exists():
         return None
     try:
-        saved = yaml.safe_load(saved_cfg.read_text())
+        saved = strict_yaml.load(saved_cfg.read_text())
         if not isinstance(saved, dict):
             raise ValueError("not a mapping")
     except (OSError, ValueError, yaml.YAMLError) as e:
@@ -87,10 +101,79 @@ def changed(run_dir: str | os.PathLike, cfg: Config, world: int) -> str | None:
     gb = record.get("global_batch", _summary_global_batch(run_dir))
     if gb is not None and gb != cfg.global_batch(world):
         diffs.append(f"global batch (micro-batch x ranks x grad_accum): {gb} -> {cfg.global_batch(world)}")
-    if not diffs:
+    data = data_changes(record, cfg)
+    if not diffs and not data:
         return None
-    shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
-    return f"holds a run of another config ({shown})"
+    shown = diffs + data
+    shown = "; ".join(shown[:4]) + (f"; and {len(shown) - 4} more" if len(shown) > 4 else "")
+    return f"holds a run of {'another config' if diffs else 'other data'} ({shown})"
+
+
+def manifests_fingerprint(manifests: list[dict] | None) -> list[str] | None:
+    """The data identities (`manifest.data_identity`: format, dtype, file checksums) of a run's pretokenized
+    datasets, in the config's order; None for text tokenized on the fly (no manifest)."""
+    return None if manifests is None else [data_identity(m) for m in manifests]
+
+
+def source_fingerprint(source) -> list[str] | None:
+    """`manifests_fingerprint` of an opened data source (a mixture, a pretokenized dataset; None: text tokenized
+    on the fly), as the trainer records it in run.json's "data_fingerprint"."""
+    if hasattr(source, "sources"):
+        return manifests_fingerprint([s.m for s in source.sources])
+    return None if getattr(source, "info", None) is not None else manifests_fingerprint([source.m])
+
+
+def _manifests(kind: str, path: Any, mixture: list | None = None) -> list[dict] | None:
+    if mixture:
+        return [read_manifest(e.path) for e in mixture]
+    if kind in ON_THE_FLY or not path:
+        return None
+    return [read_manifest(path)]
+
+
+def data_fingerprint(cfg: Config) -> dict:
+    """What the config's data is now, from its manifests (cheap: no data file is read): {"train": ..., "eval":
+    ...} (`manifests_fingerprint`). PretokError/OSError when a manifest cannot be read."""
+    d = cfg.data
+    return {"train": manifests_fingerprint(_manifests(d.kind, d.path, d.mixture)),
+            "eval": manifests_fingerprint(_manifests(cfg.eval.kind, cfg.eval.path)) if cfg.eval.path else None}
+
+
+def data_changes(record: dict, cfg: Config) -> list[str]:
+    """How the config's data differs from what the run recorded in run.json (`data_fingerprint`, the tokenizer's
+    fingerprint): the same paths re-tokenized from another corpus or with another tokenizer are other data. Data
+    that cannot be read now is not compared (the trainer refuses it when it opens it)."""
+    saved, tok = record.get("data_fingerprint"), (record.get("tokenizer") or {}).get("fingerprint")
+    if not isinstance(saved, dict) and not tok:
+        return []
+    try:
+        now = data_fingerprint(cfg)
+        now_tok = _tokenizer_fingerprint(cfg) if tok else None
+    except (PretokError, OSError):
+        return []
+    out = []
+    for split in ("train", "eval"):
+        old = saved.get(split) if isinstance(saved, dict) else None
+        if old is not None and now[split] is not None and old != now[split]:
+            ids = ", ".join(f"{a[:18]}… -> {b[:18]}…" for a, b in zip(old, now[split]) if a != b)
+            out.append(f"{split} data: its tokens changed since ({ids or f'{len(old)} -> {len(now[split])} datasets'})")
+    if tok and now_tok and tok != now_tok:
+        out.append(f"tokenizer fingerprint: {tok[:19]}… -> {now_tok[:19]}…")
+    return out
+
+
+def _tokenizer_fingerprint(cfg: Config) -> str | None:
+    """The fingerprint of the tokenizer the config's training data is made with: its (first) manifest's, or the
+    loaded data.tokenizer's for text tokenized on the fly."""
+    d = cfg.data
+    manifests = _manifests(d.kind, d.path, d.mixture)
+    if manifests:
+        return manifests[0]["tokenizer"]["fingerprint"]
+    if d.tokenizer:
+        from ..tokenizer import load_tokenizer
+
+        return load_tokenizer(d.tokenizer).fingerprint
+    return None
 
 
 def _summary_global_batch(run_dir: Path) -> int | None:
@@ -99,6 +182,21 @@ def _summary_global_batch(run_dir: Path) -> int | None:
         return json.loads((run_dir / "summary.json").read_text())["global_batch"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def inputs_inside(cfg: Config, run_dir: str | os.PathLike) -> str | None:
+    """Why `run_dir` must not be emptied (run.overwrite, a sweep's rerun): the config reads data, a tokenizer or
+    eval data inside it (deleting the directory deleted them); None when it reads nothing there."""
+    d = cfg.data
+    paths = [*(d.path if isinstance(d.path, list) else [d.path]), *(e.path for e in d.mixture), d.tokenizer,
+             *(cfg.eval.path if isinstance(cfg.eval.path, list) else [cfg.eval.path])]
+    root = os.path.realpath(run_dir)
+    inside = [str(p) for p in paths if isinstance(p, str) and p and os.path.exists(p)
+              and Path(os.path.realpath(p)).is_relative_to(root)]
+    if not inside:
+        return None
+    return (f"holds the run's own inputs ({', '.join(inside)}): emptying it for a fresh start would delete them; "
+            "move them out of the run directory first")
 
 
 def refusal(run_dir: str | os.PathLike, why: str) -> str:

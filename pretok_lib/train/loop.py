@@ -29,6 +29,7 @@ from .compile import compile_model
 from .config import Config
 from .distributed import Dist, all_reduce, barrier, broadcast_object
 from .hardware import peak_flops, resolve_precision, set_tf32
+from .identity import source_fingerprint
 from .metrics import MetricsLog, peak_memory_mb, perplexity
 from .model import build_model, model_flops_per_token, vocab_size_for
 
@@ -210,7 +211,9 @@ class Trainer:
                 "precision": self.precision.used, "precision_requested": self.precision.requested,
                 "precision_reason": self.precision.reason, "matmul_precision": self.matmul_precision,
                 "resumed_from_step": self.resumed_from, "inductor_cache": self.inductor_cache,
-                "tokenizer": tokenizer_record(self.dataset.source, self.cfg.data.tokenizer)}
+                "tokenizer": tokenizer_record(self.dataset.source, self.cfg.data.tokenizer),
+                "data_fingerprint": {"train": source_fingerprint(self.dataset.source),
+                                     "eval": source_fingerprint(self.val.source) if self.val is not None else None}}
 
     def _val_dataset(self, fingerprint: str):
         """The held-out split, sharded like the training data; refused if another tokenizer made it."""

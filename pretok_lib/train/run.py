@@ -29,7 +29,7 @@ from ..run_record import RECORD_STATUSES, read_run_record
 from . import distributed
 from .checkpoint import names_path
 from .config import Config, load_config, save_config
-from .identity import changed, refusal
+from .identity import changed, inputs_inside, refusal
 from .metrics import MetricsLog, read_records, summarize
 
 RUN_VERSION = 1
@@ -120,6 +120,8 @@ def _prepare_dir(cfg: Config, run_dir: Path, world: int) -> bool | tuple[int, st
         why = changed(run_dir, cfg, world)
         if why:
             return EXIT_BAD_INPUT, refusal(run_dir, why)
+    elif run_dir.exists() and inputs_inside(cfg, run_dir):
+        return EXIT_BAD_INPUT, f"{run_dir}: {inputs_inside(cfg, run_dir)}"
     try:
         if cfg.run.overwrite and run_dir.exists():
             _clear(run_dir)

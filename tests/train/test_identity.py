@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pretok_lib.train.config import Config, load_config, save_config
 from pretok_lib.run_record import flatten as _flat
@@ -75,7 +77,10 @@ def test_paths_compare_resolved(tmp_path: Path, monkeypatch) -> None:
     assert differences(saved, _set(saved, "data.path", "other")) != []
     mix = _set(Config().to_dict(), "data.mixture", [{"path": str(tmp_path / "data"), "weight": 1.0}])
     assert differences(mix, _set(mix, "data.mixture", [{"path": "link", "weight": 1.0}])) == []
-    assert differences(mix, _set(mix, "data.mixture", [{"path": "link", "weight": 2.0}])) != []
+    assert differences(mix, _set(mix, "data.mixture", [{"path": "link", "weight": 2.0}])) == []  # one dataset: 1/1
+    two = _set(mix, "data.mixture", [{"path": "link", "weight": 1.0}, {"path": "/elsewhere", "weight": 1.0}])
+    assert differences(two, _set(two, "data.mixture", [{"path": "link", "weight": 2.0},
+                                                       {"path": "/elsewhere", "weight": 1.0}])) != []
     named = _set(saved, "data.tokenizer", "cl100k_base")  # a name, not a file: compared as written, wherever run
     monkeypatch.chdir(tmp_path / "data")
     assert differences(named, _set(named, "data.tokenizer", "cl100k_base")) == []
@@ -144,3 +149,26 @@ def test_the_global_batch_of_a_completed_run_without_it_in_run_json_comes_from_i
     (run / "summary.json").write_text(json.dumps({"global_batch": 8}))
     assert changed(run, cfg, 2) is None
     assert "8 -> 4" in changed(run, cfg, 1)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.integers(1, 40), min_size=2, max_size=5), st.sampled_from([1, 10, 0.1, 0.5, 4, 1e-3]),
+       st.data())
+def test_mixture_weights_compare_as_the_shares_they_realise(weights, scale, data):
+    """Weights 3/7 after 0.3/0.7 (the same blend, the same samples) were another config; another ratio still is."""
+    from pretok_lib.data.blend import rational_weights
+
+    mix = [{"path": "/a", "weight": 0.3}, {"path": "/b", "weight": 0.7}]
+    three_seven = _set(Config().to_dict(), "data.mixture", mix)
+    assert differences(three_seven, _set(three_seven, "data.mixture", [{**mix[0], "weight": 3},
+                                                                       {**mix[1], "weight": 7}])) == []
+    entries = [{"path": f"/d{j}", "weight": w} for j, w in enumerate(weights)]
+    saved = _set(Config().to_dict(), "data.mixture", entries)
+    scaled = [{**e, "weight": e["weight"] * scale} for e in entries]
+    same = rational_weights([e["weight"] for e in scaled]) == rational_weights(weights)
+    assert same or scale not in (1, 10, 4)       # integer scales are always the same blend
+    assert (differences(saved, _set(saved, "data.mixture", scaled)) == []) == same
+    j = data.draw(st.integers(0, len(weights) - 1))
+    other = [{**e, "weight": e["weight"] + (i == j)} for i, e in enumerate(entries)]
+    if rational_weights([e["weight"] for e in other]) != rational_weights(weights):
+        assert differences(saved, _set(saved, "data.mixture", other)) != []
