@@ -17,6 +17,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ import torch
 
 from ..atomic import atomic_write_json
 from ..errors import PretokError
-from ..formats.manifest import read_manifest
+from ..formats.manifest import data_identity, read_manifest
 from . import checkpoint, hf_tokenizer
 from .config import Config, load_config
 from .model import build_model
@@ -78,6 +79,30 @@ def refuse_run_files(run_dir: Path, out: Path) -> None:
                           f"(default: {run_dir / DEFAULT_DIR})", out)
 
 
+# What an export writes (save_pretrained: sharded weights for a large model; hf_tokenizer.save)
+EXPORT_FILE = re.compile(r"(config|generation_config|tokenizer|tokenizer_config|special_tokens_map)\.json|"
+                         r"model(-\d+-of-\d+)?\.safetensors(\.index\.json)?|" + re.escape(RECORD))
+
+
+def refuse_foreign_files(out: Path, overwrite: bool) -> None:
+    """An existing --out is replaced only when it is empty or holds nothing but an export's files: an earlier
+    export (its pretok_export.json), or with --overwrite one without that record. Anything else in it (a directory,
+    a file no export writes) is refused even with --overwrite: replacing `out` would delete it."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir():
+        raise PretokError("exists and is not a directory: --out names the export's directory", out)
+    names = sorted(p.name for p in out.iterdir())
+    foreign = [n for n in names if not EXPORT_FILE.fullmatch(n) or (out / n).is_dir()]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise PretokError(f"exists and is not a pretok export (it holds {shown}, which an export does not write; "
+                          "not replaced, even with --overwrite): export into a new or empty directory", out)
+    if names and not overwrite and RECORD not in names:
+        raise PretokError("exists and is not a pretok export (no pretok_export.json; use --overwrite to replace "
+                          "it)", out)
+
+
 def load_model(cfg: Config, ckpt: Path):
     """The LlamaForCausalLM of `cfg` holding checkpoint `ckpt`'s weights (fp32, CPU)."""
     try:
@@ -90,24 +115,59 @@ def load_model(cfg: Config, ckpt: Path):
     return model.float().eval()
 
 
-def tokenizer_info(run_dir: Path, cfg: Config):
-    """The TokenizerInfo of the tokenizer the run's data was made with (run.json's record, else the config's
-    data.tokenizer or the pretokenized data's manifest), checked against its fingerprint."""
+class UnprovenTokenizer(PretokError):
+    """No record proves which tokenizer made the run's data: the export is refused (a guess could pair the model
+    with another dataset's vocabulary)."""
+
+
+def tokenizer_info(run_dir: Path, cfg: Config, ckpt: Path | None = None):
+    """The TokenizerInfo of the tokenizer the run's data was made with, checked against its recorded fingerprint:
+    run.json's record; else (a run.json that is gone, or from before it named its tokenizer) the config's data,
+    only when checkpoint `ckpt`'s loader state proves it is the data the run read (its recorded data identity).
+    UnprovenTokenizer when neither proves one; PretokError when the proven one cannot be loaded or changed."""
     from ..tokenizer import load_tokenizer
 
     rec = (_read_json(run_dir / "run.json") or {}).get("tokenizer") or {}
     spec, fingerprint = rec.get("spec"), rec.get("fingerprint")
-    if not spec:
-        spec = cfg.data.tokenizer
-        if not spec and cfg.data.kind.startswith("pretok-") and isinstance(cfg.data.path, str):
-            tok = read_manifest(cfg.data.path)["tokenizer"]
-            spec, fingerprint = tok["spec"], tok["fingerprint"]
-    if not spec:
-        raise PretokError("the run names no tokenizer (no data.tokenizer, no manifest)", run_dir)
+    if not (spec and fingerprint):
+        spec, fingerprint = _proven_by_checkpoint(run_dir, cfg, ckpt)
     info = load_tokenizer(spec)
-    if fingerprint and info.fingerprint != fingerprint:
+    if info.fingerprint != fingerprint:
         raise PretokError(f"tokenizer changed since the run's data was tokenized ({fingerprint[:19]}...)", spec)
     return info
+
+
+def _proven_by_checkpoint(run_dir: Path, cfg: Config, ckpt: Path | None) -> tuple[str, str]:
+    """(spec, fingerprint) of the config's pretokenized data (data.path or every mixture dataset) when `ckpt`'s
+    loader state recorded exactly that data, else UnprovenTokenizer."""
+    why = "run.json records no tokenizer (missing, unreadable or older)"
+    kinds_ok = cfg.data.mixture or (cfg.data.kind.startswith("pretok-") and isinstance(cfg.data.path, str)
+                                    and cfg.data.path)
+    if not kinds_ok:
+        raise UnprovenTokenizer(f"{why} and its data is not a pretokenized dataset whose manifest names one: the "
+                                "tokenizer cannot be proven to be the run's; export refused", run_dir)
+    try:
+        manifests = [read_manifest(e.path) for e in cfg.data.mixture] or [read_manifest(cfg.data.path)]
+        state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=False) if ckpt else {}
+        loader = state.get("loader") or {}
+    except PretokError as e:
+        raise UnprovenTokenizer(f"{why} and the run's data cannot be read ({e}): the tokenizer cannot be proven to "
+                                "be the run's; export refused", run_dir) from None
+    except Exception as e:  # noqa: BLE001 - a damaged state.pt: one line
+        raise UnprovenTokenizer(f"{why} and {ckpt}/state.pt cannot be read ({type(e).__name__}): the tokenizer "
+                                "cannot be proven to be the run's; export refused", run_dir) from None
+    if cfg.data.mixture:
+        recorded = [e.get("data", e.get("manifest")) for e in loader.get("mixture") or []]
+        now = [data_identity(m) if "data" in e else m.get("manifest_sha256")
+               for m, e in zip(manifests, loader.get("mixture") or [])]
+    else:
+        recorded, now = [loader.get("data")], [data_identity(manifests[0])]
+    if len(recorded) != len(manifests) or recorded != now:
+        raise UnprovenTokenizer(f"{why} and the config's data ({', '.join(str(e.path) for e in cfg.data.mixture) or cfg.data.path}) "
+                                "is not the data its checkpoint recorded: the tokenizer cannot be proven to be the "
+                                "run's; export refused", run_dir)
+    tok = manifests[0]["tokenizer"]
+    return cfg.data.tokenizer or tok["spec"], tok["fingerprint"]
 
 
 def _read_json(path: Path) -> dict | None:
@@ -172,14 +232,13 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None,
     ckpt = pick_checkpoint(run_dir, step)
     out = Path(out) if out is not None else run_dir / DEFAULT_DIR
     refuse_run_files(run_dir, out)
-    if out.exists() and not overwrite and not (out / RECORD).is_file():
-        raise PretokError("exists and is not a pretok export (use --overwrite to replace it)", out)
+    refuse_foreign_files(out, overwrite)
     model = load_model(cfg, ckpt)
     tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tok_status, info = _tokenizer(run_dir, cfg, tmp, warn)
+        tok_status, info = _tokenizer(run_dir, cfg, ckpt, tmp, warn)
         if info is not None:
             # (config.pad_token_id stays unset: Llama makes it the embedding's padding_idx, which training had not)
             model.config.bos_token_id, model.config.eos_token_id = info.bos_id, info.eos_id
@@ -208,12 +267,14 @@ def export_run(run_dir: str | os.PathLike, out: str | os.PathLike | None = None,
     return result
 
 
-def _tokenizer(run_dir: Path, cfg: Config, tmp: Path, warn) -> tuple[dict, object]:
+def _tokenizer(run_dir: Path, cfg: Config, ckpt: Path, tmp: Path, warn) -> tuple[dict, object]:
     """Save the run's tokenizer into `tmp` (also creates `tmp`); (status record, TokenizerInfo or None)."""
     tmp.mkdir()
     try:
-        info = tokenizer_info(run_dir, cfg)
+        info = tokenizer_info(run_dir, cfg, ckpt)
         hf_tokenizer.save(info, tmp)
+    except UnprovenTokenizer:
+        raise
     except PretokError as e:
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             with contextlib.suppress(FileNotFoundError):
