@@ -3,9 +3,9 @@
 `content_fingerprint` hashes the documents' lengths and their ids (as little-endian uint16 when the tokenizer's
 vocabulary fits, else uint32, whatever the stored dtype, so uint16 and int32 outputs of the same ids agree; memmap,
 token-list and padded rows alike, padded rows without their padding). It reads every token (a uint16 memmap is
-hashed in place with XXH3: 0.03 s for 200 MB from the page cache, so reading the file dominates), so `open_mixture` computes it only for datasets whose manifests
-already agree on the cheap facts (`content_key`: tokenizer, documents, tokens) — two different datasets almost
-never do, and the same data twice always does.
+hashed in place with XXH3: 0.03 s for 200 MB from the page cache, so reading the file dominates), so
+`open_mixture` computes it only for datasets whose manifests already agree on the cheap facts (`content_key`:
+tokenizer, documents, tokens) — two different datasets almost never do, and the same data twice always does.
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def _proven_by_checkpoint(run_dir: Path, cfg: Config, ckpt: Path | None) -> tupl
     try:
         manifests = [read_manifest(e.path) for e in cfg.data.mixture] or [read_manifest(cfg.data.path)]
         state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=False) if ckpt else {}
-        loader = state.get("loader") or {}
+        loader = dict(state.get("loader") or {})
     except PretokError as e:
         raise UnprovenTokenizer(f"{why} and the run's data cannot be read ({e}): the tokenizer cannot be proven to "
                                 "be the run's; export refused", run_dir) from None
@@ -163,9 +163,9 @@ def _proven_by_checkpoint(run_dir: Path, cfg: Config, ckpt: Path | None) -> tupl
     else:
         recorded, now = [loader.get("data")], [data_identity(manifests[0])]
     if len(recorded) != len(manifests) or recorded != now:
-        raise UnprovenTokenizer(f"{why} and the config's data ({', '.join(str(e.path) for e in cfg.data.mixture) or cfg.data.path}) "
-                                "is not the data its checkpoint recorded: the tokenizer cannot be proven to be the "
-                                "run's; export refused", run_dir)
+        data = ", ".join(str(e.path) for e in cfg.data.mixture) or cfg.data.path
+        raise UnprovenTokenizer(f"{why} and the config's data ({data}) is not the data its checkpoint recorded: the "
+                                "tokenizer cannot be proven to be the run's; export refused", run_dir)
     tok = manifests[0]["tokenizer"]
     return cfg.data.tokenizer or tok["spec"], tok["fingerprint"]
 

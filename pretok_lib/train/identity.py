@@ -8,6 +8,10 @@ run.json, must stay). A value resolved at run time (`RESOLVED_AT_RUN_TIME`: `aut
 what it resolved to) matches whatever was recorded; any other setting left out that the run had set is a change.
 Existing paths compare after resolving links, and relative ones against the directory each attempt ran in
 (run.json's `cwd`).
+
+A run is also its data: run.json's `data_fingerprint` (the data identity of each pretokenized dataset) and
+tokenizer fingerprint must match what the config's paths hold now (`data_changes`): the same path re-tokenized
+from another corpus or with another tokenizer is another run. Mixture weights compare as the shares they realise.
 """
 
 from __future__ import annotations
@@ -131,11 +135,13 @@ def _manifests(kind: str, path: Any, mixture: list | None = None) -> list[dict] 
     return [read_manifest(path)]
 
 
-def data_fingerprint(cfg: Config) -> dict:
-    """What the config's data is now, from its manifests (cheap: no data file is read): {"train": ..., "eval":
-    ...} (`manifests_fingerprint`). PretokError/OSError when a manifest cannot be read."""
+def data_fingerprint(cfg: Config, train: list[dict] | None = None) -> dict:
+    """What the config's data is now, from its manifests (cheap: no data file is read; `train`: its training
+    manifests, read already): {"train": ..., "eval": ...} (`manifests_fingerprint`). PretokError/OSError when a
+    manifest cannot be read."""
     d = cfg.data
-    return {"train": manifests_fingerprint(_manifests(d.kind, d.path, d.mixture)),
+    train = train if train is not None else _manifests(d.kind, d.path, d.mixture)
+    return {"train": manifests_fingerprint(train),
             "eval": manifests_fingerprint(_manifests(cfg.eval.kind, cfg.eval.path)) if cfg.eval.path else None}
 
 
@@ -147,8 +153,9 @@ def data_changes(record: dict, cfg: Config) -> list[str]:
     if not isinstance(saved, dict) and not tok:
         return []
     try:
-        now = data_fingerprint(cfg)
-        now_tok = _tokenizer_fingerprint(cfg) if tok else None
+        manifests = _manifests(cfg.data.kind, cfg.data.path, cfg.data.mixture)
+        now = data_fingerprint(cfg, manifests)
+        now_tok = _tokenizer_fingerprint(cfg, manifests) if tok else None
     except (PretokError, OSError):
         return []
     out = []
@@ -162,17 +169,15 @@ def data_changes(record: dict, cfg: Config) -> list[str]:
     return out
 
 
-def _tokenizer_fingerprint(cfg: Config) -> str | None:
+def _tokenizer_fingerprint(cfg: Config, manifests: list[dict] | None) -> str | None:
     """The fingerprint of the tokenizer the config's training data is made with: its (first) manifest's, or the
     loaded data.tokenizer's for text tokenized on the fly."""
-    d = cfg.data
-    manifests = _manifests(d.kind, d.path, d.mixture)
     if manifests:
         return manifests[0]["tokenizer"]["fingerprint"]
-    if d.tokenizer:
+    if cfg.data.tokenizer:
         from ..tokenizer import load_tokenizer
 
-        return load_tokenizer(d.tokenizer).fingerprint
+        return load_tokenizer(cfg.data.tokenizer).fingerprint
     return None
 
 

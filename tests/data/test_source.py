@@ -36,5 +36,6 @@ def test_in_ram_readers_and_a_mixture_state_the_contract(wiki, pydocs):
     assert isinstance(mix, IndexedSource) and not mix.streaming
     ident = mix.order_identity()
     assert ident["order"] == "exact" and ident["mixture_exhausted"] == "epoch"
-    assert [{k: d[k] for k in d if k not in ("manifest", "num_samples", "weight")} for d in ident["mixture"]] == \
+    assert [{k: d[k] for k in d if k not in ("data", "num_samples", "weight")} for d in ident["mixture"]] == \
         [s.order_identity() for s in mix.sources]  # each dataset's own order
+    assert [d["data"] for d in ident["mixture"]] == [s.data_identity() for s in mix.sources]  # and its data

@@ -85,9 +85,10 @@ def test_a_completed_run_on_data_re_tokenized_since_is_not_reused(fault, complet
         [(_, status)] = run_sweep(cfg_file, [POINT], runs, echo=None)
         if other:
             assert rc == EXIT_BAD_INPUT and len(err) == 1 and "holds a run of other data (" in err[0], err
-            assert ("tokenizer fingerprint" if "another tokenizer" in fault else "train data: its tokens changed") in err[0]
-            assert status == "failed"
-            assert "holds a run of other data" in json.loads((run / "launcher.json").read_text())["attempts"][-1]["reason"]
+            why = "tokenizer fingerprint" if "another tokenizer" in fault else "train data: its tokens changed"
+            assert why in err[0] and status == "failed"
+            attempt = json.loads((run / "launcher.json").read_text())["attempts"][-1]
+            assert "holds a run of other data" in attempt["reason"]
         else:
             assert rc == 0 and "already completed" in err[-1]
             assert status == "skipped"
