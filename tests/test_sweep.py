@@ -124,10 +124,11 @@ def test_run_sweep_skips_completed_records_and_retries_failed(tmp_path: Path, co
 
 def test_run_sweep_timeout_kills_the_run(tmp_path: Path, config: Path) -> None:
     res = run_sweep(config, expand_grid({}, {}), tmp_path / "runs", module=FAKE,
-                    env={**ENV, "FAKE_SLEEP_S": "60"}, timeout_s=1.0, echo=None)
+                    env={**ENV, "FAKE_SLEEP_S": "900"}, timeout_s=1.0, echo=None)
     assert [s for _, s in res] == ["failed"]
     rec = json.loads((tmp_path / "runs" / "sweep-w1" / "launcher.json").read_text())
-    assert "timed out after 1 s" in rec["attempts"][0]["reason"] and rec["attempts"][0]["seconds"] < 30
+    # stopped, not run out: the bound only catches a run left to its 900 s (a slow start under load is no failure)
+    assert "timed out after 1 s" in rec["attempts"][0]["reason"] and rec["attempts"][0]["seconds"] < 300
 
 
 def test_grid_yaml_and_cli(tmp_path: Path, config: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
@@ -259,7 +260,7 @@ def _start_sweep(tmp_path: Path, config: Path, world: int):
                              f"world={world}", "--runs-dir", str(runs), "--module", FAKE], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rdir = runs / f"sweep-w{world}"
-    end = time.monotonic() + 120
+    end = time.monotonic() + 300              # deadlines here only catch hangs: Python starts slowly under load
     while not all((rdir / f"pid.{r}").is_file() for r in range(world)):
         assert proc.poll() is None and time.monotonic() < end, proc.communicate()
         time.sleep(0.05)
@@ -267,7 +268,7 @@ def _start_sweep(tmp_path: Path, config: Path, world: int):
     return proc, runs, rdir
 
 
-def _gone(runs: Path, timeout: float = 90) -> bool:
+def _gone(runs: Path, timeout: float = 300) -> bool:
     import time
 
     end = time.monotonic() + timeout
@@ -287,10 +288,10 @@ def test_a_stopped_sweep_stops_its_runs(tmp_path: Path, config: Path, sig: str, 
     proc, runs, rdir = _start_sweep(tmp_path, config, world)
     assert len(_procs_naming(f"run.dir={runs}")) == world + (world > 1)
     proc.send_signal(getattr(signal, sig))
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 3, err
     assert len(err.strip().splitlines()) == 1 and f"stopped by {sig}" in err and "Traceback" not in err, err
-    assert _gone(runs, timeout=5), "processes of the run outlived the sweep"
+    assert _gone(runs, timeout=120), "processes of the run outlived the sweep"   # it waited for them: none left
     assert json.loads((rdir / "run.json").read_text())["status"] == "interrupted"
     rec = json.loads((rdir / "launcher.json").read_text())
     assert f"stopped by {sig}" in rec["attempts"][-1]["reason"]
@@ -304,7 +305,7 @@ def test_a_killed_sweep_takes_its_runs_down(tmp_path: Path, config: Path, world:
 
     proc, runs, rdir = _start_sweep(tmp_path, config, world)
     proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=30)
+    proc.communicate(timeout=300)
     assert _gone(runs), "the run outlived its killed sweep"
     assert json.loads((rdir / "run.json").read_text())["status"] == "interrupted"
 
