@@ -12,6 +12,7 @@ STUDY_DIR ?= runs/study-quick
 # Measured on the Zen 3 stand-in (README): 18.8 min with 3, 21.2 with 2; natively here 13.2-15.2 with 3 (2 runs), 11.9 with 2.
 TEST_WORKERS ?= 3
 DURATIONS ?= 15
+TEST_LOG ?= runs/test-logs/$(shell date -u +%Y%m%dT%H%M%SZ).log
 
 .PHONY: setup sysdeps demo lab test bench clean
 
@@ -44,9 +45,13 @@ sysdeps:
 	bash scripts/install_system_deps.sh
 
 # Bytecode caching on even where the environment turns it off (PYTHONDONTWRITEBYTECODE): the suite starts hundreds
-# of Python processes, and each would compile pretok_lib again.
+# of Python processes, and each would compile pretok_lib again. The output also goes to $(TEST_LOG), kept after a
+# failure (the exit status is pytest's: pipefail).
 test: setup sysdeps
-	PYTHONDONTWRITEBYTECODE= HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=$(DURATIONS) tests
+	mkdir -p $(dir $(TEST_LOG))
+	bash -o pipefail -c 'PYTHONDONTWRITEBYTECODE= HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) \
+		--durations=$(DURATIONS) tests 2>&1 | tee $(TEST_LOG)' || { rc=$$?; echo "make test: failed; log: $(TEST_LOG)"; exit $$rc; }
+	@echo "make test: log: $(TEST_LOG)"
 
 bench: setup
 	$(VENV)/bin/pretok bench tokenize --json runs/bench/tokenize.json

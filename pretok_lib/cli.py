@@ -206,7 +206,7 @@ def cmd_export(a: argparse.Namespace) -> None:
 
 def cmd_sweep(a: argparse.Namespace) -> None:
     from .run_record import run_status
-    from .sweep import RERUN, Grid, Unclearable, _changed, command, parse_axis, parse_setting, run_sweep
+    from .sweep import RERUN, Grid, Unclearable, _changed, check_points, command, parse_axis, parse_setting, run_sweep
 
     grid = Grid.from_yaml(a.grid) if a.grid else Grid()
     grid.axes.update(dict(parse_axis(x) for x in a.axis))
@@ -220,6 +220,7 @@ def cmd_sweep(a: argparse.Namespace) -> None:
     if a.dry_run:  # what the sweep would do with each point: its state, or why it would be refused
         if not Path(a.config).is_file():  # as the sweep itself would say
             raise PretokError("config file not found", a.config)
+        check_points(a.config, grid.points(), Path(a.runs_dir).resolve())   # as the sweep would refuse them
         for p in grid.points():
             why = _changed(Path(a.config).resolve(), p, Path(a.runs_dir).resolve())
             state = run_status(Path(a.runs_dir) / p.run_id) or "not run"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -94,6 +95,8 @@ def yaml_scalar(v: Any) -> str:
 
 def _num_text(v: Any) -> str:
     """Compact, unambiguous text of a value in a run id: 0.0003 -> 3e-4, 1.5e-05 -> 1.5e-5, 256 -> 256."""
+    if isinstance(v, float) and not math.isfinite(v):    # nan, inf: the point's config check then refuses them
+        return str(v)
     if isinstance(v, float) and not v.is_integer():
         mant, exp = f"{v:.6e}".split("e")
         mant = mant.rstrip("0").rstrip(".")
@@ -135,7 +138,7 @@ def expand_grid(base_overrides: Mapping[str, Any] | None, axes: Mapping[str, Seq
     value, e.g. `{"data": {"padded": {"data.path": "corpus.parquet"}}}`, or is a function of the point's
     overrides returning more of them. Raises if two points would get the same run id."""
     base = {ALIASES.get(k, k): v for k, v in (base_overrides or {}).items()}
-    world0 = int(base.pop(WORLD, 1))
+    world0 = _world(base.pop(WORLD, 1))
     names = [ALIASES.get(k, k) for k in axes]
     if len(set(names)) != len(names):
         raise PretokError(f"sweep: an axis is given twice ({', '.join(axes)})")
@@ -150,7 +153,7 @@ def expand_grid(base_overrides: Mapping[str, Any] | None, axes: Mapping[str, Seq
         world = world0
         for n, v in zip(names, combo):
             if n == WORLD:
-                world = int(v)
+                world = _world(v)
             else:
                 over[n] = v
         extra: dict = {}
@@ -162,14 +165,41 @@ def expand_grid(base_overrides: Mapping[str, Any] | None, axes: Mapping[str, Seq
                 if key_v in table:
                     extra.update({ALIASES.get(k, k): x for k, x in table[key_v].items()})
         over.update(extra)
-        if world < 1:
-            raise PretokError(f"sweep: world size must be >= 1 (got {world})")
         p = Point(world, tuple(over.items()), tuple(names), prefix)
         if p.run_id in seen:
             raise PretokError(f"sweep: grid points {seen[p.run_id]} and {combo} both get run id {p.run_id}")
         seen[p.run_id] = combo
         points.append(p)
     return points
+
+
+def _world(v: Any) -> int:
+    """A world size: a whole number >= 1 (`world=1.5` was run as 1, `world=two` was a traceback)."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise PretokError(f"sweep: world size must be a whole number >= 1 (got {v!r})")
+    return v
+
+
+def check_points(config: str | os.PathLike, points: Iterable[Point], runs_dir: str | os.PathLike = "runs") -> None:
+    """Every point's config loaded and checked as its run will load it (train/config.py: keys, types, ranges,
+    cross-field rules), before any point runs: an invalid axis value or setting (`seq_len=0`, `train.lrr=1`) was
+    launched as a real run and failed there, after the points before it ran. One line naming the point."""
+    for p in points:
+        problem = point_problem(config, p, runs_dir)
+        if problem:
+            raise PretokError(f"sweep point {p.run_id}: {problem} (no point was run)", config)
+
+
+def point_problem(config: str | os.PathLike, point: Point, runs_dir: str | os.PathLike = "runs") -> str | None:
+    """Why the trainer would refuse the config of `point` (the file `config` with its overrides), or None."""
+    from .train.config import load_config
+
+    try:
+        load_config(config, [*point.cli_overrides(), f"run.id={point.run_id}", f"run.dir={runs_dir}"])
+    except PretokError as e:
+        text = str(e)
+        return text[len(e.path) + 2:] if e.path == os.fspath(config) and text.startswith(f"{e.path}: ") else text
+    return None
 
 
 @dataclass
@@ -348,6 +378,7 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
     config, runs = Path(config).resolve(), Path(runs_dir).resolve()
     if not config.is_file():
         raise PretokError("config file not found", config)
+    check_points(config, points, runs)
     say = echo or (lambda s: None)
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     status: dict[str, str] = {}

@@ -265,7 +265,7 @@ def test_killed_worker_fails_the_run_and_the_rerun_completes(tmp_path, shared_da
         time.sleep(0.005)
     assert victims, "the run should still be going when its first part is committed"
     victims[0].send_signal(signal.SIGKILL)
-    _, err = p.communicate(timeout=60)
+    _, err = p.communicate(timeout=300)
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     assert p.returncode != 0 and len(lines) == 1, err
     assert "a tokenizer worker process died (killed by signal 9" in lines[0]

@@ -45,9 +45,11 @@ def test_tokenize_counts_its_wall_time_from_the_process_start(tmp_path, shared_d
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     code = ("import time; time.sleep(0.5); from pretok_lib.cli import process_start_time; "
             "print(time.time() - process_start_time())")
+    t = time.time()
     age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                env=env).stdout)
-    assert 0.5 <= age < 3.0
+    took = time.time() - t      # the child lived within this: its age is bounded here, not by a machine's speed
+    assert 0.5 <= age <= took + 0.05
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(list(PYDOCS_JSONL.open())[:20]))
     args = ["tokenize", str(corpus), "--tokenizer", str(GPT2_JSON), "--workers", "1", "--no-progress"]
@@ -148,11 +150,11 @@ def test_sigterm_during_corpus_removes_its_temp_file(tmp_path: Path) -> None:
     out = tmp_path / "c.parquet"
     proc = subprocess.Popen([sys.executable, "-m", "pretok_lib.cli", "corpus", "--out", str(out), "--max-mb", "400"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300
     while not list(tmp_path.glob(".c.parquet.tmp-*")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 143, err
     assert err.strip().splitlines() == ["pretok: terminated by SIGTERM (rerun the same command to resume)"]
     assert list(tmp_path.iterdir()) == []
@@ -183,7 +185,7 @@ def test_a_non_utf8_stdout_prints_escapes_not_a_traceback(tmp_path, shared_data,
 def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path, lines) -> None:
     """`pretok inspect OUT | head -1`: the reader of stdout is gone before the command writes; it printed
     'pretok: error: Broken pipe' (exit 1). Output of any size: what print() wrote, what the last flush wrote."""
-    args = ["sweep", "--config", "configs/tiny.yaml", "--axis", f"seed={','.join(map(str, range(lines)))}",
+    args = ["sweep", "--config", "configs/tiny.yaml", "--axis", f"run.seed={','.join(map(str, range(lines)))}",
             "--dry-run", "--runs-dir", "{tmp}"]
     from .conftest import ROOT
 

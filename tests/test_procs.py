@@ -18,7 +18,11 @@ from pretok_lib import procs
 CHILD = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
 
 
-def _gone(pid: int, within: float = 20.0) -> bool:
+# Deadlines only catch hangs (a machine under load starts Python slowly: nothing here bounds a speed).
+HANG_S = 300.0
+
+
+def _gone(pid: int, within: float = HANG_S) -> bool:
     import psutil
 
     deadline = time.monotonic() + within
@@ -34,7 +38,7 @@ def _gone(pid: int, within: float = 20.0) -> bool:
 
 
 def _pid(path: Path, parent: subprocess.Popen) -> int:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_S
     while not (path.is_file() and path.read_text()) and time.monotonic() < deadline:
         assert parent.poll() is None, parent.returncode
         time.sleep(0.02)
@@ -58,7 +62,7 @@ def test_the_child_does_not_outlive_its_parent(tmp_path: Path, sig: int) -> None
     parent = subprocess.Popen([sys.executable, "-c", parent_code], stderr=subprocess.DEVNULL)
     child = _pid(tmp_path / "pid", parent)
     parent.send_signal(sig)
-    parent.wait(timeout=60)
+    parent.wait(timeout=HANG_S)
     try:
         assert _gone(child), f"child {child} outlived its parent stopped by {signal.Signals(sig).name}"
     finally:
@@ -67,10 +71,10 @@ def test_the_child_does_not_outlive_its_parent(tmp_path: Path, sig: int) -> None
 
 
 def test_a_timeout_stops_the_child(tmp_path: Path) -> None:
-    t0 = time.monotonic()
+    """The child sleeps 120 s: without the timeout it would end by itself, and no TimeoutExpired be raised."""
     with pytest.raises(subprocess.TimeoutExpired):
         procs.run_child([sys.executable, "-c", CHILD, str(tmp_path / "pid")], timeout=3, grace_s=5.0)
-    assert _gone(int((tmp_path / "pid").read_text()), 0) and time.monotonic() - t0 < 30
+    assert _gone(int((tmp_path / "pid").read_text()), 0)
 
 
 def test_the_result_is_subprocess_runs() -> None:

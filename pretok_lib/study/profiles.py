@@ -12,11 +12,18 @@
 from __future__ import annotations
 
 import copy
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from ..corpus import SPECIAL_TOKENS
 from ..cpu_affinity import usable_cpus
-from ..errors import PretokError
 from ..datapaths import KINDS
+from ..errors import PretokError
+from ..sweep import LAUNCHERS
+from ..train.config import _NONNEG, _ONE, _POS, Limit
 
 PATHS = list(KINDS)
 CODECS = ["none", "snappy", "zstd:3", "zstd:22"]
@@ -76,38 +83,124 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
-# The shape of every notebook parameter (tests/test_study.py: each one a notebook declares is here): `pretok study
-# --set` values are checked against it before anything runs. "number": int or float; "count": int; None: may be null.
-PARAMETER_TYPES: dict[str, tuple] = {
-    "study_dir": ("text",), "corpus": ("text",), "corpus_mb": ("number",), "tokenizer": ("text",),
-    "vocab_size": ("count",), "seq_len": ("count",), "compressions": ("list of text",), "workers": ("count",),
-    "bench_loop_mb": ("number",), "micro_batch": ("count",), "loader_workers": ("text", "count"),
-    "loader_batches": ("count",), "loader_slow_batches": ("count",), "loader_repeats": ("count",),
-    "config": ("text",), "train_data_kind": ("text",), "train_world": ("count",), "train_overrides": ("mapping",),
-    "sweep_grids": ("list of mappings",), "sweep_base": ("mapping",), "launcher": ("text",),
-    "sweep_prefix": ("text",), "sweep_timeout_s": ("number", None), "target_loss": ("number", None),
-    "png": ("bool",), "target_config": ("text",), "target_vocab": ("count", None), "target_seq_len": ("count", None),
-    "target_mfu": ("list of numbers",), "cores_per_rank": ("count", None),
+# The meaning of every notebook parameter (tests/test_study.py: each one a notebook declares is here, and every
+# profile's value passes): its shapes ("number": int or float; "count": int; None: may be null), the range of its
+# numbers (of a list's items too; every number finite) and, for text, what it must name. `pretok study --set` values
+# are checked against it, and the training runs notebooks 03 and 04 would start against the trainer's config checks
+# (`check_runs`), before the first notebook runs.
+@dataclass(frozen=True)
+class Param:
+    shapes: tuple[str | None, ...]
+    limit: Limit = Limit()
+    text: tuple[str, Callable[[str], bool]] | None = None   # (what the text must be, its test)
+
+    def __str__(self) -> str:
+        shapes = " or ".join("null" if s is None else s for s in self.shapes)
+        return " ".join(filter(None, [shapes, str(self.limit), self.text[0] if self.text else ""]))
+
+
+def _codec(text: str) -> bool:
+    from ..formats.parquet import parse_compression
+
+    try:
+        parse_compression(text)
+    except PretokError:
+        return False
+    return True
+
+
+def _counts(text: str) -> bool:
+    return re.fullmatch(r"\s*[0-9]+\s*(,\s*[0-9]+\s*)*", text) is not None
+
+
+def _one_of(*choices: str) -> tuple[str, Callable[[str], bool]]:
+    return f"({' | '.join(choices)})", lambda text: text in choices
+
+
+_NAME = ("(letters, digits, . _ + -: the start of run ids)",
+         lambda text: re.fullmatch(r"[A-Za-z0-9._+-]*", text) is not None)
+_FILE = ("(a path, not empty)", bool)
+PARAMETERS: dict[str, Param] = {
+    "study_dir": Param(("text",), text=_FILE), "corpus": Param(("text",)),
+    "corpus_mb": Param(("number",), _POS), "tokenizer": Param(("text",)),
+    "vocab_size": Param(("count",), Limit(256 + len(SPECIAL_TOKENS))),   # the bytes and the special tokens
+    "seq_len": Param(("count",), _ONE),
+    "compressions": Param(("list of text",), text=("(parquet codecs: none, snappy, zstd:3, ...)", _codec)),
+    "workers": Param(("count",), _NONNEG),                                # 0: every CPU
+    "bench_loop_mb": Param(("number",), _POS), "micro_batch": Param(("count",), _ONE),
+    "loader_workers": Param(("text", "count"), _NONNEG, ("(comma-separated counts >= 0: 0,2)", _counts)),
+    "loader_batches": Param(("count",), _ONE), "loader_slow_batches": Param(("count",), _ONE),
+    "loader_repeats": Param(("count",), _ONE),
+    "config": Param(("text",), text=_FILE), "train_data_kind": Param(("text",), text=_one_of(*KINDS)),
+    "train_world": Param(("count",), _NONNEG),                            # 0: every GPU
+    "train_overrides": Param(("mapping",)), "sweep_grids": Param(("list of mappings",)),
+    "sweep_base": Param(("mapping",)),                                    # these three: `check_runs`
+    "launcher": Param(("text",), text=_one_of(*LAUNCHERS)), "sweep_prefix": Param(("text",), text=_NAME),
+    "sweep_timeout_s": Param(("number", None), _POS), "target_loss": Param(("number", None), _NONNEG),
+    "png": Param(("bool",)), "target_config": Param(("text",), text=_FILE),
+    "target_vocab": Param(("count", None), _ONE), "target_seq_len": Param(("count", None), _ONE),
+    "target_mfu": Param(("list of numbers",), Limit(0, 1, lo_open=True)),
+    "cores_per_rank": Param(("count", None), _ONE),
 }
 
 
 def _is(value: Any, kind: str | None) -> bool:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     return {None: value is None, "text": isinstance(value, str), "number": number,
-            "count": number and float(value).is_integer(), "bool": isinstance(value, bool),
+            "count": number and isinstance(value, int), "bool": isinstance(value, bool),
             "mapping": isinstance(value, dict),
             "list of text": isinstance(value, list) and all(isinstance(v, str) for v in value),
             "list of numbers": isinstance(value, list) and bool(value) and all(_is(v, "number") for v in value),
             "list of mappings": isinstance(value, list) and all(isinstance(v, dict) for v in value)}[kind]
 
 
+def takes(name: str, value: Any) -> bool:
+    """Whether parameter `name` takes `value`: one of its shapes, its numbers finite and in range, its texts valid."""
+    p = PARAMETERS[name]
+    if not any(_is(value, s) for s in p.shapes):
+        return False
+    items = value if isinstance(value, list) else [value]
+    numbers = [v for v in items if _is(v, "number")]
+    texts = [v for v in items if isinstance(v, str)]
+    return (all(math.isfinite(v) and p.limit.allows(v) for v in numbers)
+            and (p.text is None or all(p.text[1](t) for t in texts)))
+
+
 def check_parameters(values: dict[str, Any]) -> None:
-    """PretokError (one line) naming every value whose shape its parameter does not take (`target_mfu=0.4` for
-    [0.35, 0.45] failed notebook 05 and then the report with a TypeError traceback)."""
-    bad = [f"{k}={v!r} (takes {' or '.join('null' if t is None else t for t in PARAMETER_TYPES[k])})"
-           for k, v in values.items() if k in PARAMETER_TYPES and not any(_is(v, t) for t in PARAMETER_TYPES[k])]
+    """PretokError (one line) naming every value its parameter does not take (`seq_len=0` failed notebook 01 in a
+    cell after the corpus was built; `target_mfu=0.4` for [0.35, 0.45] failed notebook 05, then the report)."""
+    bad = [f"{k}={v!r} (takes {PARAMETERS[k]})" for k, v in values.items() if k in PARAMETERS and not takes(k, v)]
     if bad:
-        raise PretokError("notebook parameter(s) of the wrong shape: " + "; ".join(bad))
+        raise PretokError("notebook parameter(s) not taken: " + "; ".join(bad))
+
+
+def check_runs(params: dict[str, Any], notebooks: Sequence[str]) -> None:
+    """Every training run that notebook 03 (`train_overrides`, ...) and 04 (`sweep_grids`, `sweep_base`, ...) of
+    `notebooks` would start, its config checked as its run will check it (train/config.py, through
+    `sweep.check_points`) with stand-ins for what notebook 01 makes (dataset paths, tokenizer): one line naming the
+    notebook and run, before any notebook runs."""
+    from ..sweep import point_problem
+    from .steps import resolve, sweep_points, train_points
+
+    made = "<made by notebook 01>"
+    index = {"tokenizer": params["tokenizer"] or made, "seq_len": params["seq_len"],
+             "paths": dict.fromkeys(KINDS, made)}
+    runs = resolve(params["study_dir"]) / "runs"
+    planned = {"03_train": lambda: train_points(index, params["train_data_kind"], params["train_world"],
+                                                params["train_overrides"]),
+               "04_sweep": lambda: sweep_points(index, params["sweep_grids"], params["sweep_base"],
+                                                params["sweep_prefix"])}
+    config = resolve(params["config"])
+    for name, points in planned.items():
+        if name in notebooks:
+            if not config.is_file():
+                raise PretokError("config: config file not found", config)
+            for p in points():
+                if problem := point_problem(config, p, runs):
+                    raise PretokError(f"notebook {name} would start run {p.run_id} of a config its trainer "
+                                      f"refuses: {problem}", config)
+    if "05_analysis" in notebooks and not resolve(params["target_config"]).is_file():
+        raise PretokError("target_config: config file not found", resolve(params["target_config"]))
 
 
 def gpu_count() -> int:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
@@ -17,7 +15,8 @@ from typing import Any
 from .. import procs
 from ..errors import PretokError
 from .kernels import encrypted_kernel_channels
-from .profiles import check_parameters, profile_parameters
+from .profiles import check_parameters, check_runs, profile_parameters
+from .stopping import Stop as _Stop
 from .steps import ROOT, resolve
 
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -186,6 +185,7 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     check_parameters(overrides)
     previous = read_record(out_dir)
     params, changed = study_parameters(profile, overrides, names, previous, out_dir, takes)
+    check_runs(params, names)      # the training runs of notebooks 03 and 04: refused now, not in a cell later
     out_dir.mkdir(parents=True, exist_ok=True)
     ensure_kernel(kernel)
     now = _now()
@@ -207,37 +207,46 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     t0, started = time.monotonic(), time.time()
     failure = None
     stop = _Stop()
-    with procs.stop_signals(stop):
+    with procs.stop_signals(stop):    # until study.json says where a stop left the study
         for name in names:
             stop.done.clear()    # cleared first: a stop that comes now still interrupts this notebook
             if stop.signum:
+                failure = procs.Stopped(f"study stopped by {stop.name} before {name}: rerun the same command to "
+                                        "continue", out_dir)
                 break
             say(f"== pretok study ({profile}): {name}")
             try:
+                stop.cuttable = True    # a second stop signal now raises KeyboardInterrupt in here (see _Stop)
                 secs = execute(name, out_dir, params, kernel, stream, ended=stop.notebook_ended)
-                record["notebooks"][name] = {"status": "completed", "seconds": round(secs, 1), "run": now}
-                write_record(out_dir, record)     # a kill -9 later loses no completed notebook
-                say(f"== {name}: done in {secs:.0f} s")
-            except Exception as e:  # after a stop signal, whatever the interrupted kernel or papermill raises
+            except BaseException as e:  # after a stop signal, whatever the interrupted kernel or papermill raises
+                stop.cuttable = False
                 if not (stop.signum or isinstance(e, PretokError)):
                     raise
-                record["notebooks"][name] = {"status": "failed", "error": str(e), "run": now}
                 failure = e
-                break
             finally:
-                if stop.signum:
-                    stop.done.set()
-                    failure = procs.Stopped(f"study stopped by {stop.name} during {name}: the runs it had started "
-                                            f"checkpointed and stopped; rerun the same command to continue",
-                                            out_dir)
-                    record["notebooks"][name] = {"status": "stopped", "error": str(failure), "run": now}
-    stop.done.set()
-    record["notebooks"] = {n: r for n in NOTEBOOKS if (r := record["notebooks"].get(n))
-                           and r.get("status") != "running"}        # not reached, after a failure or a stop
-    record.update(finished=_now(), seconds=round(time.monotonic() - t0, 1))
-    if stop.signum:      # no report of a study stopped half-way; study.json says where it stopped
-        write_record(out_dir, record)
-        raise failure
+                stop.cuttable = False
+            if stop.signum:
+                stop.notebook_ended()
+                failure = procs.Stopped(f"study stopped by {stop.name} during {name}: the runs it had started "
+                                        f"checkpointed and stopped; rerun the same command to continue", out_dir)
+                record["notebooks"][name] = {"status": "stopped", "error": str(failure), "run": now}
+                break
+            if failure is not None:
+                record["notebooks"][name] = {"status": "failed", "error": str(failure), "run": now}
+                break
+            record["notebooks"][name] = {"status": "completed", "seconds": round(secs, 1), "run": now}
+            write_record(out_dir, record)     # a kill -9 later loses no completed notebook
+            say(f"== {name}: done in {secs:.0f} s")
+        stop.notebook_ended()
+        record["notebooks"] = {n: r for n in NOTEBOOKS if (r := record["notebooks"].get(n))
+                               and r.get("status") != "running"}        # not reached, after a failure or a stop
+        record.update(finished=_now(), seconds=round(time.monotonic() - t0, 1))
+        if stop.signum:      # no report of a study stopped half-way; study.json says where it stopped
+            if not isinstance(failure, procs.Stopped):    # after its last notebook
+                failure = procs.Stopped(f"study stopped by {stop.name} before its report: rerun the same command to "
+                                        "continue", out_dir)
+            write_record(out_dir, record)
+            raise failure
     record["figures"] = figure_counts(out_dir / "figures", started)
     try:
         if report:
@@ -274,38 +283,6 @@ def remove_report(out_dir: Path) -> None:
     """The study's HTML reports and their combined notebook (about to describe notebooks that are rerun)."""
     for p in (out_dir / "report.html", out_dir / "report_nocode.html", out_dir / "notebooks" / "report.ipynb"):
         p.unlink(missing_ok=True)
-
-
-class _Stop:
-    """The study's handler of SIGTERM/SIGINT/SIGHUP: remember the signal and interrupt the notebook kernel (our
-    child, in its own session) every 2 s until the running notebook ends: a sweep running in it then stops its
-    runs, which checkpoint (pretok_lib.sweep); an idle kernel ignores SIGINT, so it is repeated. A second
-    signal stops at once (papermill then kills the kernel; its runs still get SIGTERM, PR_SET_PDEATHSIG)."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self.done = threading.Event()
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum else ""
-
-    def __call__(self, signum: int, frame) -> None:
-        if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
-        threading.Thread(target=self._interrupt_kernel, daemon=True).start()
-
-    def notebook_ended(self) -> None:
-        """The running notebook's execution has ended (a cell failed, e.g. the interrupted one, or its last cell
-        ran): no more SIGINTs, since one landing in the kernel while papermill shuts it down raises there and prints
-        a traceback under the study's one line. run_study clears `done` before the next notebook."""
-        self.done.set()
-
-    def _interrupt_kernel(self) -> None:
-        while not self.done.is_set():
-            procs.forward(signal.SIGINT, procs.children())
-            self.done.wait(2.0)
 
 
 def _now() -> str:

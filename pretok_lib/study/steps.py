@@ -290,9 +290,15 @@ def train_one(paths: StudyPaths, index: Mapping, config: str, data_kind: str = "
     """
     from ..sweep import run_sweep
 
-    grid = study_grid(index, {}, {"data.kind": data_kind, "world": world, **(overrides or {})}, prefix)
-    [(point, status)] = run_sweep(resolve(config), grid, paths.runs, timeout_s=timeout_s, changed="rerun")
+    [(point, status)] = run_sweep(resolve(config), train_points(index, data_kind, world, overrides, prefix),
+                                  paths.runs, timeout_s=timeout_s, changed="rerun")
     return point, status
+
+
+def train_points(index: Mapping, data_kind: str = "pretok-memmap", world: int = 1,
+                 overrides: Mapping[str, Any] | None = None, prefix: str = "train") -> list:
+    """The one point of `train_one`."""
+    return study_grid(index, {}, {"data.kind": data_kind, "world": world, **(overrides or {})}, prefix).points()
 
 
 def run_study_sweep(paths: StudyPaths, index: Mapping, config: str, grids: Iterable[Mapping[str, Sequence[Any]]],
@@ -308,14 +314,21 @@ def run_study_sweep(paths: StudyPaths, index: Mapping, config: str, grids: Itera
     """
     from ..sweep import run_sweep
 
+    points = sweep_points(index, grids, base, prefix)
+    record_sweep(paths, prefix, [p.run_id for p in points])  # notebook 05 compares these runs, no older ones
+    return run_sweep(resolve(config), points, paths.runs, launcher, timeout_s=timeout_s, changed="rerun")
+
+
+def sweep_points(index: Mapping, grids: Iterable[Mapping[str, Sequence[Any]]], base: Mapping[str, Any] | None = None,
+                 prefix: str = "sweep") -> list:
+    """The distinct points of `run_study_sweep`, in order (a point two grids share once)."""
     points, seen = [], set()
     for axes in grids:
         for p in study_grid(index, axes, base, prefix).points():
             if p.run_id not in seen:
                 seen.add(p.run_id)
                 points.append(p)
-    record_sweep(paths, prefix, [p.run_id for p in points])  # notebook 05 compares these runs, no older ones
-    return run_sweep(resolve(config), points, paths.runs, launcher, timeout_s=timeout_s, changed="rerun")
+    return points
 
 
 def dataset_dirs(paths: StudyPaths) -> list[str]:
@@ -339,5 +352,5 @@ def require_completed(results: Sequence[tuple[Any, str]], paths: StudyPaths) -> 
 __all__ = ["ROOT", "StudyPaths", "bench_figures", "bench_loaders", "bench_tokenize", "data_paths", "dataset_dirs",
            "findings", "inspect_all", "load_datasets", "notebook_setup", "png_available", "prepare_corpus",
            "pretokenize_all", "read_bench", "require_completed", "resolve", "run_overrides", "run_study_sweep",
-           "record_sweep", "select_runs", "storage_table", "study_grid", "study_paths", "sweep_runs", "train_one",
-           "variant_name"]
+           "record_sweep", "select_runs", "storage_table", "study_grid", "study_paths", "sweep_points", "sweep_runs",
+           "train_one", "train_points", "variant_name"]

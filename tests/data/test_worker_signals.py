@@ -43,7 +43,7 @@ def test_workers_outlive_a_stop_signal_from_outside(wiki, start_method, sig):
     got = [content(next(it))]
     workers = _workers(before)
     assert len(workers) == 2
-    deadline = time.monotonic() + 60        # a spawned worker takes SIGTERM from its worker_init on (it imports first)
+    deadline = time.monotonic() + 300       # a spawned worker takes SIGTERM from its worker_init on (it imports first)
     while not all(_blocks_sigterm(p.pid) for p in workers):
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -53,7 +53,7 @@ def test_workers_outlive_a_stop_signal_from_outside(wiki, start_method, sig):
     assert all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
     got += [content(b) for b in it]
     assert got == whole
-    psutil.wait_procs(workers, timeout=30)
+    psutil.wait_procs(workers, timeout=120)
     assert not any(p.is_running() for p in workers)
     assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
@@ -65,9 +65,9 @@ def test_a_sigterm_from_the_parent_still_ends_a_worker(wiki):
     next(it)
     workers = _workers(before)
     workers[0].send_signal(signal.SIGTERM)     # from this process: the parent
-    assert workers[0].wait(timeout=30) == 0
+    assert workers[0].wait(timeout=120) == 0
     it.close()
-    psutil.wait_procs(workers, timeout=30)
+    psutil.wait_procs(workers, timeout=120)
 
 
 AFTER_WORKERS = r"""

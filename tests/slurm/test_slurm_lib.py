@@ -108,7 +108,7 @@ case $4 in
   5) echo "JobId=5 JobState=RUNNING Reason=None" ;;
   *) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1 ;;
 esac""")
-    assert slurm.wait(["1", "2", "4", "9"], timeout=10, env=env) == \
+    assert slurm.wait(["1", "2", "4", "9"], timeout=120, env=env) == \
         {"1": "COMPLETED", "2": "FAILED", "4": slurm.NEVER, "9": slurm.GONE}
     assert slurm.job_records("2", env=env)[1]["ArrayTaskId"] == "1"
     with pytest.raises(PretokError, match=r"timed out after 0.5 s waiting for SLURM jobs: 5=RUNNING"):

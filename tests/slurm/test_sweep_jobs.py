@@ -58,7 +58,7 @@ def test_a_stopped_slurm_sweep_leaves_its_job_recorded_and_the_rerun_waits_for_i
     while not record.exists() and time.monotonic() < deadline and first.poll() is None:
         time.sleep(0.05)
     first.send_signal(signal.SIGINT)
-    out, err = first.communicate(timeout=60)
+    out, err = first.communicate(timeout=300)
     assert first.returncode == 3 and "keep running" in err, (first.returncode, out, err)
     job = json.loads(record.read_text())["attempts"][-1]
     assert job["status"] == "submitted" and job["job_id"].isdigit()
