@@ -21,8 +21,8 @@ from ..datapaths import KINDS
 PATHS = list(KINDS)
 CODECS = ["none", "snappy", "zstd:3", "zstd:22"]
 # The stall prediction of notebook 05: the original study's model at 35-45% MFU, supply as measured here
-STALL = {"target_config": "configs/study.yaml", "target_vocab": None, "target_seq_len": None,
-         "target_mfu": [0.35, 0.45], "cores_per_rank": None}
+STALL = {"target_config": "configs/study.yaml", "target_vocab": 131072, "target_seq_len": None,
+         "target_mfu": [0.35, 0.45], "cores_per_rank": None, "target_ranks": 1}
 QUIET_RUN = {"checkpoint.every": 0, "log.tensorboard": False}  # checkpoint at the end only, no TensorBoard files
 # Sweep points are measurements: no transformers export (one fp32 copy of the weights per point; notebook 03's run
 # exports, `pretok export runs/<id>` exports any point later).
@@ -87,7 +87,7 @@ PARAMETER_TYPES: dict[str, tuple] = {
     "sweep_grids": ("list of mappings",), "sweep_base": ("mapping",), "launcher": ("text",),
     "sweep_prefix": ("text",), "sweep_timeout_s": ("number", None), "target_loss": ("number", None),
     "png": ("bool",), "target_config": ("text",), "target_vocab": ("count", None), "target_seq_len": ("count", None),
-    "target_mfu": ("list of numbers",), "cores_per_rank": ("count", None),
+    "target_mfu": ("list of numbers",), "cores_per_rank": ("count", None), "target_ranks": ("count",),
 }
 
 
