@@ -186,3 +186,17 @@ def test_infinite_perplexity_in_tables(val_loss: float, tmp_path: Path) -> None:
     assert text.splitlines()[-1].split() == ["r", "inf"]
     cells = figures.status_table_figure(load_runs(tmp_path)).data[0].cells.values
     assert list(cells[figures.TABLE_COLUMNS.index("final_val_ppl")]) == ["inf"]
+
+
+def test_trainer_summary_rates_equal_the_analysis(tmp_path: Path) -> None:
+    """summary.json (`train.metrics.summarize`) and `run_metrics` agree on the totals: Σ tokens / Σ step time and
+    Σ wait / Σ step time after the warm-up (both averaged the per-step rates before)."""
+    from pretok_lib.train.metrics import summarize
+
+    train = [train_record(i, float(i), tokens_per_s=r, data_stall=d, mfu=r / 1e4)
+             for i, (r, d) in enumerate(((50.0, 0.9), (100.0, 0.1), (400.0, 0.5), (250.0, 0.0)), 1)]
+    m = run_metrics(load_run(write_run(tmp_path, "r", train=train)), skip=1)
+    s = summarize(train, 1, None, {})
+    for key in ("tokens_per_s", "effective_tokens_per_s", "data_stall", "mfu"):
+        assert s[key] == pytest.approx(getattr(m, key)), key
+    assert s["tokens_per_s"] == pytest.approx(3 * 256 / (256 / 100 + 256 / 400 + 256 / 250))
