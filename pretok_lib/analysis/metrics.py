@@ -194,7 +194,8 @@ def all_metrics(runs: Iterable[Run], skip: int | None = None, target_loss: float
 
 
 SUMMARY_COLUMNS = ("run_id", "status", "data_kind", "world_size", "global_batch", "seq_len", "precision", "steps",
-                   "tokens_per_s", "tokens_per_s_p10", "tokens_per_s_p90", "effective_tokens_per_s", "mfu", "data_stall", "padding_frac", "peak_mem_mb",
+                   "tokens_per_s", "tokens_per_s_p10", "tokens_per_s_p90", "effective_tokens_per_s", "mfu",
+                   "data_stall", "padding_frac", "peak_mem_mb",
                    "final_loss", "final_val_loss", "final_val_ppl", "target_loss", "time_to_target_s", "wall_s",
                    "precision_reason", "peak_source", "note")
 
