@@ -253,7 +253,8 @@ def measured_rates(records: Iterable[Mapping[str, Any]], skip: int = 2) -> dict 
     return {"consumption": slots / compute if compute > 0 else math.inf, "loop_per_slot": loop,
             "data_stall": wait / max(1e-12, sum(r["step_time_s"] for r in train)),
             "data_stall_step_mean": sum(r["data_stall"] for r in train) / len(train),
-            "in_run_supply": slots / wait if wait > 0 else math.inf, "steps": len(train), "world": world}
+            "in_run_supply": slots / wait if wait > 0 else math.inf, "steps": len(train), "world": world,
+            "step_compute": [((r["step_time_s"] - r["data_wait_s"]), r["tokens"] / world) for r in train]}
 
 
 def check_run(records: Iterable[Mapping[str, Any]], supply: float, workers: int, skip: int = 2,
@@ -263,8 +264,17 @@ def check_run(records: Iterable[Mapping[str, Any]], supply: float, workers: int,
     m = measured_rates(records, skip)
     if m is None:
         return None
+    steps = m.pop("step_compute")
+    # the model step by step, with each step's own compute: waits add up unevenly when the compute varies (a
+    # step far below the batch time waits the difference, one above it waits m). Prefetched batches carry some of
+    # a slow step's slack over to the next, which the mean compute assumes entirely and this not at all: the run's
+    # stall lies between the two.
+    load = 1.0 / supply if supply > 0 else math.inf
+    waits = [n * load if not workers else max(main * n, n * (load - m["loop_per_slot"]) - c) for c, n in steps]
+    total = sum(c for c, _ in steps) + sum(waits)
     return {**m, "supply": supply, "workers": workers, "headroom": supply / m["consumption"], "main_per_slot": main,
-            "predicted_stall": stall_fraction(supply, m["consumption"], workers > 0, main, m["loop_per_slot"])}
+            "predicted_stall": stall_fraction(supply, m["consumption"], workers > 0, main, m["loop_per_slot"]),
+            "predicted_stall_per_step": sum(waits) / total if total > 0 else 0.0}
 
 
 def check_study_runs(runs: Iterable[Any], loaders: Mapping[str, Any] | None, skip: int | None = None) -> list[dict]:

@@ -125,18 +125,29 @@ def test_target_vocabulary_comes_from_the_target() -> None:
 L1, L2 = 32, 128
 
 
-def _slow_documents(monkeypatch, delay: float) -> None:
-    """Every document the on-the-fly loaders tokenize costs `delay` s of sleep (in DataLoader workers too: they
-    fork): a supply set by the sleep, not by how busy the CPU is."""
+def _slow_documents(monkeypatch, delay: float, data: dict) -> None:
+    """Tokenizing costs sleep (in DataLoader workers too: they fork), so the supply is set by the sleep, not by how
+    busy the CPU is: `delay` s per document for padded (its slots per document are fixed), `delay` x characters /
+    the mean characters per document for padding-free (its slots per document are the document's tokens: a cost
+    per document would make its supply depend on which documents a stretch of batches holds)."""
+    import pyarrow.parquet as pq
+
     from pretok_lib.data import baselines
 
+    texts = pq.read_table(data["padded"]).column("text").to_pylist()
+    mean = sum(map(len, texts)) / len(texts)
     real = baselines._TextDocs.encode
 
-    def slow(self, texts):
+    def per_doc(self, texts):
         time.sleep(delay * len(texts))
         return real(self, texts)
 
-    monkeypatch.setattr(baselines._TextDocs, "encode", slow)
+    def per_char(self, texts):
+        time.sleep(delay * sum(map(len, texts)) / mean)
+        return real(self, texts)
+
+    monkeypatch.setattr(baselines.PaddedText, "encode", per_doc, raising=False)
+    monkeypatch.setattr(baselines.PaddingFreeStream, "encode", per_char, raising=False)
 
 
 def _loader_rate(kind: str, data: dict, seq_len: int, workers: int, n: int = 6, **kw) -> float:  # noqa: F811
@@ -162,9 +173,12 @@ def _main_cost_bench(seq_len: int) -> float:
 
 def test_prediction_brackets_cpu_runs_of_slowed_on_the_fly_loaders(data, tmp_path, monkeypatch) -> None:  # noqa: F811
     """The loaders measured once as the benchmark does (seq_len L1, one worker, one core), carried by the model to
-    each run's seq_len and worker count; each run's stall (sleep-bound supply, compute measured in the run)
-    must lie within 0.15 of the prediction. The old inputs would miss: padding-free at two workers doubled (a stall
-    of ~0.2 predicted where ~0.5 is measured), padded at L2 taken at L1's rate (stall ~0.9 predicted, ~0.5)."""
+    each run's seq_len and worker count. Each run's stall (sleep-bound supply, compute measured in the run) must
+    lie within 0.15 of the bracket the model gives with the run's mean compute and with each step's own (they part
+    when some steps wait and others do not; prefetched batches carry some of a slow step's slack over: the truth
+    lies between). Measured: within 0.02 for padded and padding-free at one worker; padding-free at two workers
+    stalled 0.05-0.10 more than predicted in 3 of 4 runs (cause not found). The old inputs miss by more: padding-
+    free at two workers doubled (0.50 predicted where 0.79 was measured), padded at L2 at L1's rate (0.94, 0.75)."""
     import torch
 
     torch.set_num_threads(1)
@@ -173,7 +187,7 @@ def test_prediction_brackets_cpu_runs_of_slowed_on_the_fly_loaders(data, tmp_pat
     fast = _train("pretok-memmap", data, 0.0, 0, tmp_path / "fast", monkeypatch, steps=10, seq_len=L2, **quick)
     compute = MB * L2 / S.measured_rates(fast, 4)["consumption"]   # s per step at L2
     delay = 1.5 * compute   # padded at L2: 4 documents per batch, 6x the compute per worker
-    _slow_documents(monkeypatch, delay)
+    _slow_documents(monkeypatch, delay, data)
     bench = {"seq_len": L1, "micro_batch": MB, "environment": {"cpus": 1}, "loaders": {
         "padded w1": _row("padded", 1, _loader_rate("padded", data, L1, 1)),
         "padding-free w1": _row("padding-free", 1, _loader_rate("padding-free", data, L1, 1, n=12)),
@@ -185,9 +199,10 @@ def test_prediction_brackets_cpu_runs_of_slowed_on_the_fly_loaders(data, tmp_pat
         recs = _train(kind, data, 0.0, w, tmp_path / f"{kind}-{seq}-{w}", monkeypatch, steps=20, seq_len=seq,
                       **quick)
         c = S.check_run(recs, row["supply"], w, 8, row["main_per_slot"])
-        checks.append((kind, seq, w, round(c["predicted_stall"], 3), round(c["data_stall"], 3)))
-    print("(path, seq_len, workers, predicted, measured):", checks)
-    bad = [c for c in checks if abs(c[3] - c[4]) > 0.15]
+        lo, hi = sorted((c["predicted_stall"], c["predicted_stall_per_step"]))
+        checks.append((kind, seq, w, round(lo, 3), round(c["data_stall"], 3), round(hi, 3)))
+    print("(path, seq_len, workers, predicted from the mean compute / per step, measured):", checks)
+    bad = [c for c in checks if not c[3] - 0.15 <= c[4] <= c[5] + 0.15]
     assert not bad, checks
     assert sum(c[4] > 0.25 for c in checks) >= 3, checks   # the slowdown made real stalls to predict
 
@@ -195,7 +210,7 @@ def test_prediction_brackets_cpu_runs_of_slowed_on_the_fly_loaders(data, tmp_pat
 def test_padding_free_supply_per_rank_falls_with_the_ranks(data, monkeypatch) -> None:  # noqa: F811
     """Loader-only: rank 0 of 2 gets half the padding-free windows of a single rank at the same tokenizing speed,
     and all of padded's (its documents are split): as `target_supply` carries them."""
-    _slow_documents(monkeypatch, 0.004)
+    _slow_documents(monkeypatch, 0.004, data)
     data = {**data, "padding-free": data["padded"]}
     pf1, pf2 = (_loader_rate("padding-free", data, L1, 0, n=8, rank=0, world=n) for n in (1, 2))
     pd1, pd2 = (_loader_rate("padded", data, L1, 0, n=4, rank=0, world=n) for n in (1, 2))
