@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .metrics import (all_metrics, format_value, precision_groups, resolve_target_loss, scaling_efficiency,
+from .metrics import (all_metrics, format_value, precision_groups, scaling_efficiency, target_loss_choice,
                       storage_rows, summary_table, tokenization_speedups)
 from .plotting import (LAYOUT, PALETTE, PATH_COLORS, PERCENT, STATUS_FILL, STATUS_SYMBOLS, VARYING, _add_bars,
                        _mean_std, _ordered_categories, _path_bars, _path_of, baseline_means, categorize,
@@ -148,12 +148,14 @@ def time_to_target_figure(runs: Iterable[Run], target_loss: float | None = None,
                           skip: int | None = None) -> go.Figure:
     """Wall time until the loss first reaches `target_loss` (val loss if logged, else train), per setting (see
     `plotting.categorize`), bars labelled with the speedup over `baseline` runs of an otherwise equal config.
-    Target: given, else the runs' common configured one, else the highest final loss among completed runs (so
-    every completed run reaches it)."""
+    Target: given, else the runs' common configured one, else 90% of the descent every completed run made (so
+    every completed run reaches it before its end; the title says which). Crossings are interpolated between
+    evaluations (`metrics.time_to_target`)."""
     runs = list(runs)
-    target_loss = resolve_target_loss(runs, target_loss, skip)
+    target_loss, how = target_loss_choice(runs, target_loss, skip)
     ms = all_metrics(runs, skip, target_loss)
-    title = "Time to target loss" + (f" (loss <= {target_loss:.4g})" if target_loss is not None else "")
+    title = "Time to target loss" + (f" (loss <= {target_loss:.4g}, {how}; interpolated between evaluations)"
+                                     if target_loss is not None else "")
     reached = [m for m in ms if m.time_to_target_s is not None]
     if not reached:
         return empty_figure(title, "no runs with a logged loss reaching the target" if target_loss is not None

@@ -28,8 +28,8 @@ from ..train.config import _NONNEG, _ONE, _POS, Limit
 PATHS = list(KINDS)
 CODECS = ["none", "snappy", "zstd:3", "zstd:22"]
 # The stall prediction of notebook 05: the original study's model at 35-45% MFU, supply as measured here
-STALL = {"target_config": "configs/study.yaml", "target_vocab": None, "target_seq_len": None,
-         "target_mfu": [0.35, 0.45], "cores_per_rank": None}
+STALL = {"target_config": "configs/study.yaml", "target_vocab": 131072, "target_seq_len": None,
+         "target_mfu": [0.35, 0.45], "cores_per_rank": None, "target_ranks": 1}
 QUIET_RUN = {"checkpoint.every": 0, "log.tensorboard": False}  # checkpoint at the end only, no TensorBoard files
 # Sweep points are measurements: no transformers export (one fp32 copy of the weights per point; notebook 03's run
 # exports, `pretok export runs/<id>` exports any point later).
@@ -140,7 +140,7 @@ PARAMETERS: dict[str, Param] = {
     "png": Param(("bool",)), "target_config": Param(("text",), text=_FILE),
     "target_vocab": Param(("count", None), _ONE), "target_seq_len": Param(("count", None), _ONE),
     "target_mfu": Param(("list of numbers",), Limit(0, 1, lo_open=True)),
-    "cores_per_rank": Param(("count", None), _ONE),
+    "cores_per_rank": Param(("count", None), _ONE), "target_ranks": Param(("count",), _ONE),
 }
 
 

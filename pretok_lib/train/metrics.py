@@ -66,13 +66,15 @@ class MetricsLog:
             self.tb.close()
 
 
-def _mean(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return sum(xs) / len(xs) if xs else None
+def _per_time(records: list[dict], key: str) -> float | None:
+    """A per-step rate as the total rate: weighted by the steps' times (Σ tokens / Σ step time for tokens/s)."""
+    xs = [(r[key], r["step_time_s"]) for r in records if r.get(key) is not None and r.get("step_time_s")]
+    return sum(v * t for v, t in xs) / sum(t for _, t in xs) if xs else None
 
 
 def summarize(records: list[dict], skip: int, target_loss: float | None, settings: dict) -> dict:
-    """The run summary from its records (the analysis recomputes the same from metrics.jsonl)."""
+    """The run summary from its records (the analysis recomputes the same from metrics.jsonl): rates are totals
+    over the steps after `skip` (Σ tokens / Σ step time; data stall Σ wait / Σ step time), not per-step means."""
     train = [r for r in records if r["kind"] == "train"]
     val = [r for r in records if r["kind"] == "val"]
     steady = train[skip:] if len(train) > skip else train
@@ -85,10 +87,7 @@ def summarize(records: list[dict], skip: int, target_loss: float | None, setting
         "final_loss": train[-1]["loss"] if train else None,
         "final_val_loss": val[-1]["val_loss"] if val else None,
         "final_val_ppl": val[-1]["val_ppl"] if val else None,
-        "tokens_per_s": _mean([r["tokens_per_s"] for r in steady]),
-        "effective_tokens_per_s": _mean([r["effective_tokens_per_s"] for r in steady]),
-        "data_stall": _mean([r["data_stall"] for r in steady]),
-        "mfu": _mean([r["mfu"] for r in steady]),
+        **{k: _per_time(steady, k) for k in ("tokens_per_s", "effective_tokens_per_s", "data_stall", "mfu")},
         "peak_mem_mb": max((r["peak_mem_mb"] for r in train), default=None),
         "wall_s": records[-1]["wall_s"] if records else 0.0,
         "target_loss": target_loss, "time_to_target_s": tts, **settings,

@@ -24,23 +24,27 @@ def test_means_skip_warmup_records(tmp_path: Path) -> None:
              train_record(4, 4.0, tokens_per_s=400.0, eff_frac=0.75, mfu=0.5, data_stall=0.2, peak_mem_mb=900.0)]
     run = load_run(write_run(tmp_path, "r", train=train))
     m = run_metrics(run, skip=1)
-    assert m.tokens_per_s == pytest.approx((200 + 400 + 400) / 3)
-    assert m.effective_tokens_per_s == pytest.approx((100 + 300 + 300) / 3)
-    assert m.mfu == pytest.approx(0.4)  # null MFU ignored, warm-up 0.9 skipped
-    assert m.data_stall == pytest.approx(0.2)
-    assert m.padding_frac == pytest.approx((0.5 + 0.25 + 0.25) / 3)
+    # totals over the kept records (256 tokens each in 1.28, 0.64, 0.64 s), not means of the per-step rates
+    # (which were 333.3 tokens/s, 233.3 effective, MFU 0.4, stall 0.2)
+    assert m.tokens_per_s == pytest.approx(3 * 256 / 2.56) and m.measured_s == pytest.approx(2.56)
+    assert m.effective_tokens_per_s == pytest.approx((128 + 192 + 192) / 2.56)
+    assert m.mfu == pytest.approx((0.3 * 1.28 + 0.5 * 0.64) / 1.92)  # null MFU ignored, warm-up 0.9 skipped
+    assert m.data_stall == pytest.approx((0.1 * 1.28 + 0.3 * 0.64 + 0.2 * 0.64) / 2.56)  # Σ wait / Σ step time
+    assert m.padding_frac == pytest.approx((0.5 + 0.25 + 0.25) / 3)  # weighted by tokens (equal here)
+    assert (m.tokens_per_s_p10, m.tokens_per_s_p90) == pytest.approx((240.0, 400.0))  # the per-step spread
     assert m.peak_mem_mb == 900.0 and m.steps == 4 and m.logged == 4 and m.used == 3
-    assert run_metrics(run, skip=0).effective_tokens_per_s == pytest.approx((50 + 100 + 300 + 300) / 4)
+    assert run_metrics(run, skip=0).effective_tokens_per_s == pytest.approx((128 + 128 + 192 + 192) / 5.12)
     short = run_metrics(run, skip=4)  # no more records than skip: all kept (as pretok train's summary does)
-    assert short.tokens_per_s == pytest.approx(275.0) and short.used == 4
+    assert short.tokens_per_s == pytest.approx(4 * 256 / 5.12) and short.used == 4
 
 
 def test_skip_defaults_to_config_log_skip_steps(tmp_path: Path) -> None:
     train = [train_record(i, float(i), tokens_per_s=r) for i, r in enumerate((10.0, 20.0, 30.0, 60.0), 1)]
     plain = load_run(write_run(tmp_path, "plain", train=train))  # no log.skip_steps: pretok train's default 2
-    assert run_metrics(plain).tokens_per_s == pytest.approx(45.0)
+    assert run_metrics(plain).tokens_per_s == pytest.approx(2 * 256 / (256 / 30 + 256 / 60))  # 40 (mean: 45)
     cfg = load_run(write_run(tmp_path, "cfg", train=train, config_extra={"log": {"every": 1, "skip_steps": 1}}))
-    assert run_metrics(cfg).tokens_per_s == pytest.approx(110 / 3) and run_metrics(cfg, skip=0).used == 4
+    assert run_metrics(cfg).tokens_per_s == pytest.approx(3 / (1 / 20 + 1 / 30 + 1 / 60)) \
+        and run_metrics(cfg, skip=0).used == 4
 
 
 def test_final_losses_and_ppl(tmp_path: Path) -> None:
@@ -52,14 +56,18 @@ def test_final_losses_and_ppl(tmp_path: Path) -> None:
     assert m.wall_s == 2.5
 
 
-def test_time_to_target_first_record_at_or_below(tmp_path: Path) -> None:
+def test_time_to_target_interpolates_the_crossing(tmp_path: Path) -> None:
+    """Linear between the last record above the target and the first at or below it (was: the first record's wall
+    time, up to eval.every steps late); the step rounded up; the first record's own when nothing precedes it."""
     val = [val_record(10, 5.0, 3.0), val_record(20, 10.0, 2.4), val_record(30, 15.0, 2.0)]
     train = [train_record(s, s / 2, loss=l) for s, l in ((10, 2.2), (20, 2.1), (30, 1.9))]
     run = load_run(write_run(tmp_path, "r", train=train, val=val))
-    assert time_to_target(run, 2.5) == (10.0, 20)
+    wall, step = time_to_target(run, 2.5)   # 3.0 -> 2.4 between 5 and 10 s: 5/6 of the way
+    assert wall == pytest.approx(5.0 + 5 * 5 / 6) and step == 19
     assert time_to_target(run, 2.4) == (10.0, 20)  # at the target counts
+    assert time_to_target(run, 3.5) == (5.0, 10)   # below it from the first record
     assert time_to_target(run, 1.0) == (None, None)
-    assert time_to_target(run, 2.15, source="train") == (10.0, 20)  # train loss 2.1 at step 20
+    assert time_to_target(run, 2.15, source="train") == (pytest.approx(7.5), 15)  # train 2.2 at 5 s, 2.1 at 10 s
     m = run_metrics(run, target_loss=2.0)
     assert (m.time_to_target_s, m.step_to_target) == (15.0, 30)
 
@@ -128,7 +136,10 @@ def test_precision_groups_and_auto_target(study_root: Path) -> None:
     from pretok_lib.analysis.metrics import all_metrics
 
     target = auto_target_loss(all_metrics(runs))
-    assert target == pytest.approx(4.0 - 0.25 * 5 + 0.1)  # every completed run ends at this val loss
+    # 90% of the way from the lowest first val loss (3.65, the run starting at 3.8) to the highest best one (2.85,
+    # the others' end; the old default, reached by them only at their end)
+    assert target == pytest.approx(2.85 + 0.1 * (3.65 - 2.85))
+    assert all(m.time_to_target_s < m.wall_s for m in all_metrics(runs, target_loss=target) if m.status == "completed")
 
 
 def _manifest(d: Path, fmt: str, tokens: int, sizes: list[int], compression: str | None = "zstd:3") -> None:
@@ -175,3 +186,17 @@ def test_infinite_perplexity_in_tables(val_loss: float, tmp_path: Path) -> None:
     assert text.splitlines()[-1].split() == ["r", "inf"]
     cells = figures.status_table_figure(load_runs(tmp_path)).data[0].cells.values
     assert list(cells[figures.TABLE_COLUMNS.index("final_val_ppl")]) == ["inf"]
+
+
+def test_trainer_summary_rates_equal_the_analysis(tmp_path: Path) -> None:
+    """summary.json (`train.metrics.summarize`) and `run_metrics` agree on the totals: Σ tokens / Σ step time and
+    Σ wait / Σ step time after the warm-up (both averaged the per-step rates before)."""
+    from pretok_lib.train.metrics import summarize
+
+    train = [train_record(i, float(i), tokens_per_s=r, data_stall=d, mfu=r / 1e4)
+             for i, (r, d) in enumerate(((50.0, 0.9), (100.0, 0.1), (400.0, 0.5), (250.0, 0.0)), 1)]
+    m = run_metrics(load_run(write_run(tmp_path, "r", train=train)), skip=1)
+    s = summarize(train, 1, None, {})
+    for key in ("tokens_per_s", "effective_tokens_per_s", "data_stall", "mfu"):
+        assert s[key] == pytest.approx(getattr(m, key)), key
+    assert s["tokens_per_s"] == pytest.approx(3 * 256 / (256 / 100 + 256 / 400 + 256 / 250))

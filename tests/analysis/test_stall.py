@@ -142,7 +142,8 @@ def _supply(kind: str, data: dict, delay: float, workers: int) -> float:
     return max(rates)
 
 
-def _train(kind: str, data: dict, delay: float, workers: int, runs: Path, monkeypatch, steps: int = 24) -> list:
+def _train(kind: str, data: dict, delay: float, workers: int, runs: Path, monkeypatch, steps: int = 24,
+           seq_len: int = SEQ, **extra) -> list:
     from pretok_lib import data as data_mod
     from pretok_lib.train import loop
     from pretok_lib.train.config import load_config
@@ -152,12 +153,12 @@ def _train(kind: str, data: dict, delay: float, workers: int, runs: Path, monkey
     real = data_mod.make_dataset
     monkeypatch.setattr(loop, "make_dataset", lambda *a, **k: _throttle(real(*a, **k), delay) if delay
                         else real(*a, **k))
-    rid = f"{kind}-d{delay:.3f}-w{workers}"
+    rid = f"{kind}-d{delay:.3f}-w{workers}-s{seq_len}"
     over = {"run.dir": str(runs), "run.id": rid, "model.hidden_size": 64, "model.num_layers": 2,
             "model.num_heads": 4, "model.num_kv_heads": 2, "data.kind": kind, "data.path": str(data[kind]),
-            "data.tokenizer": str(data["tokenizer"]), "data.seq_len": SEQ, "data.micro_batch": MB,
+            "data.tokenizer": str(data["tokenizer"]), "data.seq_len": seq_len, "data.micro_batch": MB,
             "data.num_workers": workers, "train.steps": steps, "train.warmup_steps": 2, "train.precision": "fp32",
-            "log.tensorboard": False, "checkpoint.every": 0, "hardware.peak_tflops": 1.0}
+            "log.tensorboard": False, "checkpoint.every": 0, "hardware.peak_tflops": 1.0, **extra}
     assert train(load_config(None, [f"{k}={v}" for k, v in over.items()])) == 0
     return read_records(runs / rid / "metrics.jsonl")
 
