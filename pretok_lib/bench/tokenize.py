@@ -70,7 +70,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--part-mb", type=positive, default=d.part_mb, help="engine --part-mb (default: the engine's)")
     p.add_argument("--batch-mb", type=positive, default=d.batch_mb,
                    help="engine --batch-mb, also the ceiling's batch size")
-    p.add_argument("--repeat", "--repeats", type=at_least(1), default=d.repeat,
+    p.add_argument("--repeats", "--repeat", dest="repeat", type=at_least(1), default=d.repeat,
                    help="time the engine and the ceilings this many times: the table keeps the fastest, the targets "
                         "take the median of the ratios within each round with its interval (noisy machines)")
     p.add_argument("--no-probe", dest="probe", action="store_false",
