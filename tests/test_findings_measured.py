@@ -91,3 +91,20 @@ def test_the_first_screen_says_whether_the_machine_was_quiet(tmp_path: Path) -> 
     quiet = merge_machines([{**noisy, "quiet": True, "flagged": []}, None])
     assert quiet["quiet"] is True and "was quiet" in findings_html([], machine=quiet)
     assert merge_machines([])["quiet"] is None and "not probed" in findings_html([])
+
+
+def test_study_sweep_repeats_are_interleaved_rotated_and_suffixed() -> None:
+    """Training repeats for the study: every point once per round, the order rotated, ids -r<k> (what the
+    findings pair by); one repeat leaves the points and their ids as they were."""
+    from pretok_lib.study.steps import repeated_points
+    from pretok_lib.sweep import expand_grid
+
+    pts = expand_grid({"train.steps": 5}, {"data.kind": ["padded", "padding-free", "pretok-memmap"]})
+    assert repeated_points(pts, 1) == pts and all(not p.run_id.endswith("-r0") for p in pts)
+    reps = repeated_points(pts, 3)
+    ids = [p.run_id for p in reps]
+    assert len(set(ids)) == 9 and all(i.endswith(f"-r{k // 3}") for k, i in enumerate(ids))
+    kinds = [p.get("data.kind") for p in reps]
+    assert kinds[:3] == ["padded", "padding-free", "pretok-memmap"] and kinds[3:6] == kinds[1:3] + kinds[:1]
+    assert all(kinds[i] != kinds[i + 1] for i in range(8))      # never the same point back to back
+    assert reps[4].cli_overrides() == pts[2].cli_overrides()    # the same config: a repeat, not a variant
