@@ -41,7 +41,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                         {"data": ["pretok-memmap"], "precision": ["fp32", "bf16"]}],
         "sweep_base": {"train.steps": 40, "train.warmup_steps": 5, "train.precision": "auto", "eval.every": 20,
                        "train.time_budget_s": 15, **QUIET_RUN, **NO_EXPORT},
-        "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 900,
+        "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 900, "sweep_repeats": 1,
         "target_loss": None, "png": True, **STALL,
     },
     "full": {
@@ -56,7 +56,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                         {"data": ["pretok-memmap"], "micro_batch": [1, 2, 4], "world": "max"}],
         "sweep_base": {"train.steps": 300, "train.precision": "auto", "eval.every": 100, "checkpoint.every": 100,
                        **NO_EXPORT},
-        "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": None,
+        "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": None, "sweep_repeats": 3,
         "target_loss": None, "png": True, **STALL,
     },
     "smoke": {
@@ -70,7 +70,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "sweep_grids": [{"data": ["padded", "pretok-memmap"], "world": [1]}, {"data": ["pretok-memmap"], "world": [2]}],
         "sweep_base": {"train.steps": 2, "train.warmup_steps": 1, "eval.every": 2, "eval.batches": 1,
                        "model.hidden_size": 64, "model.num_layers": 1, **QUIET_RUN, **NO_EXPORT},
-        "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 300,
+        "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 300, "sweep_repeats": 1,
         "target_loss": None, "png": True, **STALL,
     },
 }
@@ -85,7 +85,7 @@ PARAMETER_TYPES: dict[str, tuple] = {
     "loader_batches": ("count",), "loader_slow_batches": ("count",), "loader_repeats": ("count",),
     "config": ("text",), "train_data_kind": ("text",), "train_world": ("count",), "train_overrides": ("mapping",),
     "sweep_grids": ("list of mappings",), "sweep_base": ("mapping",), "launcher": ("text",),
-    "sweep_prefix": ("text",), "sweep_timeout_s": ("number", None), "target_loss": ("number", None),
+    "sweep_prefix": ("text",), "sweep_timeout_s": ("number", None), "sweep_repeats": ("count",), "target_loss": ("number", None),
     "png": ("bool",), "target_config": ("text",), "target_vocab": ("count", None), "target_seq_len": ("count", None),
     "target_mfu": ("list of numbers",), "cores_per_rank": ("count", None),
 }
