@@ -371,7 +371,8 @@ def run(args: LoadersBench) -> dict:
             fns[f"{kind} w{w}"] = lambda kind=kind, src=src, w=w, n=n: bench_path(kind, src, tok, args, w, n)
     samples = rounds(list(fns), args.repeats, lambda name, k: fns[name](), args.probe)
     for name, rs in samples.items():
-        r = res[name] = {**max(rs, key=lambda r: r["tokens_per_s"]), "tokens_per_s_all": [x["tokens_per_s"] for x in rs],
+        r = res[name] = {**max(rs, key=lambda r: r["tokens_per_s"]),
+                         "tokens_per_s_all": [x["tokens_per_s"] for x in rs],
                          "estimate": est_dict(estimate(x["tokens_per_s"] for x in rs))}
         if r["kind"] == "reference":
             r["setup_s"] = r["first_batch_s"]
@@ -401,7 +402,8 @@ def run(args: LoadersBench) -> dict:
               + ("" if t["resolved"] else " (threshold inside the interval: noise decides)"))
     mach = probes_of(samples)
     print(machine_line(mach))
-    result = {"machine": mach, "corpus": {"path": corpus, "documents": mm["counts"]["documents"], "tokens": mm["counts"]["tokens"]},
+    result = {"machine": mach,
+              "corpus": {"path": corpus, "documents": mm["counts"]["documents"], "tokens": mm["counts"]["tokens"]},
               "tokenizer": {"spec": tok, "info": info.to_dict()}, "seq_len": L, "micro_batch": B,
               "workers": workers, "load_average": load, "outputs": outs, "loaders": res, "compression": comp,
               "targets": tg, "environment": environment(), "args": args.record()}

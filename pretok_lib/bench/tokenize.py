@@ -117,7 +117,8 @@ def run(cfg: TokenizeBench) -> dict:
     print(f"\nCPU: {env['cpu_model']}, {env['cpus']} usable; tokenizer: {tok} (vocab {info.vocab_size})")
     _print_results(methods, cinfo, n, scan, tg)
     print_repeats(repeated)
-    result = {"repeats": repeated, "machine": repeated["machine"], "corpus": cinfo, "tokenizer": {"spec": tok, "info": info.to_dict(), "backends": backends},
+    result = {"repeats": repeated, "machine": repeated["machine"],
+              "corpus": cinfo, "tokenizer": {"spec": tok, "info": info.to_dict(), "backends": backends},
               "workers": n, "methods": methods, "rounds": rounds, "rss_scan": scan, "targets": tg,
               "environment": env,
               "env": {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS")},

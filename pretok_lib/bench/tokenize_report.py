@@ -194,8 +194,8 @@ def repeat_summary(runs: Mapping[str, Sequence[Mapping]], rounds: Sequence[Mappi
     invalid = []
     ceil = {1: est.get(CEIL), n: est.get(ceil_name(n))} if n > 1 else {}
     if all(ceil.values()) and ceil:
-        why = check_ceilings({k: v["median"] for k, v in ceil.items()},
-                             [f"{CEIL} x{len(runs.get(CEIL, []))}", f"{ceil_name(n)} x{len(runs.get(ceil_name(n), []))}"])
+        ids = [f"{k} x{len(runs.get(k, []))}" for k in (CEIL, ceil_name(n))]
+        why = check_ceilings({k: v["median"] for k, v in ceil.items()}, ids)
         invalid += [why] if why else []
     iso = ratios.get(f"isolated tokenization speedup: {en} / {LOOP}")
     why = check_isolated_speedup(iso["median"] if iso else None, [f"{en} and {LOOP}, {len(rounds)} rounds"])

@@ -3,7 +3,8 @@
 Each path trains as its own `python -m pretok_lib.train` process (fresh interpreter, like a real run), one
 after the other on the same machine, for --steps optimizer steps, --repeats times in interleaved rounds whose
 order rotates (every run probed: machine_probe); the table shows medians, the targets paired-round ratios with
-their intervals, and a run with fewer than --min-measured-steps steps after the warm-up is too short to measure. Reported from each run's metrics.jsonl
+their intervals, and a run with fewer than --min-measured-steps steps after the warm-up is too short to measure.
+Reported from each run's metrics.jsonl
 (after --skip warm-up steps): tokens/s, effective tokens/s (labels that count: no padding, no masked
 document crossings), data-stall fraction (time waiting for the batch / step time), padding and masked
 fractions, and effective tokens/s as a ratio to `padded` (the original study's baseline).

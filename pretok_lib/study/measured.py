@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ..analysis.uncertainty import (Estimate, check_efficiency, check_fraction, check_isolated_speedup, estimate,
@@ -102,7 +103,8 @@ def measured_findings(runs: Sequence[Any], bench: Mapping | None) -> list[dict]:
             bad = check_fraction(max(e.samples), "data stall", [m.run_id for m in sel])
             out.append(finding(f"stall.{kind}", f"Data stall of {kind} (share of the step waiting for data)", e,
                                "fraction", None, bad))
-    rows = [r for r in scaling_efficiency(runs) if r["efficiency"] is not None and r["world_size"] != r["base_world_size"]]
+    rows = [r for r in scaling_efficiency(runs)
+            if r["efficiency"] is not None and r["world_size"] != r["base_world_size"]]
     top = max((r["world_size"] for r in rows), default=None)
     for r in (r for r in rows if r["world_size"] == top):
         e = estimate([r["efficiency"]])
@@ -136,7 +138,7 @@ def study_measures(study_dir, params: Mapping[str, Any], runs: Sequence[Any] | N
     from .findings import study_runs
     from .steps import StudyPaths, read_bench
 
-    paths = StudyPaths(__import__("pathlib").Path(study_dir))
+    paths = StudyPaths(Path(study_dir))
     runs = study_runs(study_dir, params) if runs is None else runs
     benches = {k: read_bench(paths, k) for k in ("tokenize", "loaders", "train")}
     return {"findings": measured_findings(runs, benches["tokenize"]),

@@ -85,7 +85,8 @@ PARAMETER_TYPES: dict[str, tuple] = {
     "loader_batches": ("count",), "loader_slow_batches": ("count",), "loader_repeats": ("count",),
     "config": ("text",), "train_data_kind": ("text",), "train_world": ("count",), "train_overrides": ("mapping",),
     "sweep_grids": ("list of mappings",), "sweep_base": ("mapping",), "launcher": ("text",),
-    "sweep_prefix": ("text",), "sweep_timeout_s": ("number", None), "sweep_repeats": ("count",), "target_loss": ("number", None),
+    "sweep_prefix": ("text",), "sweep_timeout_s": ("number", None), "sweep_repeats": ("count",),
+    "target_loss": ("number", None),
     "png": ("bool",), "target_config": ("text",), "target_vocab": ("count", None), "target_seq_len": ("count", None),
     "target_mfu": ("list of numbers",), "cores_per_rank": ("count", None),
 }

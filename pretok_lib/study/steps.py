@@ -353,5 +353,6 @@ def require_completed(results: Sequence[tuple[Any, str]], paths: StudyPaths) -> 
 __all__ = ["ROOT", "StudyPaths", "bench_figures", "bench_loaders", "bench_tokenize", "data_paths", "dataset_dirs",
            "findings", "inspect_all", "load_datasets", "notebook_setup", "png_available", "prepare_corpus",
            "pretokenize_all", "read_bench", "require_completed", "resolve", "run_overrides", "run_study_sweep",
-           "record_sweep", "repeated_points", "select_runs", "storage_table", "study_grid", "study_paths", "sweep_runs", "train_one",
+           "record_sweep", "repeated_points", "select_runs", "storage_table", "study_grid", "study_paths",
+           "sweep_runs", "train_one",
            "variant_name"]

@@ -61,7 +61,8 @@ def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path) -> None:
     assert any("slower in isolation" in w for w in rep["invalid"]) == (iso["median"] < 1)
     assert res["machine"]["probed_runs"] == 10 and isinstance(res["machine"]["quiet"], bool)
     assert all("interval" in t and "resolved" in t for t in res["targets"]
-               if t["target"].startswith(("engine memmap w1 /", "engine memmap speedup", "engine memmap w2 / in-memory")))
+               if t["target"].startswith(("engine memmap w1 /", "engine memmap speedup",
+                                          "engine memmap w2 / in-memory")))
     for name in (e1, e2):  # the fastest run's tokenizing phase is one of the rounds' (from its manifest)
         assert m[name]["timeline"]["tokenize_seconds"] in [r[phase_name(name)] for r in rounds]
     gain = sum(r[CEIL] / r[ceil_name(2)] for r in rounds) / 2  # the median of two
