@@ -181,7 +181,10 @@ def finding(id: str, question: str, est: Estimate | None, unit: str, null: float
                 "resolved": False, "valid": invalid is None, "reason": invalid or note or "not measured"}
     resolved = est.n >= 2 and (null is None or est.resolved(null))
     reason = invalid or note
-    if invalid is None and not resolved:
+    if invalid is None and est.n < 2:
+        reason = (f"not resolved: one measurement, no interval — ~{MIN_REPEATS} repeats would give one"
+                  + (f"; {note}" if note else ""))
+    elif invalid is None and not resolved:
         need = est.repeats_to_resolve(null) if null is not None else MIN_REPEATS
         reason = (f"not resolved at this noise (±{est.halfwidth:.0%})"
                   + (f" — ~{need} repeats would resolve it" if need else " — no effect seen")

@@ -110,3 +110,10 @@ def test_bootstrap_ratio_is_seeded_and_covers_a_known_effect():
         assert r.resolved(1.0)
     assert hits / 300 >= 0.85
     assert bootstrap_ratio(a, b) == bootstrap_ratio(a, b)
+
+
+def test_one_measurement_is_never_resolved_and_says_why():
+    f = finding("stall.padded", "q", estimate([0.2]), "fraction")
+    assert f["resolved"] is False and f["valid"] is True and f["n"] == 1
+    assert "one measurement, no interval" in f["reason"] and f["interval"] == [0.2, 0.2]
+    assert finding("stall.padded", "q", estimate([0.2, 0.3]), "fraction")["resolved"] is True
