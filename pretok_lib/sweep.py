@@ -61,6 +61,7 @@ class Point:
     overrides: tuple[tuple[str, Any], ...]
     varying: tuple[str, ...] = ()  # keys (and "world") that an axis set, in axis order
     prefix: str = "sweep"
+    repeat: int | None = None  # a repeated measurement of the same point: run id suffix -r<k>
 
     def get(self, key: str, default: Any = None) -> Any:
         key = ALIASES.get(key, key)
@@ -78,7 +79,7 @@ class Point:
 
     def to_dict(self) -> dict:
         return {"run_id": self.run_id, "world": self.world, "overrides": dict(self.overrides),
-                "varying": list(self.varying), "prefix": self.prefix}
+                "varying": list(self.varying), "prefix": self.prefix, "repeat": self.repeat}
 
 
 def yaml_scalar(v: Any) -> str:
@@ -123,6 +124,8 @@ def run_id(point: Point) -> str:
     for key in point.varying:
         if key not in known:
             parts.append(_clean(key.rsplit(".", 1)[-1]) + _clean(_num_text(point.get(key))))
+    if point.repeat is not None:
+        parts.append(f"r{point.repeat}")
     return "-".join(parts)
 
 

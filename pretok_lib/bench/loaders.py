@@ -20,12 +20,15 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from ..analysis.uncertainty import estimate
 from ..cpu_affinity import usable_cpus
 from ..datapaths import FORMAT_OF, KINDS, ON_THE_FLY, PACKED
 from ..errors import PretokError
+from ..machine_probe import machine_line
 from . import fmt_num
 from .common import (BenchConfig, add_common_args, add_output_args, at_least, check_targets, corpus_and_tokenizer,
                      counts, environment, from_args, offline, write_json)
+from .repeats import est_dict, probes_of, ratio_estimate, rounds, text
 
 SLOW = ON_THE_FLY  # tokenize on the fly: measured over --slow-batches
 COMPRESSIONS = ("none", "snappy", "zstd:3", "zstd:22")
@@ -65,7 +68,8 @@ class LoadersBench(BenchConfig):
     warmup: int = 5  # untimed batches before timing starts
     compressions: str = ",".join(COMPRESSIONS)  # parquet codecs to read ('' = skip)
     read_repeats: int = 3  # reads per compression variant (best is kept)
-    repeats: int = 3  # measurements per row; the fastest is kept
+    repeats: int = 3  # rounds of every row, interleaved and rotated; the table keeps the fastest
+    probe: bool = True  # machine_probe around every measurement
     seed: int = 0
     memory: list[str] = field(default_factory=list)  # KIND=DIR outputs for the memory benchmark
     memory_world: int = 4  # ranks simulated (rank 0 is measured)
@@ -88,7 +92,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compressions", default=d.compressions, help="parquet codecs to read ('' = skip)")
     p.add_argument("--read-repeats", type=at_least(1), default=d.read_repeats,
                    help="reads per compression variant (best is kept)")
-    p.add_argument("--repeats", type=at_least(1), default=d.repeats, help="measurements per row; the fastest is kept")
+    p.add_argument("--repeats", type=at_least(1), default=d.repeats,
+                   help="rounds of every row, interleaved with the order rotated; the table keeps the fastest, the "
+                        "targets take the median of the rounds' ratios with its interval")
+    p.add_argument("--no-probe", dest="probe", action="store_false", help="no machine probe around the measurements")
     p.add_argument("--seed", type=at_least(0), default=d.seed)
     add_output_args(p)
     from .loaders_memory import add_args as add_memory_args
@@ -147,13 +154,6 @@ def measure(make_iter: Callable[[], Iterator[dict]], n: int, warmup: int) -> dic
     finally:
         getattr(it, "close", lambda: None)()  # shuts DataLoader workers down
     return {"batches": n, "seconds": secs, "first_batch_s": first, "epochs": epochs, **totals}
-
-
-def best_of(k: int, fn: Callable[[], dict]) -> dict:
-    """The fastest of `k` measurements (the machine may be shared), with every rate kept."""
-    runs = [fn() for _ in range(max(1, k))]
-    best = max(runs, key=lambda r: r["tokens_per_s"])
-    return {**best, "tokens_per_s_all": [r["tokens_per_s"] for r in runs]}
 
 
 def rates(r: dict) -> dict:
@@ -296,9 +296,15 @@ def targets(res: dict[str, dict], workers: list[int]) -> list[dict]:
     out = []
 
     def add(name: str, num: dict | None, den: dict | None, need: float, primary: bool) -> None:
-        value = num["tokens_per_s"] / den["tokens_per_s"] if num and den else None
+        """The median of round i's num / den over the rounds, with its interval (the fastest runs' ratio for
+        results without rounds)."""
+        e = ratio_estimate(num["tokens_per_s_all"], den["tokens_per_s_all"]) if num and den and \
+            len(num.get("tokens_per_s_all", ())) == len(den.get("tokens_per_s_all", ())) else None
+        value = e["median"] if e else num["tokens_per_s"] / den["tokens_per_s"] if num and den else None
         out.append({"target": name, "value": value, "need": f">= {need:g}", "primary": primary,
-                    "pass": None if value is None else value >= need})
+                    "pass": None if value is None else value >= need, "estimate": e,
+                    "interval": e and e["interval"], "n": e["n"] if e else int(value is not None),
+                    "resolved": bool(e) and not e["interval"][0] <= need <= e["interval"][1]})
 
     def best(kind: str) -> dict | None:
         rows = [res[f"{kind} w{w}"] for w in workers if f"{kind} w{w}" in res]
@@ -348,22 +354,29 @@ def run(args: LoadersBench) -> dict:
     B, L = args.micro_batch, args.seq_len
     bin_path = Path(outs["pretok-memmap"]) / "data.bin"
 
-    def reference(name: str, w: int, make_iter: Callable[[], Iterator[dict]]) -> None:
-        r = res[name] = best_of(args.repeats, lambda: rates({"kind": "reference", "workers": w,
-                                                              **measure(make_iter, args.batches, args.warmup)}))
-        r["setup_s"] = r["first_batch_s"]
-        print(f"  {name}: {r['tokens_per_s'] / 1e6:.1f} M tokens/s", flush=True)
+    def reference(w: int, make_iter: Callable[[], Iterator[dict]]) -> Callable[[], dict]:
+        return lambda: rates({"kind": "reference", "workers": w, **measure(make_iter, args.batches, args.warmup)})
 
-    reference(CEIL, 0, lambda: nanogpt_batches(bin_path, mm["dtype"], L, B, args.seed))
-    reference(RAND, 0, lambda: random_batches(info.vocab_size, L, B, args.seed))
+    # every reference and path once per round, the rounds interleaved with their order rotated, each run probed
+    fns: dict[str, Callable[[], dict]] = {
+        CEIL: reference(0, lambda: nanogpt_batches(bin_path, mm["dtype"], L, B, args.seed)),
+        RAND: reference(0, lambda: random_batches(info.vocab_size, L, B, args.seed))}
     for w in workers:
         if w > 0:
-            reference(VIA.format(w), w, lambda: via_dataloader(RandomBatches(info.vocab_size, L, B, args.seed), w))
+            fns[VIA.format(w)] = reference(w, lambda w=w: via_dataloader(RandomBatches(info.vocab_size, L, B,
+                                                                                       args.seed), w))
         for kind in KINDS:
             src = corpus if kind in SLOW else outs[kind]
             n = args.slow_batches if kind in SLOW else args.batches
-            r = res[f"{kind} w{w}"] = best_of(args.repeats, lambda: bench_path(kind, src, tok, args, w, n))
-            print(f"  {kind} w{w}: {r['tokens_per_s'] / 1e6:.3f} M tokens/s, setup {r['setup_s']:.2f} s", flush=True)
+            fns[f"{kind} w{w}"] = lambda kind=kind, src=src, w=w, n=n: bench_path(kind, src, tok, args, w, n)
+    samples = rounds(list(fns), args.repeats, lambda name, k: fns[name](), args.probe)
+    for name, rs in samples.items():
+        r = res[name] = {**max(rs, key=lambda r: r["tokens_per_s"]),
+                         "tokens_per_s_all": [x["tokens_per_s"] for x in rs],
+                         "estimate": est_dict(estimate(x["tokens_per_s"] for x in rs))}
+        if r["kind"] == "reference":
+            r["setup_s"] = r["first_batch_s"]
+        print(f"  {name}: {text(r['estimate'], '.4g')} tokens/s, setup {r['setup_s']:.2f} s", flush=True)
     ceil = res[CEIL]["tokens_per_s"]
     for name, r in res.items():
         pad = res.get(f"padded w{r['workers']}")
@@ -384,8 +397,13 @@ def run(args: LoadersBench) -> dict:
     for t in tg:
         status = {True: "PASS", False: "FAIL", None: "N/A"}[t["pass"]]
         v = "n/a" if t["value"] is None else f"{t['value']:.2f}"
-        print(f"  [{status}] {t['target']}: {v} (need {t['need']}){'' if t['primary'] else ' (info)'}")
-    result = {"corpus": {"path": corpus, "documents": mm["counts"]["documents"], "tokens": mm["counts"]["tokens"]},
+        e = f" {text(t['estimate'])}" if t.get("estimate") else ""
+        print(f"  [{status}] {t['target']}: {v}{e} (need {t['need']}){'' if t['primary'] else ' (info)'}"
+              + ("" if t["resolved"] else " (threshold inside the interval: noise decides)"))
+    mach = probes_of(samples)
+    print(machine_line(mach))
+    result = {"machine": mach,
+              "corpus": {"path": corpus, "documents": mm["counts"]["documents"], "tokens": mm["counts"]["tokens"]},
               "tokenizer": {"spec": tok, "info": info.to_dict()}, "seq_len": L, "micro_batch": B,
               "workers": workers, "load_average": load, "outputs": outs, "loaders": res, "compression": comp,
               "targets": tg, "environment": environment(), "args": args.record()}

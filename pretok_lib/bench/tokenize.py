@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,8 +19,9 @@ from .common import (GPT2_REL, BenchConfig, add_common_args, add_output_args, at
                      environment, from_args, offline, positive, resolve_tokenizer, sizes, write_json)
 from .tokenize_methods import (ChildRss, ceiling_parallel, child_ceiling, child_datasets, child_loop, hf_tokenizer,
                                in_child, iter_docs, run_engine, same_as_engine, scan_corpus)
-from .tokenize_report import (CEIL, LOOP, MAP, ceil_name, fastest, paired_ratio, phase_name, rates, table,
-                              targets)
+from .repeats import probed, rotated
+from .tokenize_report import (CEIL, LOOP, MAP, add_intervals, ceil_name, fastest, paired_ratio, phase_name,
+                              print_repeats, rates, repeat_summary, table, targets)
 
 FORMATS = ("memmap", "token-list", "padded")
 SKIPPABLE = ("loop", "datasets-map", "ceiling", "engine-1", "rss-scan")
@@ -50,7 +52,8 @@ class TokenizeBench(BenchConfig):
     rss_scan: str = "10,100,500,2000"  # corpus MB sizes for the worker-RSS check ('' = off)
     part_mb: float | None = None  # engine --part-mb (None: the engine's)
     batch_mb: float | None = None  # engine --batch-mb, also the ceiling's batch size
-    repeat: int = 3  # timings of the engine and the ceilings: the table keeps the fastest, targets pair by round
+    repeat: int = 3  # rounds of the engine, the ceilings and the loop: the table keeps the fastest, targets pair
+    probe: bool = True  # machine_probe around every timed run
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -67,9 +70,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--part-mb", type=positive, default=d.part_mb, help="engine --part-mb (default: the engine's)")
     p.add_argument("--batch-mb", type=positive, default=d.batch_mb,
                    help="engine --batch-mb, also the ceiling's batch size")
-    p.add_argument("--repeat", type=at_least(1), default=d.repeat,
+    p.add_argument("--repeats", "--repeat", dest="repeat", type=at_least(1), default=d.repeat,
                    help="time the engine and the ceilings this many times: the table keeps the fastest, the targets "
-                        "take the median of the ratios within each round (noisy machines)")
+                        "take the median of the ratios within each round with its interval (noisy machines)")
+    p.add_argument("--no-probe", dest="probe", action="store_false",
+                   help="no machine probe (calibration, outside CPU) around the timed runs")
     add_output_args(p)
 
 
@@ -96,20 +101,24 @@ def run(cfg: TokenizeBench) -> dict:
     warm = run_engine(cinfo["prefix_path"], tok, "memmap", n, work / "warm-up", None, cfg.batch_mb)  # untimed:
     shutil.rmtree(warm["out"], ignore_errors=True)  # page cache, imports and lazy inits warm before the first timing
     widths = ([1] if n > 1 and "engine-1" not in skip else []) + [n]
-    runs, rounds, ref = _timed_rounds(cfg, corpus, tok, backends[0], n, widths)
+    runs, rounds, ref = _timed_rounds(cfg, corpus, tok, backends[0], n, widths, cinfo["prefix_path"])
     methods = _fastest_methods(runs, cfg.formats, widths, n, cinfo["text_bytes"])
-    if "loop" not in skip:
-        _note(LOOP, r := in_child(child_loop, cinfo["prefix_path"], tok, ref))
-        methods[LOOP] = rates(r, cinfo["prefix_bytes"])
+    if LOOP in runs:
+        _note(LOOP, r := fastest(runs[LOOP]))
+        methods[LOOP] = rates({**r, "ids_identical": runs[LOOP][0].get("ids_identical")}, cinfo["prefix_bytes"])
     if "datasets-map" not in skip:
         _note(MAP, r := in_child(child_datasets, cinfo["prefix_path"], tok, n, str(work), ref))
         methods[MAP] = rates(r, cinfo["prefix_bytes"])
     scan = [] if "rss-scan" in skip else _rss_scan(cfg, tok, n)
     tg = targets(methods, n, scan, rounds)
+    repeated = repeat_summary(runs, rounds, cinfo, n)
+    add_intervals(tg, rounds, n)
     env = environment()
     print(f"\nCPU: {env['cpu_model']}, {env['cpus']} usable; tokenizer: {tok} (vocab {info.vocab_size})")
     _print_results(methods, cinfo, n, scan, tg)
-    result = {"corpus": cinfo, "tokenizer": {"spec": tok, "info": info.to_dict(), "backends": backends},
+    print_repeats(repeated)
+    result = {"repeats": repeated, "machine": repeated["machine"],
+              "corpus": cinfo, "tokenizer": {"spec": tok, "info": info.to_dict(), "backends": backends},
               "workers": n, "methods": methods, "rounds": rounds, "rss_scan": scan, "targets": tg,
               "environment": env,
               "env": {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS")},
@@ -123,12 +132,13 @@ def _note(name: str, r: dict) -> None:
     print(f"  {name}: {r['seconds']:.2f} s", flush=True)
 
 
-def _timed_rounds(cfg: TokenizeBench, corpus: str, tok: str, first_backend: str, n: int,
-                  widths: list[int]) -> tuple[dict[str, list[dict]], list[dict[str, float]], dict | None]:
+def _timed_rounds(cfg: TokenizeBench, corpus: str, tok: str, first_backend: str, n: int, widths: list[int],
+                  prefix: str | None = None) -> tuple[dict[str, list[dict]], list[dict[str, float]], dict | None]:
     """(every timed run of each method, seconds per round, the engine's memmap output the ids are checked against).
 
-    Rounds: the memmap engine at 1 and N workers and the ceilings on 1 and N cores run one after the other,
-    `repeat` times, so the ratios between them are taken within a round (the machine's speed drifts); then the
+    Rounds: the memmap engine at 1 and N workers, the ceilings on 1 and N cores and the per-document loop (on
+    `prefix`) run one after the other, `repeat` times, the order rotated each round and each run probed
+    (machine_probe), so the ratios between them are taken within a round (the machine's speed drifts); then the
     other formats."""
     from ..engine.config import TokenizeConfig
 
@@ -142,21 +152,45 @@ def _timed_rounds(cfg: TokenizeBench, corpus: str, tok: str, first_backend: str,
         runs.setdefault(f"(d) engine {fmt} w{w}", []).append(r)
         return r
 
-    for k in range(max(1, cfg.repeat)):
-        if "memmap" in cfg.formats:
-            for w in widths:
-                r = engine("memmap", w)
+    def memmap(w: int) -> dict:
+        nonlocal ref
+        r = engine("memmap", w)
+        if w == widths[-1]:
             ref = {"out": r["out"], "bos": r["policy"]["bos_id"], "eos": r["policy"]["eos_id"]}
-        if "ceiling" not in cfg.skip:
-            backend = next((rs[0]["backend"] for rs in runs.values()), first_backend)
-            c = in_child(child_ceiling, corpus, tok, backend, batch, ref if k == 0 else None, 0, 1)
-            runs.setdefault(CEIL, []).append(c)
-            if n > 1:
-                runs.setdefault(ceil_name(n), []).append(ceiling_parallel(corpus, tok, backend, batch, n))
-        rounds.append({name: rs[-1]["seconds"] for name, rs in runs.items()})  # only this round's methods so far
-        rounds[-1].update({phase_name(name): rs[-1]["timeline"]["tokenize_seconds"] for name, rs in runs.items()
+        return r
+
+    def ceiling(k: int) -> dict:
+        backend = next((rs[0]["backend"] for name, rs in runs.items() if name.startswith("(d)")), first_backend)
+        return in_child(child_ceiling, corpus, tok, backend, batch, ref if k == 0 else None, 0, 1)
+
+    def parallel() -> dict:
+        backend = next((rs[0]["backend"] for name, rs in runs.items() if name.startswith("(d)")), first_backend)
+        return ceiling_parallel(corpus, tok, backend, batch, n)
+
+    # one round: these, rotated by the round's number (round 0 in this order: the ids the ceiling and the loop
+    # check against come from its memmap run at N workers)
+    entries: list[tuple[str, Callable[[int], dict]]] = []
+    if "memmap" in cfg.formats:
+        entries += [(f"(d) engine memmap w{w}", lambda k, w=w: memmap(w)) for w in widths]
+    if "ceiling" not in cfg.skip:
+        entries.append((CEIL, ceiling))
+        if n > 1:
+            entries.append((ceil_name(n), lambda k: parallel()))
+    if "loop" not in cfg.skip and prefix:
+        entries.append((LOOP, lambda k: in_child(child_loop, prefix, tok, ref if k == 0 else None)))
+    for k in range(max(1, cfg.repeat)):
+        done = []
+        for name, fn in rotated(entries, k):
+            r = probed(f"{name}#{k}", lambda fn=fn: fn(k), cfg.probe)
+            if name in (CEIL, ceil_name(n), LOOP):
+                runs.setdefault(name, []).append(r)
+            elif r.get("probe"):
+                runs[name][-1] = r
+            done.append(name)
+        rounds.append({name: runs[name][-1]["seconds"] for name in done})
+        rounds[-1].update({phase_name(name): runs[name][-1]["timeline"]["tokenize_seconds"] for name in done
                            if name.startswith("(d) engine memmap")})
-        print(f"  round {k + 1}: " + ", ".join(f"{name} {rs[-1]['seconds']:.2f} s" for name, rs in runs.items()),
+        print(f"  round {k + 1}: " + ", ".join(f"{name} {runs[name][-1]['seconds']:.2f} s" for name in done),
               flush=True)
     for fmt in (f for f in cfg.formats if f != "memmap"):
         for w in widths:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping, Sequence
 
+from ..analysis.uncertainty import check_ceilings, check_isolated_speedup
+from ..machine_probe import machine_line
 from . import fmt_num
+from .repeats import probes_of, ratio_estimate, sample_estimates, text
 
 LOOP, MAP, CEIL = "(a) per-doc tok(text) loop", "(b) datasets.map", "(c) ceiling 1 core"
 
@@ -140,3 +144,73 @@ def targets(methods: dict[str, dict], n: int, scan: list[dict], rounds: list[dic
         add(f"worker peak RSS {big['mb']:g} MB / {scan[0]['mb']:g} MB input (caches filling)",
             ratio(big["peak_rss_mb"], scan[0]["peak_rss_mb"]), None)
     return out
+
+
+def _paired(rounds: Sequence[Mapping[str, float]], slow: str, fast: str) -> dict | None:
+    """seconds[slow] / seconds[fast] within each round (= fast's rate over slow's), with its interval."""
+    pairs = [(r[slow], r[fast]) for r in rounds if r.get(slow) and r.get(fast)]
+    return ratio_estimate([a for a, _ in pairs], [b for _, b in pairs])
+
+
+def add_intervals(tg: list[dict], rounds: Sequence[Mapping[str, float]], n: int) -> None:
+    """Give each target paired by round its interval, n and `resolved` (the interval wholly on one side of the
+    threshold; False: the noise decides pass or fail, so the pass is not a finding)."""
+    en, e1 = f"(d) engine memmap w{n}", "(d) engine memmap w1"
+    pairs = {f"engine memmap w{n} / in-memory ceiling (1 thread)": (CEIL, en),
+             "engine memmap w1 / in-memory ceiling on 1 core": (CEIL, e1),
+             f"engine memmap w{n} / in-memory ceiling on {n} cores, measured": (ceil_name(n), en),
+             f"engine memmap speedup w1 -> w{n}, steady state": (phase_name(e1), phase_name(en)),
+             f"engine memmap speedup w1 -> w{n}, end to end (with the start-up)": (e1, en)}
+    for t in tg:
+        if t["target"] not in pairs or not rounds:
+            continue
+        e = _paired(rounds, *pairs[t["target"]])
+        t["estimate"] = e
+        t["interval"], t["n"] = (e["interval"], e["n"]) if e else (None, 0)
+        parts = str(t["need"]).split()
+        if e and len(parts) == 2 and parts[1] != "n/a":
+            need, (lo, hi) = float(parts[1]), e["interval"]
+            t["resolved"] = not lo <= need <= hi
+        else:
+            t["resolved"] = None
+
+
+def repeat_summary(runs: Mapping[str, Sequence[Mapping]], rounds: Sequence[Mapping[str, float]], cinfo: Mapping,
+                   n: int) -> dict:
+    """The repeated rounds as estimates: MB/s per method (median, interval, n), the ratios from paired rounds
+    (isolated tokenization speedup: the engine against the per-document loop; engine and ceilings 1 -> n), the
+    machine over every probed run, and the measurements that cannot be true ("invalid")."""
+    def mbps(name: str) -> list[float | None]:
+        size = cinfo["prefix_bytes"] if name == LOOP else cinfo["text_bytes"]
+        return [size / 1e6 / r[name] if r.get(name) else None for r in rounds]
+
+    names = list(dict.fromkeys(k for r in rounds for k in r if not k.endswith("tokenizing phase")))
+    en, e1 = f"(d) engine memmap w{n}", "(d) engine memmap w1"
+    ratios = {f"isolated tokenization speedup: {en} / {LOOP}": ratio_estimate(mbps(en), mbps(LOOP)),
+              f"{en} / {e1} (end to end)": ratio_estimate(mbps(en), mbps(e1)),
+              f"{ceil_name(n)} / {CEIL}": ratio_estimate(mbps(ceil_name(n)), mbps(CEIL))}
+    ratios = {k: v for k, v in ratios.items() if v}
+    est = sample_estimates({k: mbps(k) for k in names})
+    invalid = []
+    ceil = {1: est.get(CEIL), n: est.get(ceil_name(n))} if n > 1 else {}
+    if all(ceil.values()) and ceil:
+        ids = [f"{k} x{len(runs.get(k, []))}" for k in (CEIL, ceil_name(n))]
+        why = check_ceilings({k: v["median"] for k, v in ceil.items()}, ids)
+        invalid += [why] if why else []
+    iso = ratios.get(f"isolated tokenization speedup: {en} / {LOOP}")
+    why = check_isolated_speedup(iso["median"] if iso else None, [f"{en} and {LOOP}, {len(rounds)} rounds"])
+    invalid += [why] if why else []
+    return {"rounds": len(rounds), "mb_per_s": est, "ratios": ratios, "invalid": invalid, "machine": probes_of(runs)}
+
+
+def print_repeats(rep: Mapping) -> None:
+    """The rounds' medians and intervals, the paired ratios (marked "not resolved" when they hold 1), whether the
+    machine was quiet, and the invalid measurements."""
+    print(f"\nover {rep['rounds']} interleaved rounds (median [interval] n; MB/s):")
+    for name, e in rep["mb_per_s"].items():
+        print(f"  {name}: {text(e)}")
+    for name, e in rep["ratios"].items():
+        print(f"  {name}: {text(e)}")
+    print(machine_line(rep["machine"]))
+    for why in rep["invalid"]:
+        print(f"  invalid measurement: {why}")

@@ -209,13 +209,40 @@ def study_findings(runs: Sequence[Any], bench: Mapping | None, storage: Sequence
     ]
 
 
-def findings_html(findings: Sequence[Finding], subtitle: str = "") -> str:
+def measured_text(m: Mapping[str, Any]) -> str:
+    """One machine-readable finding as text: the value with its interval and n, then "invalid measurement:
+    <reason>" or "not resolved at this noise (±x%) — ~N repeats would resolve it" where it applies."""
+    if m.get("value") is None:
+        return f"{m['question']}: not measured"
+    fmt = _pct if m.get("unit") == "fraction" else (lambda v: f"x{v:.3g}") if m.get("unit") == "x" else \
+        (lambda v: f"{v:.3g}")
+    lo, hi = m.get("interval") or (m["value"], m["value"])
+    text = f"{m['question']}: {fmt(m['value'])} [{fmt(lo)}, {fmt(hi)}] (n={m['n']})"
+    if not m.get("valid", True):
+        return f"{text} — invalid measurement: {m['reason']}"
+    return f"{text} — {m['reason']}" if not m.get("resolved") and m.get("reason") else text
+
+
+def findings_html(findings: Sequence[Finding], subtitle: str = "", measured: Sequence[Mapping] = (),
+                  machine: Mapping | None = None) -> str:
     """The findings as one HTML block (`<section id="findings">`, no blank lines: it stays one block inside a
-    markdown cell): a table of question, this study's numbers, the original study, and a link to the figure."""
+    markdown cell): whether the machine was quiet (`machine`, study.json's), then a table of question, this
+    study's numbers, the original study, and a link to the figure. `measured` (study.json's `findings`) gives
+    each row its values with intervals; a row with an invalid measurement shows only those, never the number."""
+    from ..machine_probe import machine_line
+    from .measured import ROW
+
     e = html.escape
     rows = []
     for f in findings:
-        value = e(f.value) if f.value else "<i>not measured in this study</i>"
+        mine = [m for m in measured if ROW.get(str(m["id"]).split(".")[0]) == f.key]
+        lines = "".join(f'<br><span class="measured" data-valid="{str(m.get("valid", True)).lower()}" '
+                        f'data-resolved="{str(m.get("resolved")).lower()}">{e(measured_text(m))}</span>'
+                        for m in mine)
+        if any(not m.get("valid", True) for m in mine):
+            value = lines.removeprefix("<br>")
+        else:
+            value = (e(f.value) if f.value else "<i>not measured in this study</i>") + lines
         note = f'<br><small style="color:#8a5a00">{e(f.note)}</small>' if f.note else ""
         orig = e(f.original) if f.original else '<span style="color:#888">no figure</span>'
         rows.append(f'<tr class="finding" data-key="{f.key}"><td><b>{e(f.question)}</b></td>'
@@ -224,7 +251,11 @@ def findings_html(findings: Sequence[Finding], subtitle: str = "") -> str:
     style = "border-collapse:collapse;font-size:0.92em;width:100%"
     head = "<tr>" + "".join(f'<th style="text-align:left;width:{w}">{t}</th>' for t, w in (
         ("Question", "20%"), ("This study", "42%"), ("The original study", "28%"), ("Figure", "10%"))) + "</tr>"
+    quiet = (machine or {}).get("quiet")
+    color = {True: "#2a6", False: "#b30", None: "#888"}[quiet]
     return "\n".join(['<section id="findings"><h2>Findings</h2>',
+                      f'<p class="machine" data-quiet="{str(quiet).lower()}" style="color:{color}">'
+                      f"{e(machine_line(machine))}</p>",
                       f"<p>{e(subtitle)}</p>" if subtitle else "",
                       f'<table style="{style}">', head, *rows, "</table></section>"]).replace("\n\n", "\n")
 
@@ -264,5 +295,10 @@ def findings_cell(study_dir: str | Path, record: Mapping[str, Any]) -> str:
     where = ("measured on CPU" + (f" ({dev['cpus']} cores, gloo DDP)" if dev["cpus"] else "")
              + ": GPU stalls come from the stall prediction" if dev["cpu"] else "measured on the runs' devices")
     subtitle = (f"Profile {record.get('profile')}, {len(runs)} training runs, {where}. Every number is recomputed "
-                "from the study directory; each links to its figure below.")
-    return findings_html(findings_of_study(study_dir, params, runs), subtitle)
+                "from the study directory; each links to its figure below. Values: median [interval] (n repeats).")
+    if "findings" not in record:
+        from .measured import study_measures
+
+        record = {**record, **study_measures(study_dir, params, runs)}
+    return findings_html(findings_of_study(study_dir, params, runs), subtitle, record.get("findings") or (),
+                         record.get("machine"))

@@ -48,7 +48,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                         {"data": ["pretok-memmap"], "precision": ["fp32", "bf16"]}],
         "sweep_base": {"train.steps": 40, "train.warmup_steps": 5, "train.precision": "auto", "eval.every": 20,
                        "train.time_budget_s": 15, **QUIET_RUN, **NO_EXPORT},
-        "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 900,
+        "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 900, "sweep_repeats": 1,
         "target_loss": None, "png": True, **STALL,
     },
     "full": {
@@ -63,7 +63,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                         {"data": ["pretok-memmap"], "micro_batch": [1, 2, 4], "world": "max"}],
         "sweep_base": {"train.steps": 300, "train.precision": "auto", "eval.every": 100, "checkpoint.every": 100,
                        **NO_EXPORT},
-        "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": None,
+        "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": None, "sweep_repeats": 3,
         "target_loss": None, "png": True, **STALL,
     },
     "smoke": {
@@ -77,7 +77,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "sweep_grids": [{"data": ["padded", "pretok-memmap"], "world": [1]}, {"data": ["pretok-memmap"], "world": [2]}],
         "sweep_base": {"train.steps": 2, "train.warmup_steps": 1, "eval.every": 2, "eval.batches": 1,
                        "model.hidden_size": 64, "model.num_layers": 1, **QUIET_RUN, **NO_EXPORT},
-        "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 300,
+        "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 300, "sweep_repeats": 1,
         "target_loss": None, "png": True, **STALL,
     },
 }
@@ -136,7 +136,8 @@ PARAMETERS: dict[str, Param] = {
     "train_overrides": Param(("mapping",)), "sweep_grids": Param(("list of mappings",)),
     "sweep_base": Param(("mapping",)),                                    # these three: `check_runs`
     "launcher": Param(("text",), text=_one_of(*LAUNCHERS)), "sweep_prefix": Param(("text",), text=_NAME),
-    "sweep_timeout_s": Param(("number", None), _POS), "target_loss": Param(("number", None), _NONNEG),
+    "sweep_timeout_s": Param(("number", None), _POS), "sweep_repeats": Param(("count",), _ONE),
+    "target_loss": Param(("number", None), _NONNEG),
     "png": Param(("bool",)), "target_config": Param(("text",), text=_FILE),
     "target_vocab": Param(("count", None), _ONE), "target_seq_len": Param(("count", None), _ONE),
     "target_mfu": Param(("list of numbers",), Limit(0, 1, lo_open=True)),

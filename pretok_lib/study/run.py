@@ -15,6 +15,7 @@ from typing import Any
 from .. import procs
 from ..errors import PretokError
 from .kernels import encrypted_kernel_channels
+from .measured import study_measures
 from .profiles import check_parameters, check_runs, profile_parameters
 from .stopping import Stop as _Stop
 from .steps import ROOT, resolve
@@ -249,6 +250,7 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
             raise failure
     record["figures"] = figure_counts(out_dir / "figures", started)
     try:
+        record.update(study_measures(out_dir, record.get("parameters") or {}))   # findings, machine (issue 34)
         if report:
             executed = [n for n in record["notebooks"] if (out_dir / "notebooks" / f"{n}.ipynb").is_file()]
             record["report"] = {k: str(v) for k, v in write_report(out_dir, executed, record).items()}

@@ -303,18 +303,18 @@ def train_points(index: Mapping, data_kind: str = "pretok-memmap", world: int = 
 
 def run_study_sweep(paths: StudyPaths, index: Mapping, config: str, grids: Iterable[Mapping[str, Sequence[Any]]],
                     base: Mapping[str, Any] | None = None, launcher: str = "local", prefix: str = "sweep",
-                    timeout_s: float | None = None) -> list:
-    """Every grid in `grids` (axes dicts) on the same base; points shared by two grids run once. Returns
-    `(point, status)` for every distinct point.
+                    timeout_s: float | None = None, repeats: int = 1) -> list:
+    """Every grid in `grids` (axes dicts) on the same base; points shared by two grids run once, `repeats`
+    times each in interleaved rounds (`repeated_points`). Returns `(point, status)` for every run.
 
     Args:
         paths, index: the study's directories and dataset index; config: the training config (name or path).
         grids: axes dicts; base: dotted config keys shared by every point; launcher: local or slurm.
-        prefix: of the run ids; timeout_s: per run (None: no limit).
+        prefix: of the run ids; timeout_s: per run (None: no limit); repeats: runs per point (> 1: ids -r<k>).
     """
     from ..sweep import run_sweep
 
-    points = sweep_points(index, grids, base, prefix)
+    points = repeated_points(sweep_points(index, grids, base, prefix), repeats)
     record_sweep(paths, prefix, [p.run_id for p in points])  # notebook 05 compares these runs, no older ones
     return run_sweep(resolve(config), points, paths.runs, launcher, timeout_s=timeout_s, changed="rerun")
 
@@ -329,6 +329,19 @@ def sweep_points(index: Mapping, grids: Iterable[Mapping[str, Sequence[Any]]], b
                 seen.add(p.run_id)
                 points.append(p)
     return points
+
+
+def repeated_points(points: Sequence[Any], repeats: int) -> list:
+    """Each point `repeats` times, in rounds with the order rotated (A B C, B C A, ...: a shared machine drifts
+    slowly, so back-to-back repeats would confound the point with the time), ids suffixed -r<k>; as they are
+    for repeats <= 1."""
+    from dataclasses import replace
+
+    from ..bench.repeats import rotated
+
+    if repeats <= 1:
+        return list(points)
+    return [replace(p, repeat=k) for k in range(repeats) for p in rotated(points, k)]
 
 
 def dataset_dirs(paths: StudyPaths) -> list[str]:
@@ -352,5 +365,5 @@ def require_completed(results: Sequence[tuple[Any, str]], paths: StudyPaths) -> 
 __all__ = ["ROOT", "StudyPaths", "bench_figures", "bench_loaders", "bench_tokenize", "data_paths", "dataset_dirs",
            "findings", "inspect_all", "load_datasets", "notebook_setup", "png_available", "prepare_corpus",
            "pretokenize_all", "read_bench", "require_completed", "resolve", "run_overrides", "run_study_sweep",
-           "record_sweep", "select_runs", "storage_table", "study_grid", "study_paths", "sweep_points", "sweep_runs",
-           "train_one", "train_points", "variant_name"]
+           "record_sweep", "repeated_points", "select_runs", "storage_table", "study_grid", "study_paths",
+           "sweep_points", "sweep_runs", "train_one", "train_points", "variant_name"]

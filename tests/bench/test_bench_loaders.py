@@ -16,7 +16,7 @@ def test_bench_loaders_smoke(tmp_path: Path, shared_data: Path) -> None:
     p = argparse.ArgumentParser()
     add_args(p)
     args = p.parse_args(["--mb", "1", "--seq-len", "64", "--micro-batch", "4", "--workers", "0,1", "--batches", "8",
-                         "--slow-batches", "3", "--warmup", "2", "--repeats", "1", "--read-repeats", "1",
+                         "--slow-batches", "3", "--warmup", "2", "--repeats", "2", "--read-repeats", "1",
                          "--tokenizer", str(GPT2_JSON), "--workdir", str(work), "--json", str(out)])
     returned = main(args)
     res = json.loads(out.read_text())
@@ -49,4 +49,12 @@ def test_bench_loaders_smoke(tmp_path: Path, shared_data: Path) -> None:
         "pretok-memmap w0 / raw memmap ceiling (in-process)", "pretok-memmap w0 / padded w0",
         next(t["target"] for t in res["targets"] if t["target"].startswith("pretok-memmap best"))}
     assert all(t["value"] > 0 for t in res["targets"])
+    # two interleaved rounds: every row keeps both rates and their estimate; targets are paired-round ratios
+    for name, r in rows.items():
+        assert len(r["tokens_per_s_all"]) == 2 and r["tokens_per_s"] == max(r["tokens_per_s_all"]), name
+        assert r["estimate"]["n"] == 2 and r["estimate"]["interval"] == sorted(r["tokens_per_s_all"]), name
+        assert r["probe"]["run"].startswith(name)
+    for t in res["targets"]:
+        assert t["n"] == 2 and t["interval"][0] <= t["value"] <= t["interval"][1] and isinstance(t["resolved"], bool)
+    assert res["machine"]["probed_runs"] == 2 * len(rows)
     assert res["environment"]["cpus"] >= 1 and res["seq_len"] == 64 and res["micro_batch"] == 4

@@ -47,8 +47,22 @@ def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path) -> None:
         assert m[name]["seconds"] == pytest.approx(min(m[name]["all_seconds"]), abs=1e-3)
     # targets comparing memmap w1/w2 and the ceilings pair them within each round, then take the median
     rounds, e1, e2 = res["rounds"], "(d) engine memmap w1", "(d) engine memmap w2"
-    assert len(rounds) == 2 and all(set(r) == {CEIL, ceil_name(2), e1, e2, phase_name(e1), phase_name(e2)}
+    assert len(rounds) == 2 and all(set(r) == {CEIL, ceil_name(2), e1, e2, phase_name(e1), phase_name(e2), LOOP}
                                     for r in rounds)
+    # the rounds as estimates: every method's MB/s with its interval over both rounds, the paired ratios, the
+    # machine probe of every timed run (10: 5 methods x 2 rounds); a speedup below 1 is an invalid measurement
+    rep = res["repeats"]
+    assert rep["rounds"] == 2 and all(e["n"] == 2 for e in rep["mb_per_s"].values())
+    for e in [*rep["mb_per_s"].values(), *rep["ratios"].values()]:
+        assert e["interval"][0] <= e["median"] <= e["interval"][1]
+    iso = rep["ratios"][f"isolated tokenization speedup: {e2} / {LOOP}"]
+    assert iso["median"] == pytest.approx(statistics.median(
+        (corpus["text_bytes"] / r[e2]) / (corpus["prefix_bytes"] / r[LOOP]) for r in rounds))
+    assert any("slower in isolation" in w for w in rep["invalid"]) == (iso["median"] < 1)
+    assert res["machine"]["probed_runs"] == 10 and isinstance(res["machine"]["quiet"], bool)
+    assert all("interval" in t and "resolved" in t for t in res["targets"]
+               if t["target"].startswith(("engine memmap w1 /", "engine memmap speedup",
+                                          "engine memmap w2 / in-memory")))
     for name in (e1, e2):  # the fastest run's tokenizing phase is one of the rounds' (from its manifest)
         assert m[name]["timeline"]["tokenize_seconds"] in [r[phase_name(name)] for r in rounds]
     gain = sum(r[CEIL] / r[ceil_name(2)] for r in rounds) / 2  # the median of two

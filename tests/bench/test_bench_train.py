@@ -24,20 +24,49 @@ def test_bench_train_smoke(tmp_path: Path, shared_data: Path, capsys) -> None:
     add_args(p)
     args = p.parse_args(["--corpus", str(corpus), "--tokenizer", str(GPT2_JSON), "--workdir", str(tmp_path / "w"),
                          "--steps", "4", "--skip", "1", "--seq-len", "256", "--micro-batch", "4",
-                         "--set", "model.hidden_size=64", "checkpoint.export=false", "--json", str(out)])
+                         "--set", "model.hidden_size=64", "checkpoint.export=false", "--json", str(out),
+                         "--repeats", "2"])
     main(args)
     res = json.loads(out.read_text())
     assert list(res["results"]) == list(KINDS)
     for kind, r in res["results"].items():
         assert r["steps"] == 4 and r["measured_steps"] == 3, kind
-        again = measure_run(Path(r["run_dir"]), 1)
-        assert again["effective_tokens_per_s"] == pytest.approx(r["effective_tokens_per_s"])
+        # two runs per path, ids with a repeat suffix; the table's number is their median
+        assert [s["run_id"] for s in r["samples"]] == [f"{kind}-r0", f"{kind}-r1"] and r["too_short"] == []
+        again = [measure_run(Path(s["run_dir"]), 1)["effective_tokens_per_s"] for s in r["samples"]]
+        assert r["effective_tokens_per_s"] == pytest.approx(sum(again) / 2)
+        e = r["estimates"]["effective_tokens_per_s"]
+        assert e["n"] == 2 and e["interval"] == pytest.approx(sorted(again))
         assert 0 <= r["data_stall"] < 1
+        assert all(s["probe"]["run"].startswith(kind) for s in r["samples"])
+    # interleaved and rotated: round 0 in path order, round 1 starting at the second path
+    starts = sorted((s["probe"]["run"], s["run_dir"]) for r in res["results"].values() for s in r["samples"])
+    assert len(starts) == 2 * len(KINDS) and res["machine"]["probed_runs"] == 2 * len(KINDS)
     rs = res["results"]
     assert rs["padded"]["padding_frac"] > 0.3 and rs["pretok-padded"]["padding_frac"] > 0.3   # short summaries
     assert all(rs[k]["padding_frac"] == 0 for k in PACKED)
     names = [t["target"] for t in res["targets"]]
     assert len(names) == len(PACKED) + len(PRETOK)
+    for t in res["targets"]:   # every target is an estimate: median, interval, n, resolved against its threshold
+        assert t["n"] == 2 and t["interval"][0] <= t["value"] <= t["interval"][1] and isinstance(t["resolved"], bool)
     table = capsys.readouterr().out
     ratio = rs["pretok-memmap"]["effective_tokens_per_s"] / rs["padded"]["effective_tokens_per_s"]
+    assert "medians over 2 runs per path, interleaved" in table
     assert f"{ratio:.2f}x" in table and "x padded (eff)" in table
+
+
+def test_a_run_below_the_minimum_of_measured_steps_is_too_short_to_measure() -> None:
+    """A run a budget cut below the minimum of measured steps gives no number: not in the medians, named."""
+    from pretok_lib.bench.train import summarize, table
+
+    def run(i: int, used: int, eff: float) -> dict:
+        return {"kind": "padded", "run_id": f"padded-r{i}", "steps": used + 1, "measured_steps": used,
+                "precision": "fp32", "precision_reason": "", "peak_source": "", "run_dir": f"d{i}",
+                "tokens_per_s": eff, "effective_tokens_per_s": eff, "data_stall": 0.0, "padding_frac": 0.5,
+                "masked_frac": 0.0, "mfu": None, "step_time_s": 1.0, "data_wait_s": 0.0, "final_loss": 9.0}
+
+    r = summarize([run(0, 2, 1000.0), run(1, 5, 10.0), run(2, 6, 12.0)], min_steps=3)
+    assert r["too_short"] == ["padded-r0"] and r["effective_tokens_per_s"] == 11.0
+    assert r["estimates"]["effective_tokens_per_s"]["n"] == 2
+    none = summarize([run(0, 1, 1000.0)], min_steps=3)
+    assert none["effective_tokens_per_s"] is None and "too short to measure" in table({"padded": none})

@@ -1,0 +1,171 @@
+"""Is the machine quiet? A probe around every measured run (docs/MEASURING.md).
+
+Before and after the run: a fixed calibration workload (~0.2 s on a 2020s core: a float64 matmul and a regex
+pre-tokenizer loop, the same work every time) whose slowdown is the *drift*; during the run: the load average,
+the steal time (/proc/stat) and the CPU used by processes outside this process's tree (psutil: every visible
+process that is not this one or a descendant; processes that start and end within the run are missed). A run
+is flagged (not quiet) when its calibration drifted by more than 10%, it ran beside more than 0.5 core of
+outside CPU, or more than 5% of the CPU time was stolen by the hypervisor.
+
+    with Probe("engine-w2#0") as p:
+        ...measured work...
+    p.result  # {"run", "quiet", "calibration_drift", "outside_cpu_cores", "loadavg", "steal", "reasons", ...}
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping
+
+MAX_DRIFT = 0.10          # calibration slower or faster by more than this: the machine's speed changed
+MAX_OUTSIDE_CORES = 0.5   # CPU used by processes outside the study, in cores
+MAX_STEAL = 0.05          # share of CPU time stolen by the hypervisor
+
+_TEXT = "The quick brown fox's 12345 jumps over the lazy dog, again and again! " * 200
+_PAT = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d]+| ?\d+| ?[^\s\w]+|\s+(?!\S)|\s+")
+
+
+def calibrate() -> dict[str, float]:
+    """Seconds of two fixed workloads: a 192x192 float64 matmul x 80 and a regex pre-tokenizer over 14 KB x 90."""
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((192, 192))
+    t0 = time.perf_counter()
+    for _ in range(80):
+        a @ a
+    t1 = time.perf_counter()
+    for _ in range(90):
+        _PAT.findall(_TEXT)
+    return {"matmul_s": t1 - t0, "tokenize_s": time.perf_counter() - t1}
+
+
+def drift(before: Mapping[str, float], after: Mapping[str, float]) -> float:
+    """The largest relative change of a calibration workload's time between before and after (0.1: 10%)."""
+    return max((abs(after[k] / before[k] - 1) for k in before if before[k] > 0 and k in after), default=0.0)
+
+
+def loadavg() -> float | None:
+    """The 1-minute load average (None where the OS has none)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs from /proc/stat (None off Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal guest guest_nice: guests are already in user/nice
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def _our_tree() -> set[int]:
+    import psutil
+
+    me = psutil.Process()
+    try:
+        return {me.pid, *(c.pid for c in me.children(recursive=True))}
+    except psutil.Error:
+        return {me.pid}
+
+
+def process_cpu(exclude: Iterable[int]) -> dict[tuple[int, float], float]:
+    """CPU seconds so far of every visible process not in `exclude`, keyed by (pid, create time) so a reused pid
+    is a new process."""
+    import psutil
+
+    skip, out = set(exclude), {}
+    for p in psutil.process_iter(["pid", "create_time", "cpu_times"]):
+        info = p.info
+        if info["pid"] in skip or info["cpu_times"] is None:
+            continue
+        t = info["cpu_times"]
+        out[(info["pid"], info["create_time"] or 0.0)] = t.user + t.system
+    return out
+
+
+def outside_cpu(before: Mapping[tuple[int, float], float], after: Mapping[tuple[int, float], float],
+                seconds: float) -> float:
+    """Cores used by other processes between two `process_cpu` snapshots `seconds` apart (a process new in
+    `after` counts all its CPU: it started during the run)."""
+    used = sum(max(0.0, t - before.get(k, 0.0)) for k, t in after.items())
+    return used / seconds if seconds > 0 else 0.0
+
+
+class Probe:
+    """Calibration before, snapshots of outside CPU and steal around the measured work, calibration after;
+    `result` once the block ends. `calibration=False` skips the calibration (tests of the counters)."""
+
+    def __init__(self, run: str = "", calibration: bool = True):
+        self.run, self.calibration = run, calibration
+        self.result: dict = {}
+
+    def __enter__(self) -> Probe:
+        self._cal0 = calibrate() if self.calibration else {}
+        self._load0 = loadavg()
+        self._ticks0 = cpu_ticks()
+        self._cpu0 = process_cpu(_our_tree())
+        self._t0 = time.monotonic()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        seconds = time.monotonic() - self._t0
+        ours = _our_tree()
+        outside = outside_cpu(self._cpu0, process_cpu(ours), seconds)
+        ticks = cpu_ticks()
+        steal = None
+        if ticks and self._ticks0 and ticks[1] > self._ticks0[1]:
+            steal = (ticks[0] - self._ticks0[0]) / (ticks[1] - self._ticks0[1])
+        cal1 = calibrate() if self.calibration else {}
+        loads = [x for x in (self._load0, loadavg()) if x is not None]
+        self.result = verdict({"run": self.run, "seconds": seconds, "calibration_before": self._cal0,
+                               "calibration_after": cal1, "calibration_drift": drift(self._cal0, cal1),
+                               "outside_cpu_cores": outside, "loadavg": max(loads) if loads else None,
+                               "steal": steal})
+
+
+def verdict(r: dict) -> dict:
+    """`r` with `quiet` and the `reasons` it is not (the thresholds of the module docstring)."""
+    reasons = []
+    if r.get("calibration_drift", 0) > MAX_DRIFT:
+        reasons.append(f"calibration drifted {r['calibration_drift']:.0%} (> {MAX_DRIFT:.0%})")
+    if r.get("outside_cpu_cores", 0) > MAX_OUTSIDE_CORES:
+        reasons.append(f"{r['outside_cpu_cores']:.2f} cores used outside the study (> {MAX_OUTSIDE_CORES})")
+    if (r.get("steal") or 0) > MAX_STEAL:
+        reasons.append(f"{r['steal']:.0%} CPU steal (> {MAX_STEAL:.0%})")
+    return {**r, "quiet": not reasons, "reasons": reasons}
+
+
+def machine(probes: Iterable[Mapping]) -> dict:
+    """The machine over many probed runs (study.json `machine`): quiet when every run was; the worst drift,
+    outside CPU, load and steal, and the runs flagged."""
+    ps = [p for p in probes if p]
+    worst = lambda k: max((p[k] for p in ps if p.get(k) is not None), default=None)  # noqa: E731
+    return {"quiet": all(p.get("quiet", True) for p in ps) if ps else None, "probed_runs": len(ps),
+            "calibration_drift": worst("calibration_drift"), "outside_cpu_cores": worst("outside_cpu_cores"),
+            "loadavg": worst("loadavg"), "steal": worst("steal"),
+            "flagged": [{"run": p.get("run"), "reasons": p.get("reasons")} for p in ps if not p.get("quiet", True)]}
+
+
+def machine_line(m: Mapping | None) -> str:
+    """One line for a report: whether the machine was quiet, with the numbers."""
+    if not m or m.get("quiet") is None:
+        return "Machine steadiness: not probed (runs from before the probe)."
+
+    def num(k: str, fmt: str) -> str:
+        return "-" if m.get(k) is None else format(m[k], fmt)
+
+    nums = (f"calibration drift up to {num('calibration_drift', '.0%')}, outside CPU up to "
+            f"{num('outside_cpu_cores', '.2f')} cores, load average up to {num('loadavg', '.2f')}, steal "
+            f"{num('steal', '.0%')}; {m.get('probed_runs', 0)} runs probed")
+    if m["quiet"]:
+        return f"The machine was quiet: {nums}."
+    flagged = [f["run"] for f in m.get("flagged", [])]
+    return (f"The machine was NOT quiet ({len(flagged)} runs flagged: {', '.join(map(str, flagged[:6]))}"
+            f"{' ...' if len(flagged) > 6 else ''}): {nums}. Flagged runs are marked; their numbers are noisy.")

@@ -1,0 +1,145 @@
+"""The study's findings as data (study.json `findings` and `machine`, docs/MEASURING.md): each a median with its
+interval and n, resolved or not against "no effect", valid or an invalid measurement naming its runs. The
+report's first screen (`findings.findings_html`) is built from them.
+
+Samples: the tokenize benchmark's paired rounds (isolated speedup); for the training comparisons, runs paired by
+their repeat suffix (`-r<k>`) within a group of runs equal but for the compared setting, else one ratio of means
+per group.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..analysis.uncertainty import (Estimate, check_efficiency, check_fraction, check_isolated_speedup, estimate,
+                                    finding)
+
+_REPEAT = re.compile(r"-r(\d+)$")
+
+# finding id prefix -> the first-screen row (findings.Finding.key) it belongs to
+ROW = {"tokenization": "tokenization", "stall": "stall", "packing": "packing", "scaling": "scaling", "mfu": "mfu"}
+
+
+def _by_repeat(ids: Sequence[str], values: Mapping[str, float | None]) -> dict[str, float]:
+    return {m.group(1): values[i] for i in ids if (m := _REPEAT.search(i)) and values.get(i) is not None}
+
+
+def paired_samples(num_ids: Sequence[str], den_ids: Sequence[str], values: Mapping[str, float | None]) -> list[float]:
+    """Ratios num/den: per repeat suffix present on both sides, else the ratio of the two sides' means."""
+    a, b = _by_repeat(num_ids, values), _by_repeat(den_ids, values)
+    common = [k for k in a if k in b and b[k]]
+    if common:
+        return [a[k] / b[k] for k in common]
+    na = [values[i] for i in num_ids if values.get(i) is not None]
+    nb = [values[i] for i in den_ids if values.get(i) is not None]
+    if na and nb and sum(nb):
+        return [(sum(na) / len(na)) / (sum(nb) / len(nb))]
+    return []
+
+
+def _metric_values(runs: Sequence[Any], key: str) -> dict[str, float | None]:
+    from ..analysis import all_metrics
+
+    return {m.run_id: getattr(m, key) for m in all_metrics(runs)}
+
+
+def _path_ratio(runs: Sequence[Any], num: str, den: str, key: str) -> tuple[Estimate | None, list[str]]:
+    from ..analysis import path_speedups
+
+    rows = path_speedups(runs, "padded", key)
+    values = _metric_values(runs, key)
+    samples, ids = [], []
+    for g in dict.fromkeys(r["group"] for r in rows):
+        by = {r["data_kind"]: r["runs"] for r in rows if r["group"] == g}
+        if num in by and den in by:
+            samples += paired_samples(by[num], by[den], values)
+            ids += by[num] + by[den]
+    return estimate(samples), ids
+
+
+def bench_isolated(bench: Mapping | None) -> tuple[Estimate | None, list[str]]:
+    """The isolated tokenization speedup from the tokenize benchmark's paired rounds (one value from a benchmark
+    JSON of before the rounds held the loop)."""
+    if not bench:
+        return None, []
+    for name, e in ((bench.get("repeats") or {}).get("ratios") or {}).items():
+        if name.startswith("isolated tokenization speedup") and e:
+            return Estimate(e["median"], *e["interval"], e["n"], e.get("coverage", 0.0), tuple(e["samples"])), \
+                [f"{name} ({e['n']} rounds)"]
+    from ..analysis import isolated_tokenization_speedups
+
+    iso = isolated_tokenization_speedups(bench).get("memmap") or {}
+    return estimate([iso["speedup"]] if iso.get("speedup") else []), [str(iso.get("engine"))]
+
+
+def measured_findings(runs: Sequence[Any], bench: Mapping | None) -> list[dict]:
+    """The findings of study.json (`uncertainty.finding` records), from the completed runs and the tokenize
+    benchmark."""
+    from ..analysis import all_metrics, scaling_efficiency
+
+    runs = [r for r in runs if r.status == "completed"]
+    out = []
+    iso, ids = bench_isolated(bench)
+    out.append(finding("tokenization.isolated", "Tokenization speedup in isolation (engine vs per-document loop)",
+                       iso, "x", 1.0, check_isolated_speedup(iso.median if iso else None, ids)))
+    for pre, otf in (("pretok-memmap", "padding-free"), ("pretok-padded", "padded")):
+        e, ids = _path_ratio(runs, pre, otf, "effective_tokens_per_s")
+        if e:
+            out.append(finding(f"tokenization.training.{pre}", f"Tokenization speedup in training: {pre} / {otf}",
+                               e, "x", 1.0))
+    for num, den in (("padding-free", "padded"), ("pretok-memmap", "pretok-padded")):
+        e, ids = _path_ratio(runs, num, den, "effective_tokens_per_s")
+        if e:
+            out.append(finding(f"packing.{num}", f"Packing gain: effective tokens/s {num} / {den}", e, "x", 1.0))
+    ms = [m for m in all_metrics(runs)]
+    ws = min((m.world_size for m in ms if m.world_size), default=None)
+    for kind in dict.fromkeys(m.data_kind for m in ms if m.world_size == ws):
+        sel = [m for m in ms if m.world_size == ws and m.data_kind == kind and m.data_stall is not None]
+        e = estimate(m.data_stall for m in sel)
+        if e:
+            bad = check_fraction(max(e.samples), "data stall", [m.run_id for m in sel])
+            out.append(finding(f"stall.{kind}", f"Data stall of {kind} (share of the step waiting for data)", e,
+                               "fraction", None, bad))
+    rows = [r for r in scaling_efficiency(runs)
+            if r["efficiency"] is not None and r["world_size"] != r["base_world_size"]]
+    top = max((r["world_size"] for r in rows), default=None)
+    for r in (r for r in rows if r["world_size"] == top):
+        e = estimate([r["efficiency"]])
+        out.append(finding(f"scaling.{r['data_kind']}", f"DDP scaling efficiency of {r['data_kind']} at {top} ranks "
+                           f"({r['group']})" if r["group"] else f"DDP scaling efficiency of {r['data_kind']} at {top} "
+                           "ranks", e, "fraction", None, check_efficiency(e.median, r["runs"])))
+    sel = [m for m in ms if m.mfu is not None]
+    if sel:
+        e = estimate(m.mfu for m in sel)
+        out.append(finding("mfu", "MFU (model FLOP/s over the device's peak)", e, "fraction", None,
+                           check_fraction(max(e.samples), "MFU", [m.run_id for m in sel if not 0 <= m.mfu <= 1])))
+    return out
+
+
+def merge_machines(machines: Iterable[Mapping | None]) -> dict:
+    """One machine record from the benchmarks' (and runs') probe summaries: quiet when all probed were."""
+    ms = [m for m in machines if m and m.get("quiet") is not None]
+
+    def worst(k: str) -> float | None:
+        return max((m[k] for m in ms if m.get(k) is not None), default=None)
+
+    return {"quiet": all(m["quiet"] for m in ms) if ms else None,
+            "calibration_drift": worst("calibration_drift"), "outside_cpu_cores": worst("outside_cpu_cores"),
+            "loadavg": worst("loadavg"), "steal": worst("steal"),
+            "probed_runs": sum(m.get("probed_runs", 0) for m in ms),
+            "flagged": [f for m in ms for f in m.get("flagged", [])]}
+
+
+def study_measures(study_dir, params: Mapping[str, Any], runs: Sequence[Any] | None = None) -> dict:
+    """{"findings": [...], "machine": {...}} of a study directory: what study.json records."""
+    from .findings import study_runs
+    from .steps import StudyPaths, read_bench
+
+    paths = StudyPaths(Path(study_dir))
+    runs = study_runs(study_dir, params) if runs is None else runs
+    benches = {k: read_bench(paths, k) for k in ("tokenize", "loaders", "train")}
+    return {"findings": measured_findings(runs, benches["tokenize"]),
+            "machine": merge_machines(b.get("machine") for b in benches.values() if b)}

@@ -1,0 +1,110 @@
+"""study.json's machine-readable findings and the first screen built from them: intervals and n from repeated
+runs, "not resolved" where the interval holds no effect, impossible values as invalid measurements naming their
+runs (never shown as a finding), and whether the machine was quiet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pretok_lib.analysis.runs import load_runs
+from pretok_lib.study.findings import findings_cell, findings_html, study_findings
+from pretok_lib.study.measured import measured_findings, merge_machines, paired_samples
+
+from .analysis.helpers import simple_run
+
+KEYS = {"id", "question", "value", "unit", "interval", "n", "resolved", "valid", "reason"}
+
+
+def _repeated(root: Path, rates: dict[str, list[float]], eff: dict[str, float], ws: int = 1, tag: str = "") -> None:
+    for kind, rs in rates.items():
+        for k, r in enumerate(rs):
+            simple_run(root, f"{kind}{tag}-r{k}", kind=kind, tokens_per_s=r, eff_frac=eff.get(kind, 1.0),
+                       world_size=ws, data_stall=0.01 * (k + 1))
+
+
+def test_repeated_runs_give_intervals_and_resolve_a_clear_packing_gain(tmp_path: Path) -> None:
+    _repeated(tmp_path, {"padded": [1000, 1100, 900], "padding-free": [1000, 1080, 950]}, {"padded": 0.5})
+    fs = {f["id"]: f for f in measured_findings(load_runs(tmp_path), None)}
+    assert all(KEYS <= f.keys() for f in fs.values())
+    pack = fs["packing.padding-free"]
+    # paired by repeat suffix: 1000/500, 1080/550, 950/450
+    assert pack["value"] == pytest.approx(2.0) and pack["n"] == 3
+    assert pack["interval"] == pytest.approx([1080 / 550, 950 / 450]) and pack["resolved"] and pack["valid"]
+    stall = fs["stall.padded"]
+    assert stall["value"] == pytest.approx(0.02) and stall["interval"] == pytest.approx([0.01, 0.03])
+    assert fs["tokenization.isolated"]["value"] is None and fs["tokenization.isolated"]["n"] == 0
+
+
+def test_an_effect_within_the_noise_is_not_resolved(tmp_path: Path) -> None:
+    _repeated(tmp_path, {"padded": [1000, 1000, 1000], "padding-free": [450, 520, 560]}, {"padded": 0.5})
+    pack = {f["id"]: f for f in measured_findings(load_runs(tmp_path), None)}["packing.padding-free"]
+    assert pack["interval"][0] < 1 < pack["interval"][1] and pack["resolved"] is False and pack["valid"]
+    assert pack["reason"].startswith("not resolved at this noise (±") and "repeats would resolve it" in pack["reason"]
+
+
+@pytest.mark.parametrize("speedup", [1.77, 3.51, 1.06, 0.9])
+def test_a_scaling_efficiency_above_one_is_an_invalid_measurement_never_a_finding(tmp_path: Path,
+                                                                                  speedup: float) -> None:
+    """The demo's 177-351% "efficiency" (2 ranks vs 1): invalid, naming the runs, and the first screen shows no
+    efficiency number as a finding for it."""
+    simple_run(tmp_path, "mm-w1", kind="pretok-memmap", tokens_per_s=1000.0, eff_frac=1.0)
+    simple_run(tmp_path, "mm-w2", kind="pretok-memmap", tokens_per_s=2000.0 * speedup, eff_frac=1.0, world_size=2)
+    runs = load_runs(tmp_path)
+    f = {x["id"]: x for x in measured_findings(runs, None)}["scaling.pretok-memmap"]
+    assert f["valid"] is (speedup <= 1.05) and (f["resolved"] is False or f["valid"])
+    html = findings_html(study_findings(runs, None, []), measured=list(measured_findings(runs, None)))
+    row = html.split('data-key="scaling"')[1].split("</tr>")[0]
+    if not f["valid"]:
+        assert "invalid measurement: scaling efficiency" in row and "mm-w2" in row
+        assert "efficiency at 2 ranks" not in row       # the legacy number is not published beside it
+
+
+def test_isolated_speedup_from_the_benchmark_rounds_and_below_one_is_invalid() -> None:
+    def bench(samples: list[float]) -> dict:
+        xs = sorted(samples)
+        return {"repeats": {"ratios": {"isolated tokenization speedup: e / l": {
+            "median": xs[1], "interval": [xs[0], xs[-1]], "n": 3, "coverage": 0.75, "samples": xs}}}}
+
+    ok = measured_findings([], bench([40.0, 44.0, 47.0]))[0]
+    assert ok["value"] == 44.0 and ok["interval"] == [40.0, 47.0] and ok["resolved"] and ok["valid"]
+    bad = measured_findings([], bench([0.37, 0.38, 0.4]))[0]
+    assert bad["valid"] is False and "slower in isolation" in bad["reason"] and "3 rounds" in bad["reason"]
+
+
+def test_pairing_by_repeat_suffix_else_ratio_of_means() -> None:
+    vals = {"a-r0": 2.0, "a-r1": 4.0, "b-r0": 1.0, "b-r1": 1.0, "c": 3.0, "d": 1.5}
+    assert paired_samples(["a-r0", "a-r1"], ["b-r0", "b-r1"], vals) == [2.0, 4.0]
+    assert paired_samples(["c"], ["d"], vals) == [2.0] and paired_samples(["c"], [], vals) == []
+
+
+def test_the_first_screen_says_whether_the_machine_was_quiet(tmp_path: Path) -> None:
+    simple_run(tmp_path / "runs", "sweep-padded-w1", kind="padded", tokens_per_s=1000.0, eff_frac=0.5)
+    (tmp_path / "bench").mkdir()
+    noisy = {"quiet": False, "calibration_drift": 0.4, "outside_cpu_cores": 1.2, "loadavg": 3.0, "steal": 0.0,
+             "probed_runs": 6, "flagged": [{"run": "(c) ceiling 2 cores#1", "reasons": ["x"]}]}
+    (tmp_path / "bench" / "tokenize.json").write_text(json.dumps({"methods": {}, "machine": noisy}))
+    html = findings_cell(tmp_path, {"profile": "quick", "parameters": {"sweep_prefix": "sweep"}})
+    assert 'data-quiet="false"' in html and "NOT quiet" in html and "1.20 cores" in html and "ceiling 2 cores#1" in html
+    quiet = merge_machines([{**noisy, "quiet": True, "flagged": []}, None])
+    assert quiet["quiet"] is True and "was quiet" in findings_html([], machine=quiet)
+    assert merge_machines([])["quiet"] is None and "not probed" in findings_html([])
+
+
+def test_study_sweep_repeats_are_interleaved_rotated_and_suffixed() -> None:
+    """Training repeats for the study: every point once per round, the order rotated, ids -r<k> (what the
+    findings pair by); one repeat leaves the points and their ids as they were."""
+    from pretok_lib.study.steps import repeated_points
+    from pretok_lib.sweep import expand_grid
+
+    pts = expand_grid({"train.steps": 5}, {"data.kind": ["padded", "padding-free", "pretok-memmap"]})
+    assert repeated_points(pts, 1) == pts and all(not p.run_id.endswith("-r0") for p in pts)
+    reps = repeated_points(pts, 3)
+    ids = [p.run_id for p in reps]
+    assert len(set(ids)) == 9 and all(i.endswith(f"-r{k // 3}") for k, i in enumerate(ids))
+    kinds = [p.get("data.kind") for p in reps]
+    assert kinds[:3] == ["padded", "padding-free", "pretok-memmap"] and kinds[3:6] == kinds[1:3] + kinds[:1]
+    assert all(kinds[i] != kinds[i + 1] for i in range(8))      # never the same point back to back
+    assert reps[4].cli_overrides() == pts[2].cli_overrides()    # the same config: a repeat, not a variant
