@@ -35,7 +35,7 @@ from ..sources import (InputFile, SourceOptions, Unit, estimate_text_bytes, expa
 from ..tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
 from .config import TokenizeConfig
 from .memmap_append import MemmapAppender
-from .outdir import committed_parts, output_lock, prepare_output, remove_output, resolve_output
+from .outdir import committed_parts, output_lock, prepare_output, refuse_overlap, remove_output, resolve_output
 from .parts import PART_HASH_KEY, STATE, Job, PartRecord, part_files_intact
 from .progress import Progress
 from .workers import Stopped, Workers
@@ -129,6 +129,8 @@ def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None, _
               f"start {cfg.workers} worker processes; tokenizing in this process (workers=0)", file=sys.stderr)
         cfg = TokenizeConfig(**{**cfg.__dict__, "workers": 0})
     rejected = dict(_rejected or {})
+    # before the lock file is made beside `out` (globs are checked once expanded, in `_run`)
+    refuse_overlap(out, [s for s in cfg.inputs if not is_url(s) and os.path.lexists(s)], "input")
     try:
         with output_lock(out):  # before anything under `out` is read or changed; held across an --overwrite
             while True:
@@ -156,6 +158,7 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
     """Plan, prepare the output, tokenize what is pending and finalize; returns None when the output is complete,
     else the check's BackendChoice to restart with (it rejected the backend the workers started with)."""
     files = expand_inputs(cfg.inputs, output=out)
+    refuse_overlap(out, [f.path for f in files if not is_url(f.path)], "input")  # before anything is deleted
     sopts = cfg.source_options(estimate_text_bytes(files, cfg.text_column))
     units = plan_units(files, sopts)
     if not units:  # empty files, zero-row tables: before anything is written
