@@ -30,8 +30,8 @@ from ..formats import checksum
 from ..formats.manifest import FORMAT_VERSIONS, Policy, format_policy, write_manifest
 from ..input_checks import check_skipped
 from ..remote import is_url, retries, schemes
-from ..sources import (InputFile, SourceOptions, Unit, estimate_text_bytes, expand_inputs, plan_units, sample_texts,
-                       shard_units)
+from ..sources import (InputFile, SourceOptions, Unit, check_stamps, estimate_text_bytes, expand_inputs, plan_units,
+                       sample_texts, shard_units)
 from ..tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
 from .config import TokenizeConfig
 from .memmap_append import MemmapAppender
@@ -182,7 +182,8 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
         appender = MemmapAppender(out, out / STATE, MEMMAP_PREFIX, policy["dtype"], [u.index for u in mine])
         _resume_appends(appender, out, done)
     pending = [u for u in mine if u.index not in done]
-    job = Job(cfg.format, policy, cfg.compression, sopts, str(out), info)
+    job = Job(cfg.format, policy, cfg.compression, sopts, str(out), info,
+              stamps=tuple(f.stamp() for f in files if not is_url(f.path)))
     records, last_record = dict(done), [t0]
 
     def on_record(rec: PartRecord) -> None:
@@ -217,6 +218,7 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
         return e.choice
     bar.close()
     hasher.join()
+    check_stamps(job.stamps)  # after the checksums were read: a change since planning fails the run
     _check_unchanged(cfg.inputs, files)
     files = appender.finish() if appender is not None else None
     # where the wall time went: start-up until the first batch was tokenized, tokenizing, then finishing
@@ -229,8 +231,8 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
 
 
 def _check_unchanged(specs: list[str], planned: list[InputFile]) -> None:
-    """Refuse to finish a run whose remote inputs changed while it read them (a local file's change is caught by
-    its checksum): their listing now must match the one planned from."""
+    """Refuse to finish a run whose remote inputs changed while it read them: their listing now must match the one
+    planned from (local inputs: `check_stamps`)."""
     urls = [s for s in specs if is_url(s)]
     if not urls:
         return
