@@ -86,6 +86,18 @@ def _output_key(cfg: TokenizeConfig, sopts: SourceOptions, info: TokenizerInfo, 
 # ---------------------------------------------------------------- the run
 
 
+def input_checksum(path: str, algorithm: str = checksum.ALGORITHM, stopped: threading.Event | None = None) -> str:
+    """The checksum a manifest records for a local input: its bytes, or an HF dataset directory's files' bytes in
+    sorted order. `stopped`: set to end the reading early (the value is then meaningless)."""
+    files = sorted(q for q in Path(path).rglob("*") if q.is_file()) if os.path.isdir(path) else [Path(path)]
+    h = checksum.hasher(algorithm)
+    for f in files:
+        with open(f, "rb") as fh:
+            while not (stopped is not None and stopped.is_set()) and (block := fh.read(8 << 20)):
+                h.update(block)
+    return checksum.value(h, algorithm)
+
+
 class _InputHasher(threading.Thread):
     """Checksums of the input files beside the workers; `stop()` ends it between chunks (no thread left running
     in C code at interpreter exit)."""
@@ -96,15 +108,10 @@ class _InputHasher(threading.Thread):
 
     def run(self) -> None:
         for p in self.paths:
-            files = sorted(q for q in Path(p).rglob("*") if q.is_file()) if os.path.isdir(p) else [Path(p)]
-            h = checksum.hasher()
-            for f in files:
-                with open(f, "rb") as fh:
-                    while not self.stopped.is_set() and (block := fh.read(8 << 20)):
-                        h.update(block)
+            value = input_checksum(p, stopped=self.stopped)
             if self.stopped.is_set():
                 return
-            self.hashes[p] = checksum.value(h)
+            self.hashes[p] = value
 
     def stop(self) -> None:
         self.stopped.set()
