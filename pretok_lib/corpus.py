@@ -163,6 +163,12 @@ def build_corpus(
     out = Path(out)
     if out.is_dir():
         raise PretokError("is a directory: give the path of the parquet file to write", out)
+    if out.exists() or out.is_symlink():  # replaced only if it is a corpus this function wrote
+        try:
+            read_corpus_info(out)
+        except Exception:  # unreadable, not parquet, no or odd pretok metadata
+            raise PretokError("exists and is not a pretok default corpus; it is not replaced: remove it or choose "
+                              "another path", out) from None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         return _build(out, max_mb, packages, row_group_mb, min_doc_bytes, include_stdlib, extend)
