@@ -243,7 +243,7 @@ def committed_parts(out: Path, units: Sequence[Unit]) -> dict[int, PartRecord]:
                 done[u.index] = json.loads(rec.read_text())
             except ValueError:  # torn by a power cut (memmap records are not fsynced): the part is redone
                 rec.unlink()
-    for p in list(parts.iterdir()) + list(out.glob("part-*")):
+    for p in list(parts.iterdir()) + [p for p in out.glob("part-*") if OWNED.fullmatch(p.name)]:
         stem = p.name.split(".")[0]
         idx = int(stem.split("-")[1]) if stem.startswith("part-") and stem[5:].isdigit() else None
         if p.name.endswith(".tmp") or (idx is not None and idx not in done):

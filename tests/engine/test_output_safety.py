@@ -154,3 +154,20 @@ def test_overwrite_removes_only_what_pretok_wrote(made, capsys, command, finishe
             assert rc == 0, err
             assert read_manifest(out)["counts"]["documents"] == 30
             assert outside.read_text() == "keep me"
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(names=st.lists(st.sampled_from(["part-notes.tmp", "part-1.parquet", "part-x", "part-000001.json",
+                                       "part-00001.parquet.tmp", "part-.tmp"]), min_size=1, max_size=3, unique=True))
+def test_a_resume_deletes_only_its_own_leftovers(made, capsys, names):
+    """A resume deleted every `part-*` entry of --out that was a temp name or not a committed part's, whatever
+    its name (`part-notes.tmp` of the user included). Now only names pretok writes are cleaned up."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        shutil.copytree(made["out"], out)
+        (out / "manifest.json").unlink()  # an interrupted run: the state is there, the manifest not yet
+        for n in names:
+            (out / n).write_text("mine")
+        rc, err = cli(capsys, *tok_args(made["input"], out))
+        assert rc == 0, err
+        assert all((out / n).read_text() == "mine" for n in names)
