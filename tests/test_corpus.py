@@ -260,6 +260,9 @@ def test_an_existing_file_that_is_not_a_corpus_is_not_replaced(tmp_path_factory,
 
 
 def test_a_corpus_it_wrote_is_replaced(tmp_path):
+    """A corpus build_corpus wrote is replaced; so is anything at a cache path whose caller says `replace`."""
     out = tmp_path / "c.parquet"
     build_corpus(out, max_mb=1e-6)
     assert build_corpus(out, max_mb=2e-6).documents >= 1
+    out.write_bytes(b"a damaged cached corpus")
+    assert read_corpus_info(build_corpus(out, max_mb=1e-6, replace=True).path).documents >= 1

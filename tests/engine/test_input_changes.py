@@ -1,4 +1,4 @@
-"""A local input changed while `pretok tokenize` reads it: an error naming it, never a manifest; resumable once restored.
+"""A local input changed while `pretok tokenize` reads it: an error naming it, no manifest; resumable once restored.
 
 Fault injection: the input is cut, grown, rewritten, replaced (a new inode with the old size and mtime), touched or
 removed just before a generated part reads it, or while the input checksums are read. The run must fail in one line
@@ -95,8 +95,8 @@ def test_input_changed_mid_run_fails_naming_it_and_resumes_once_restored(referen
             return real_hash(self)
 
         real_read, real_hash = parts.read_unit, run._InputHasher.run
-        with mock.patch.object(parts, "read_unit", read_unit), mock.patch.object(run._InputHasher, "run",
-                                                                                   hash_inputs if at == 3 else real_hash):
+        hasher = hash_inputs if at == 3 else real_hash
+        with mock.patch.object(parts, "read_unit", read_unit), mock.patch.object(run._InputHasher, "run", hasher):
             rc, err = cli(capsys, *args)
         assert fired and rc == 1, err
         one_line(err, str(inp), "changed while this run read it", "rerun the same command to resume")
