@@ -149,13 +149,15 @@ def build_corpus(
     *,
     include_stdlib: bool = True,
     extend: bool = True,
+    replace: bool = False,
 ) -> CorpusInfo:
     """Write up to `max_mb` MB (1e6 bytes) of UTF-8 source text to parquet at `out`, atomically.
 
     Stops before the document that would exceed the cap (always at least one). If one pass over the
     sources is short, later passes ("epochs") repeat it with `#epochN` appended to `path`. Files that
     are not UTF-8 or shorter than `min_doc_bytes` are skipped (counted). Same install + args gives
-    byte-identical output."""
+    byte-identical output. A file already at `out` is replaced only if it is a corpus this function wrote, or
+    with `replace` (a cache path the caller owns, rebuilt when damaged)."""
     if not (math.isfinite(max_mb) and max_mb > 0):
         raise PretokError(f"max_mb must be > 0, got {max_mb}", out)
     if not row_group_mb > 0:
@@ -163,6 +165,12 @@ def build_corpus(
     out = Path(out)
     if out.is_dir():
         raise PretokError("is a directory: give the path of the parquet file to write", out)
+    if not replace and (out.exists() or out.is_symlink()):  # replaced only if it is a corpus this function wrote
+        try:
+            read_corpus_info(out)
+        except Exception:  # unreadable, not parquet, no or odd pretok metadata
+            raise PretokError("exists and is not a pretok default corpus; it is not replaced: remove it or choose "
+                              "another path", out) from None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         return _build(out, max_mb, packages, row_group_mb, min_doc_bytes, include_stdlib, extend)
@@ -326,7 +334,7 @@ def default_corpus_and_tokenizer(
     except PretokError:  # not ours or unreadable: rebuild
         info = None
     if info is None or info.params != _params(max_mb):
-        info = build_corpus(corpus, max_mb=max_mb)
+        info = build_corpus(corpus, max_mb=max_mb, replace=True)  # our cache: a damaged one is rebuilt
     tok_path, marker = tok_dir / "tokenizer.json", tok_dir / "pretok_default.json"
     try:
         rec = json.loads(marker.read_text())

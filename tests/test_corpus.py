@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from pretok_lib.corpus import (
+    METADATA_KEY,
     CorpusInfo,
     build_corpus,
     default_corpus_and_tokenizer,
@@ -229,3 +232,37 @@ def test_a_bad_out_or_a_full_disk_is_one_line_naming_the_output_and_leaves_nothi
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     if fault != "disk-full-3":  # (the command's 2 MB row groups make one write)
         assert main(["corpus", "--out", str(out), "--max-mb", "2"]) == 1
+
+
+@settings(max_examples=15, deadline=None)
+@given(content=st.one_of(st.binary(max_size=64), st.sampled_from(["parquet", "parquet-odd-meta", "link"])))
+def test_an_existing_file_that_is_not_a_corpus_is_not_replaced(tmp_path_factory, content):
+    """build_corpus replaced whatever file was at `out` (`pretok corpus --out data.parquet` destroyed the data).
+    Now only a corpus it wrote is replaced; anything else (any bytes, another parquet file, parquet with odd
+    pretok metadata, a dangling link) is refused in one line and left as it was."""
+    import os
+
+    import pyarrow as pa
+
+    out = tmp_path_factory.mktemp("existing") / "corpus.parquet"
+    if content == "parquet":
+        pq.write_table(pa.table({"text": ["mine"]}), out)
+    elif content == "parquet-odd-meta":
+        pq.write_table(pa.table({"text": ["mine"]}).replace_schema_metadata({METADATA_KEY: b"[1]"}), out)
+    elif content == "link":
+        out.symlink_to(out.with_name("gone"))
+    else:
+        out.write_bytes(content)
+    before = os.readlink(out) if out.is_symlink() else out.read_bytes()
+    with pytest.raises(PretokError, match="is not a pretok default corpus"):
+        build_corpus(out, max_mb=1e-6)
+    assert (os.readlink(out) if out.is_symlink() else out.read_bytes()) == before
+
+
+def test_a_corpus_it_wrote_is_replaced(tmp_path):
+    """A corpus build_corpus wrote is replaced; so is anything at a cache path whose caller says `replace`."""
+    out = tmp_path / "c.parquet"
+    build_corpus(out, max_mb=1e-6)
+    assert build_corpus(out, max_mb=2e-6).documents >= 1
+    out.write_bytes(b"a damaged cached corpus")
+    assert read_corpus_info(build_corpus(out, max_mb=1e-6, replace=True).path).documents >= 1

@@ -23,7 +23,7 @@ from ..formats import checksum
 from ..formats import memmap as mm
 from ..formats import parquet as pqf
 from ..formats.manifest import read_manifest, write_manifest
-from .outdir import output_lock, remove_output, resolve_output
+from .outdir import output_lock, refuse_overlap, remove_output, resolve_output
 from .parts import unit_breaks
 from .run import MEMMAP_PREFIX, build_manifest, sum_skipped
 
@@ -57,16 +57,6 @@ def _link_or_copy(src: Path, dst: Path, expect: str | None) -> None:
         tmp.unlink()
         raise PretokError(mm.CORRUPT, src)
     os.replace(tmp, dst)
-
-
-def _check_output(out: Path, shard_dirs: list[Path]) -> None:
-    """Refuse an output that is one of the shards, lies inside one or contains one (symlinks resolved): merging
-    there would delete or overwrite an input."""
-    for d in shard_dirs:
-        real = Path(os.path.realpath(d))
-        if out == real or real in out.parents or out in real.parents:
-            how = "is" if out == real else "is inside" if real in out.parents else "contains"
-            raise PretokError(f"{how} shard {d}: merging there would destroy an input; choose another --out", out)
 
 
 def same_inputs(a: list[dict], b: list[dict]) -> bool:
@@ -143,7 +133,7 @@ def merge_shards(shard_dirs: Sequence[str | os.PathLike], out: str | os.PathLike
             for f in m["files"]:
                 pqf.read_contract(d / f["path"], m["format"])  # a parquet part of this format, not merged blind
     out = resolve_output(out)
-    _check_output(out, [d for d, _ in shards])
+    refuse_overlap(out, [d for d, _ in shards], "shard")
     try:
         with output_lock(out):
             return _merge(shards, out, overwrite, t0)

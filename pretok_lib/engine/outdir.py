@@ -12,6 +12,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -109,9 +110,37 @@ def _aside(out: Path) -> Path:
     return out.with_name(f".{out.name}.removing")
 
 
+# The entries of an output directory that pretok writes (docs/ENGINE.md, "What --overwrite removes"): the
+# manifest, the run state, parquet parts and the memmap pair, each perhaps under its temp name.
+OWNED = re.compile(r"(manifest\.json|part-\d{6,}\.parquet|data\.(bin|idx))(\.tmp)?")
+
+
+def foreign_entries(out: Path) -> list[str]:
+    """The names in `out` that pretok did not write (sorted): anything but `OWNED` files and the `.pretok` dir."""
+    return sorted(p.name for p in out.iterdir()
+                  if not (p.name == STATE and p.is_dir() and not p.is_symlink())
+                  and not (OWNED.fullmatch(p.name) and p.is_file() and not p.is_symlink()))
+
+
+def refuse_overlap(out: Path, paths: Sequence[str | os.PathLike], noun: str) -> None:
+    """Refuse an output that is one of `paths` (local inputs or shards), lies inside one or contains one
+    (symbolic links resolved): writing or deleting there could destroy an input."""
+    for d in paths:
+        real = Path(os.path.realpath(d))
+        if out == real or real in out.parents or out in real.parents:
+            how = "is" if out == real else "is inside" if real in out.parents else "contains"
+            raise PretokError(f"{how} {noun} {d}: writing there would destroy an input; choose another --out", out)
+
+
 def remove_output(out: Path) -> None:
     """Delete an output dir as one step for a reader: renamed aside first, so a kill mid-delete leaves no torn
-    output under `out` (a later run finishes deleting the leftover). Call it holding the lock."""
+    output under `out` (a later run finishes deleting the leftover). Call it holding the lock. Refuses, before
+    deleting anything, a directory holding an entry pretok did not write (`foreign_entries`), naming it."""
+    foreign = foreign_entries(out)
+    if foreign:
+        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+        raise PretokError(f"holds {foreign[0]!r}{more}, which pretok did not write; --overwrite removes only a "
+                          "pretok output: move it away or choose another --out", out)
     aside = _aside(out)
     if aside.exists():
         shutil.rmtree(aside)
@@ -214,7 +243,7 @@ def committed_parts(out: Path, units: Sequence[Unit]) -> dict[int, PartRecord]:
                 done[u.index] = json.loads(rec.read_text())
             except ValueError:  # torn by a power cut (memmap records are not fsynced): the part is redone
                 rec.unlink()
-    for p in list(parts.iterdir()) + list(out.glob("part-*")):
+    for p in list(parts.iterdir()) + [p for p in out.glob("part-*") if OWNED.fullmatch(p.name)]:
         stem = p.name.split(".")[0]
         idx = int(stem.split("-")[1]) if stem.startswith("part-") and stem[5:].isdigit() else None
         if p.name.endswith(".tmp") or (idx is not None and idx not in done):

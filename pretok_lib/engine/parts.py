@@ -20,7 +20,7 @@ from ..formats import memmap as mm
 from ..formats import parquet as pqf
 from ..formats.manifest import Policy
 from ..remote import is_url, listed, remember, retries, take_retries
-from ..sources import SourceOptions, Unit, read_unit
+from ..sources import SourceOptions, Stamp, Unit, check_stamps, read_unit
 
 if TYPE_CHECKING:
     from ..tokenizer import TokenizerInfo
@@ -41,10 +41,16 @@ class Job:
     out_dir: str
     tokenizer: TokenizerInfo
     objects: tuple = ()  # (URL, size, identity) of the unit's remote inputs as planned: read without a HEAD
+    stamps: tuple[Stamp, ...] = ()  # the local inputs' identities as planned (`check_stamps`)
 
     def for_unit(self, unit: Unit) -> "Job":
-        """The job with the planned listing of `unit`'s remote inputs (a worker did not list them)."""
-        return replace(self, objects=listed(unit.paths))
+        """The job with the planned listing of `unit`'s remote inputs (a worker did not list them) and the planned
+        identities of its local ones."""
+        return replace(self, objects=listed(unit.paths), stamps=self.stamps_of(unit))
+
+    def stamps_of(self, unit: Unit) -> tuple[Stamp, ...]:
+        paths = set(unit.paths)
+        return tuple(s for s in self.stamps if s[0] in paths)
 
 
 class _PartRecordFields(TypedDict):
@@ -179,8 +185,11 @@ def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int]
         raise os_error(e, where) from None
     try:
         return _write_part(unit, encoder, job, report, writer)
-    except OSError as e:
+    except (OSError, PretokError) as e:
         writer.abort()
+        check_stamps(job.stamps_of(unit))  # a read that failed because the input changed (cut, removed): say so
+        if isinstance(e, PretokError):
+            raise
         raise os_error(e, where) from None
     except BaseException:
         writer.abort()
@@ -193,6 +202,8 @@ def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int],
     mark = retries()
     remember(job.objects)
     pol, vocab_size = job.policy, job.tokenizer.vocab_size
+    stamps = job.stamps_of(unit)
+    check_stamps(stamps)  # the input is the one planned when the part starts reading it, and still when it ends
     for batch in read_unit(unit, job.sources):
         for k, v in batch.skipped.items():
             skipped[k] = skipped.get(k, 0) + v
@@ -220,6 +231,7 @@ def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int],
         counts["tokens"] += t
         report(batch.text_bytes, n, t)
     result = writer.close()
+    check_stamps(stamps)  # before the commit record: a part read from a changed input is never committed
     peak_rss_mb = memory.peak_rss_mb()
     record = PartRecord(unit=asdict(unit), **counts, skipped=skipped, peak_rss_mb=round(peak_rss_mb, 1),
                         files=[result] if job.fmt != "memmap" else [], part=part_name(unit.index))

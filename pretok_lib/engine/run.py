@@ -30,12 +30,12 @@ from ..formats import checksum
 from ..formats.manifest import FORMAT_VERSIONS, Policy, format_policy, write_manifest
 from ..input_checks import check_skipped
 from ..remote import is_url, retries, schemes
-from ..sources import (InputFile, SourceOptions, Unit, estimate_text_bytes, expand_inputs, plan_units, sample_texts,
-                       shard_units)
+from ..sources import (InputFile, SourceOptions, Unit, check_stamps, estimate_text_bytes, expand_inputs, plan_units,
+                       sample_texts, shard_units)
 from ..tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
 from .config import TokenizeConfig
 from .memmap_append import MemmapAppender
-from .outdir import committed_parts, output_lock, prepare_output, remove_output, resolve_output
+from .outdir import committed_parts, output_lock, prepare_output, refuse_overlap, remove_output, resolve_output
 from .parts import PART_HASH_KEY, STATE, Job, PartRecord, part_files_intact
 from .progress import Progress
 from .workers import Stopped, Workers
@@ -86,6 +86,18 @@ def _output_key(cfg: TokenizeConfig, sopts: SourceOptions, info: TokenizerInfo, 
 # ---------------------------------------------------------------- the run
 
 
+def input_checksum(path: str, algorithm: str = checksum.ALGORITHM, stopped: threading.Event | None = None) -> str:
+    """The checksum a manifest records for a local input: its bytes, or an HF dataset directory's files' bytes in
+    sorted order. `stopped`: set to end the reading early (the value is then meaningless)."""
+    files = sorted(q for q in Path(path).rglob("*") if q.is_file()) if os.path.isdir(path) else [Path(path)]
+    h = checksum.hasher(algorithm)
+    for f in files:
+        with open(f, "rb") as fh:
+            while not (stopped is not None and stopped.is_set()) and (block := fh.read(8 << 20)):
+                h.update(block)
+    return checksum.value(h, algorithm)
+
+
 class _InputHasher(threading.Thread):
     """Checksums of the input files beside the workers; `stop()` ends it between chunks (no thread left running
     in C code at interpreter exit)."""
@@ -96,15 +108,10 @@ class _InputHasher(threading.Thread):
 
     def run(self) -> None:
         for p in self.paths:
-            files = sorted(q for q in Path(p).rglob("*") if q.is_file()) if os.path.isdir(p) else [Path(p)]
-            h = checksum.hasher()
-            for f in files:
-                with open(f, "rb") as fh:
-                    while not self.stopped.is_set() and (block := fh.read(8 << 20)):
-                        h.update(block)
+            value = input_checksum(p, stopped=self.stopped)
             if self.stopped.is_set():
                 return
-            self.hashes[p] = checksum.value(h)
+            self.hashes[p] = value
 
     def stop(self) -> None:
         self.stopped.set()
@@ -129,6 +136,8 @@ def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None, _
               f"start {cfg.workers} worker processes; tokenizing in this process (workers=0)", file=sys.stderr)
         cfg = TokenizeConfig(**{**cfg.__dict__, "workers": 0})
     rejected = dict(_rejected or {})
+    # before the lock file is made beside `out` (globs are checked once expanded, in `_run`)
+    refuse_overlap(out, [s for s in cfg.inputs if not is_url(s) and os.path.lexists(s)], "input")
     try:
         with output_lock(out):  # before anything under `out` is read or changed; held across an --overwrite
             while True:
@@ -156,6 +165,7 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
     """Plan, prepare the output, tokenize what is pending and finalize; returns None when the output is complete,
     else the check's BackendChoice to restart with (it rejected the backend the workers started with)."""
     files = expand_inputs(cfg.inputs, output=out)
+    refuse_overlap(out, [f.path for f in files if not is_url(f.path)], "input")  # before anything is deleted
     sopts = cfg.source_options(estimate_text_bytes(files, cfg.text_column))
     units = plan_units(files, sopts)
     if not units:  # empty files, zero-row tables: before anything is written
@@ -179,7 +189,8 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
         appender = MemmapAppender(out, out / STATE, MEMMAP_PREFIX, policy["dtype"], [u.index for u in mine])
         _resume_appends(appender, out, done)
     pending = [u for u in mine if u.index not in done]
-    job = Job(cfg.format, policy, cfg.compression, sopts, str(out), info)
+    job = Job(cfg.format, policy, cfg.compression, sopts, str(out), info,
+              stamps=tuple(f.stamp() for f in files if not is_url(f.path)))
     records, last_record = dict(done), [t0]
 
     def on_record(rec: PartRecord) -> None:
@@ -214,6 +225,7 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
         return e.choice
     bar.close()
     hasher.join()
+    check_stamps(job.stamps)  # after the checksums were read: a change since planning fails the run
     _check_unchanged(cfg.inputs, files)
     files = appender.finish() if appender is not None else None
     # where the wall time went: start-up until the first batch was tokenized, tokenizing, then finishing
@@ -226,8 +238,8 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
 
 
 def _check_unchanged(specs: list[str], planned: list[InputFile]) -> None:
-    """Refuse to finish a run whose remote inputs changed while it read them (a local file's change is caught by
-    its checksum): their listing now must match the one planned from."""
+    """Refuse to finish a run whose remote inputs changed while it read them: their listing now must match the one
+    planned from (local inputs: `check_stamps`)."""
     urls = [s for s in specs if is_url(s)]
     if not urls:
         return

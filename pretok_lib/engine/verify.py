@@ -19,7 +19,7 @@ from ..formats.manifest import read_manifest
 from ..remote import is_url
 from ..sources import SourceOptions, Unit, read_unit
 from .parts import add_special, unit_breaks
-from .run import MEMMAP_PREFIX
+from .run import MEMMAP_PREFIX, input_checksum
 
 
 MIN_TIMED_SECONDS = 0.1  # a rate is printed only from a phase at least this long (timings are rounded to 1 ms)
@@ -178,6 +178,35 @@ def _source_docs(part: dict, m: dict, remap: dict[str, str]) -> Iterator[str]:
         yield from batch.texts
 
 
+def source_problems(recorded: list[dict], remap: dict[str, str]) -> list[str]:
+    """How each local source (`remap`ped, else the path recorded) differs from the input the manifest records:
+    its size (an HF dataset directory: its Arrow files'), then its checksum where one is recorded. A prefix of
+    the input, a copy cut in place or rewritten is another input, not one whose sampled documents happen to match.
+    Its location and mtime may differ (a copy)."""
+    from ..formats import checksum
+
+    problems = []
+    for i in recorded:
+        path = remap.get(i["path"], i["path"])
+        if is_url(path):  # a remote object's version is checked when it is read
+            continue
+        if not os.path.exists(path):
+            raise PretokError("source input is missing: pass --source with its new location", path)
+        want = checksum.recorded(i)
+        try:
+            size = (sum(f.stat().st_size for f in Path(path).glob("*.arrow")) if os.path.isdir(path)
+                    else os.path.getsize(path))
+            if size != i["size"]:
+                problems.append(f"{path}: source has {size} bytes, the manifest records {i['size']} for input "
+                                f"{i['path']} (cut, grown or another file)")
+            elif want and input_checksum(path, checksum.algorithm_of(want)) != want:
+                problems.append(f"{path}: source's checksum differs from the one the manifest records for input "
+                                f"{i['path']} (changed or another file)")
+        except OSError as e:
+            raise os_error(e, path, "cannot read the source") from None
+    return problems
+
+
 def verify(out_dir: str | os.PathLike, sources: Sequence[str] | None = None, sample: int = 64,
            seed: int = 0) -> VerifyReport:
     """Check checksums and structure, then re-tokenize a sample of documents from the source and compare."""
@@ -208,6 +237,9 @@ def verify(out_dir: str | os.PathLike, sources: Sequence[str] | None = None, sam
     if sources is not None and len(sources) != len(inputs):
         raise PretokError(f"--source got {len(sources)} inputs, the manifest lists {len(inputs)}")
     remap = dict(zip(inputs, sources)) if sources else {}
+    rep.problems += source_problems(m["inputs"], remap)
+    if rep.problems:  # another file than the one tokenized: its documents would be compared where they agree
+        return rep
     info = load_tokenizer(m["tokenizer"]["spec"])
     if info.fingerprint != m["tokenizer"]["fingerprint"]:
         raise PretokError("tokenizer file changed since pretokenization (fingerprint differs)", info.spec)

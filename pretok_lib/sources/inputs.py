@@ -27,12 +27,50 @@ class InputFile:
     size: int
     mtime_ns: int
     version: tuple[tuple[str, str], ...] = ()  # a URL's version identity in its store (ETag, version id, ...)
+    inode: int = 0  # a local input's inode and device, as planned (checked during the run, not recorded)
+    device: int = 0
+
+    def stamp(self) -> "Stamp":
+        """The local input's identity as planned, for `check_stamps`."""
+        return (self.path, self.kind, self.size, self.mtime_ns, self.inode, self.device)
 
     def record(self) -> dict:
         """The input as the manifest (and the output's config, for change detection) records it."""
         if is_url(self.path):
             return {"path": self.path, "kind": self.kind, "size": self.size, "version": dict(self.version)}
         return {"path": self.path, "kind": self.kind, "size": self.size, "mtime_ns": self.mtime_ns}
+
+
+Stamp = tuple  # a local input's (path, kind, size, mtime_ns, inode, device)
+
+
+def _identity(path: str, kind: str) -> tuple[int, int, int, int]:
+    """(size, mtime_ns, inode, device) of a local input now; an HF dataset directory's size is its Arrow files'."""
+    st = os.stat(path)
+    size = st.st_size if kind != "hf-disk" else sum(f.stat().st_size for f in Path(path).glob("*.arrow"))
+    return size, st.st_mtime_ns, st.st_ino, st.st_dev
+
+
+def check_stamps(stamps: Sequence[Stamp]) -> None:
+    """Refuse, naming the file, a local input whose size, mtime, inode or device is not the planned one: it was
+    changed, cut, replaced or removed while the run read it (checked before and after each part, and before the
+    manifest). Restoring it (same size and mtime) and rerunning the same command resumes."""
+    for path, kind, *planned in stamps:
+        try:
+            now = _identity(path, kind)
+        except OSError as e:
+            now = None
+            why = "is gone" if isinstance(e, FileNotFoundError) else f"cannot be read ({e.strerror})"
+        if now is None or list(now) != planned:
+            if now is not None:
+                why = f"is now {_describe(now)}"
+            raise PretokError(f"changed while this run read it: planned from {_describe(planned)}, it {why}; "
+                              "restore it and rerun the same command to resume, or rerun with --overwrite", path)
+
+
+def _describe(identity: Sequence[int]) -> str:
+    size, mtime_ns, inode, device = identity
+    return f"{size} bytes, mtime_ns {mtime_ns}, inode {inode} on device {device}"
 
 
 @dataclass(frozen=True)
@@ -137,7 +175,7 @@ def expand_inputs(inputs: Sequence[str], output: str | os.PathLike | None = None
             size = st.st_size if kind != "hf-disk" else sum(f.stat().st_size for f in p.glob("*.arrow"))
             if kind != "hf-disk" and not os.access(p, os.R_OK):
                 raise PretokError("permission denied", p)
-            files.append(InputFile(str(p), kind, size, st.st_mtime_ns))
+            files.append(InputFile(str(p), kind, size, st.st_mtime_ns, inode=st.st_ino, device=st.st_dev))
     if not files:
         raise PretokError("no inputs given")
     return files

@@ -207,6 +207,7 @@ def _read_jsonl(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
             c.bad("invalid", where, f"a JSON {_json_kind(rec)}, not an object")
             continue
         c.add(rec.get(key, MISSING), where, len(line), check_surrogates=_SURROGATE_ESCAPE.search(line) is not None)
+        line = rec = None  # not kept by this frame while the batch is encoded (jsonl_lines holds the line itself)
         if c.full():
             yield c.take()
 
@@ -224,6 +225,7 @@ def _read_txt(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
                 c.bad("invalid", path, f"invalid UTF-8 at byte {e.start}")
             else:
                 c.add(text, path, len(data))
+            data = text = None  # a huge document: its bytes are not kept while the batch is encoded
             if c.full():
                 yield c.take()
         return

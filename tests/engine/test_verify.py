@@ -8,9 +8,11 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pretok_lib.cli import main
-from pretok_lib.engine.verify import format_inspect, inspect
+from pretok_lib.engine.verify import format_inspect, inspect, verify
 
 from ..conftest import GPT2_JSON, WIKI_EN
 from .test_faults_tokenize import cli, one_line
@@ -68,3 +70,48 @@ def test_no_rate_from_a_time_too_short_to_measure(tmp_path):
     assert "MB/s" not in format_inspect(report)
     report["manifest"]["run"] = dict(run, tokenize_seconds=2.0)
     assert "MB/s" in format_inspect(report)
+
+
+@pytest.fixture(scope="module")
+def jsonl_output(tmp_path_factory):
+    """A token-list output of a small JSONL input, and the input's bytes."""
+    base = tmp_path_factory.mktemp("verify-source")
+    docs = [v["extract"] for v in json.loads(WIKI_EN.read_text()).values()][:40]
+    inp = base / "in.jsonl"
+    inp.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    out = base / "out"
+    assert main(["tokenize", str(inp), "--out", str(out), "--tokenizer", str(GPT2_JSON), "--format", "token-list",
+                 "--part-mb", "0.01", "--workers", "0", "--no-progress"]) == 0
+    return out, inp.read_bytes()
+
+
+def _changed_source(data: bytes, how: str, fraction: float) -> bytes:
+    at = int(len(data) * fraction)
+    if how == "prefix":  # cut at a line end: every line left parses, every sampled document found matches
+        return data[: data.rfind(b"\n", 0, max(at, 1)) + 1]
+    if how == "cut":
+        return data[:at]
+    if how == "rewrite":  # the same size, one character changed
+        i = data.find(b"e", at)
+        i = i if i >= 0 else data.find(b"e")
+        return data[:i] + b"a" + data[i + 1 :]
+    if how == "append":
+        return data + b'{"text": "one more"}\n'
+    return data
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(how=st.sampled_from(["prefix", "cut", "rewrite", "append", "same"]), fraction=st.floats(0.0, 0.99),
+       sample=st.integers(1, 64))
+def test_verify_source_must_be_the_recorded_input(jsonl_output, tmp_path_factory, how, fraction, sample):
+    """`verify --source` passed a prefix of the input or a copy cut in place: it compared only the sampled
+    documents it found. Now a source whose size or checksum is not the recorded input's is a problem naming it;
+    an identical copy (another path and mtime) passes."""
+    out, data = jsonl_output
+    src = tmp_path_factory.mktemp("src") / "copy.jsonl"
+    src.write_bytes(_changed_source(data, how, fraction))
+    rep = verify(out, sources=[str(src)], sample=sample)
+    if src.read_bytes() == data:
+        assert rep.ok, rep.problems
+    else:
+        assert not rep.ok and len(rep.problems) == 1 and rep.problems[0].startswith(f"{src}: source"), rep.problems
