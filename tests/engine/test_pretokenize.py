@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from pretok_lib.formats.memmap import MemmapDataset
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
 from ..conftest import GPT2_JSON, PYDOCS_JSONL, ROOT, WIKI_EN, WIKITEXT_VALID
+from .signal_at import after_parts, signal_when
 
 GPT2_EOT = 50256
 
@@ -224,39 +224,33 @@ def test_slurm_array_variables_choose_the_shard(corpus, tmp_path):
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
-def _kill_after(args: list[str], out: Path, delay: float) -> bool:
-    """Start `pretok tokenize`, SIGKILL it after `delay` s; True if it died before finishing (no manifest)."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    p = subprocess.Popen([sys.executable, "-m", "pretok_lib.cli", "tokenize", *args, "--out", str(out)],
-                         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(delay)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
-    return not (out / "manifest.json").exists()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["token-list", "memmap"])
 def test_kill9_then_resume_is_byte_identical(corpus, tmp_path, fmt):
-    """kill -9 at several moments of a real run (from start-up to the end), rerun: identical bytes."""
+    """kill -9 at several moments of a real run (at start-up, its state just made, a first part, half the parts,
+    all but one), rerun: identical bytes. The moments are the run's own progress (tests/engine/signal_at.py), so
+    each kill lands mid-run however loaded the machine."""
     args = [str(corpus), "--tokenizer", str(GPT2_JSON), "--format", fmt, "--part-mb", "0.2",
             "--batch-mb", "0.05", "--workers", "2", "--no-progress"]
     ref = tmp_path / "ref"
-    t0 = time.time()
     assert run_cli("tokenize", *args, "--out", str(ref)).returncode == 0
-    took = time.time() - t0
+    parts = len(read_manifest(ref)["parts"])
+    assert parts >= 3, parts
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     interrupted = 0
-    for i, frac in enumerate((0.1, 0.3, 0.5, 0.7, 0.85)):  # 0.1: at start-up, before the config
+    for i, moment in enumerate((None, 0, 1, parts // 2, parts - 2)):   # None: at once, in start-up
         out = tmp_path / f"killed{i}"
-        hit = _kill_after(args, out, took * frac)
-        interrupted += hit
-        took *= 1.0 if hit else 0.6  # it finished first: the reference run was slower (other load, a cold start)
+        p = subprocess.Popen([sys.executable, "-m", "pretok_lib.cli", "tokenize", *args, "--out", str(out)],
+                             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        signal_when(p, (lambda: True) if moment is None else after_parts(out, moment), signal.SIGKILL)
+        p.wait(timeout=300)
+        interrupted += not (out / "manifest.json").exists()
         r = run_cli("tokenize", *args, "--out", str(out))
         assert r.returncode == 0, r.stderr
         assert data_files(out) == data_files(ref)
         assert file_checksums(out) == file_checksums(ref)
         assert not list((out / ".pretok" / "parts").glob("*.bin")), "appended parts must not linger"
-    assert interrupted >= 2, "the kills should land mid-run"
+    assert interrupted == 5, "every kill lands before the run's last part"
 
 
 def test_text_with_separator_regex(tmp_path):
