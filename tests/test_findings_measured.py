@@ -108,3 +108,26 @@ def test_study_sweep_repeats_are_interleaved_rotated_and_suffixed() -> None:
     assert kinds[:3] == ["padded", "padding-free", "pretok-memmap"] and kinds[3:6] == kinds[1:3] + kinds[:1]
     assert all(kinds[i] != kinds[i + 1] for i in range(8))      # never the same point back to back
     assert reps[4].cli_overrides() == pts[2].cli_overrides()    # the same config: a repeat, not a variant
+
+
+@pytest.mark.parametrize("n", range(1, 7))
+def test_a_run_too_short_to_measure_gives_no_number_and_is_named(tmp_path: Path, n: int) -> None:
+    """Issue 34: a 1-rank run with 2 measured steps after the warm-up (2 records skipped) gave the scaling
+    efficiency its base. Below MIN_MEASURED_STEPS it joins no finding (first screen nor study.json) and the first
+    screen names it."""
+    from pretok_lib.study.measured import MIN_MEASURED_STEPS, split_measurable
+
+    runs_dir = tmp_path / "runs"
+    simple_run(runs_dir, "sweep-mm-w1", kind="pretok-memmap", tokens_per_s=1000.0, eff_frac=1.0, n=n, data_stall=0.5)
+    simple_run(runs_dir, "sweep-mm-w2", kind="pretok-memmap", tokens_per_s=1800.0, eff_frac=1.0, world_size=2)
+    runs = load_runs(runs_dir)
+    short = n - 2 < MIN_MEASURED_STEPS      # simple_run's runs skip 2 warm-up records
+    assert split_measurable(runs)[1] == (["sweep-mm-w1"] if short else [])
+    fs = {f["id"]: f for f in measured_findings(runs, None)}
+    assert ("scaling.pretok-memmap" in fs) is not short
+    stalls = [f["value"] for k, f in fs.items() if k.startswith("stall.")]
+    assert (0.5 in stalls) is not short
+    screen = {f.key: f.value for f in study_findings(runs, None, [])}
+    assert (screen["scaling"] is None) is short
+    html = findings_cell(tmp_path, {"profile": "quick", "parameters": {"sweep_prefix": "sweep"}})
+    assert ("too short to measure" in html and "sweep-mm-w1" in html.split("too short")[1]) is short

@@ -188,8 +188,10 @@ def study_findings(runs: Sequence[Any], bench: Mapping | None, storage: Sequence
                    prediction: Sequence[Mapping] = ()) -> list[Finding]:
     """The six findings of the first screen, from the completed runs (a failed run's partial numbers would skew
     the means it joins)."""
+    from .measured import split_measurable
+
     dev = runs_device(runs)
-    runs = [r for r in runs if r.status == "completed"]
+    runs = split_measurable(runs)[0]   # completed, and not too short to measure
     cores = dev["cpus"] or "few"
     cpu_stall = ("CPU runs: the model step is slow, so loaders keep up; the GPU prediction is the number that "
                  "matters." if dev["cpu"] else "")
@@ -224,13 +226,14 @@ def measured_text(m: Mapping[str, Any]) -> str:
 
 
 def findings_html(findings: Sequence[Finding], subtitle: str = "", measured: Sequence[Mapping] = (),
-                  machine: Mapping | None = None) -> str:
+                  machine: Mapping | None = None, too_short: Sequence[str] = ()) -> str:
     """The findings as one HTML block (`<section id="findings">`, no blank lines: it stays one block inside a
     markdown cell): whether the machine was quiet (`machine`, study.json's), then a table of question, this
     study's numbers, the original study, and a link to the figure. `measured` (study.json's `findings`) gives
-    each row its values with intervals; a row with an invalid measurement shows only those, never the number."""
+    each row its values with intervals; a row with an invalid measurement shows only those, never the number.
+    `too_short`: the ids of runs too short to measure (named, left out of every number)."""
     from ..machine_probe import machine_line
-    from .measured import ROW
+    from .measured import ROW, too_short_text
 
     e = html.escape
     rows = []
@@ -256,6 +259,7 @@ def findings_html(findings: Sequence[Finding], subtitle: str = "", measured: Seq
     return "\n".join(['<section id="findings"><h2>Findings</h2>',
                       f'<p class="machine" data-quiet="{str(quiet).lower()}" style="color:{color}">'
                       f"{e(machine_line(machine))}</p>",
+                      f'<p class="too-short" style="color:#b30">{e(too_short_text(too_short))}</p>' if too_short else "",
                       f"<p>{e(subtitle)}</p>" if subtitle else "",
                       f'<table style="{style}">', head, *rows, "</table></section>"]).replace("\n\n", "\n")
 
@@ -301,4 +305,4 @@ def findings_cell(study_dir: str | Path, record: Mapping[str, Any]) -> str:
 
         record = {**record, **study_measures(study_dir, params, runs)}
     return findings_html(findings_of_study(study_dir, params, runs), subtitle, record.get("findings") or (),
-                         record.get("machine"))
+                         record.get("machine"), record.get("too_short") or ())

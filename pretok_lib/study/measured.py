@@ -18,6 +18,10 @@ from ..analysis.uncertainty import (Estimate, check_efficiency, check_fraction, 
                                     finding)
 
 _REPEAT = re.compile(r"-r(\d+)$")
+# A completed run with fewer logged steps than this after its warm-up (`log.skip_steps`) is "too short to measure":
+# its rates rest on too few steps (issue 34: a 1-rank run's tokens/s was the mean of 2 steps), so it gives no
+# number to any finding and the first screen names it (docs/MEASURING.md). Same default as `bench train`.
+MIN_MEASURED_STEPS = 3
 
 # finding id prefix -> the first-screen row (findings.Finding.key) it belongs to
 ROW = {"tokenization": "tokenization", "stall": "stall", "packing": "packing", "scaling": "scaling", "mfu": "mfu"}
@@ -38,6 +42,27 @@ def paired_samples(num_ids: Sequence[str], den_ids: Sequence[str], values: Mappi
     if na and nb and sum(nb):
         return [(sum(na) / len(na)) / (sum(nb) / len(nb))]
     return []
+
+
+def measured_steps(run: Any) -> int:
+    """Logged steps of `run` after its warm-up records (0 when it logged no more than the warm-up)."""
+    from ..analysis.metrics import skip_of
+
+    n = len(run.train)
+    skip = skip_of(run)
+    return n - skip if n > skip else 0
+
+
+def split_measurable(runs: Sequence[Any], min_steps: int = MIN_MEASURED_STEPS) -> tuple[list[Any], list[str]]:
+    """(the completed runs with >= `min_steps` measured steps, the ids of the completed runs too short to measure)."""
+    done = [r for r in runs if r.status == "completed"]
+    return [r for r in done if measured_steps(r) >= min_steps], [r.run_id for r in done
+                                                                 if measured_steps(r) < min_steps]
+
+
+def too_short_text(ids: Sequence[str]) -> str:
+    return (f"too short to measure (< {MIN_MEASURED_STEPS} steps after the warm-up, no number from them): runs "
+            + ", ".join(ids)) if ids else ""
 
 
 def _metric_values(runs: Sequence[Any], key: str) -> dict[str, float | None]:
@@ -80,7 +105,7 @@ def measured_findings(runs: Sequence[Any], bench: Mapping | None) -> list[dict]:
     benchmark."""
     from ..analysis import all_metrics, scaling_efficiency
 
-    runs = [r for r in runs if r.status == "completed"]
+    runs = split_measurable(runs)[0]
     out = []
     iso, ids = bench_isolated(bench)
     out.append(finding("tokenization.isolated", "Tokenization speedup in isolation (engine vs per-document loop)",
@@ -134,12 +159,13 @@ def merge_machines(machines: Iterable[Mapping | None]) -> dict:
 
 
 def study_measures(study_dir, params: Mapping[str, Any], runs: Sequence[Any] | None = None) -> dict:
-    """{"findings": [...], "machine": {...}} of a study directory: what study.json records."""
+    """{"findings": [...], "machine": {...}, "too_short": [run ids]} of a study directory: what study.json
+    records."""
     from .findings import study_runs
     from .steps import StudyPaths, read_bench
 
     paths = StudyPaths(Path(study_dir))
     runs = study_runs(study_dir, params) if runs is None else runs
     benches = {k: read_bench(paths, k) for k in ("tokenize", "loaders", "train")}
-    return {"findings": measured_findings(runs, benches["tokenize"]),
+    return {"findings": measured_findings(runs, benches["tokenize"]), "too_short": split_measurable(runs)[1],
             "machine": merge_machines(b.get("machine") for b in benches.values() if b)}
