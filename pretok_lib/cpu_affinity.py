@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+THREADS_ENV = "PRETOK_THREADS_PER_RANK"   # torch threads of each training rank (set by `pretok sweep`)
 _ALLOWED: set[int] = set()  # the CPUs this process could run on before `pin_to_one_cpu`
 
 

@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from . import procs, strict_yaml
+from .cpu_affinity import THREADS_ENV, usable_cpus
 from .errors import PretokError
 from .procs import SweepStopped, stop_signals
 from .run_record import run_error, run_status
@@ -384,6 +385,8 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
     check_points(config, points, runs)
     say = echo or (lambda s: None)
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    if launcher == "local":
+        child_env.setdefault(THREADS_ENV, str(sweep_threads(points)))
     status: dict[str, str] = {}
     todo = []
     if changed not in CHANGED_POLICIES:
@@ -426,6 +429,13 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
             raise procs.Stopped(f"sweep {e.args[0]}; its SLURM jobs keep running (job ids in each launcher.json: "
                                 "rerun the same command to wait for them, scancel to stop them)", runs) from None
     return [(p, status[p.run_id]) for p in points]
+
+
+def sweep_threads(points: Sequence[Point], usable: int | None = None) -> int:
+    """Torch threads per rank of every point of a local sweep: the usable cores over the largest world size, so
+    the scaling efficiency compares ranks of equal threads (issue 34: 2 threads at 1 rank vs 1 at 2 ranks) and
+    ranks x threads never exceed the cores (docs/MEASURING.md "Threads")."""
+    return max(1, (usable or usable_cpus()) // max((p.world for p in points), default=1))
 
 
 def _run_local(config: Path, todo: list[Point], runs: Path, module: str, timeout_s: float | None, child_env: dict,

@@ -39,7 +39,8 @@ def main(argv: list[str]) -> int:
         (rdir / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1, "wall_s": 0.0, "loss": 1.0}) + "\n")
         (rdir / "run.json").write_text(json.dumps({"run_id": over["run.id"], "version": 1, "status": status,
                                                    "error": "fake failure" if fail else None, "world_size": world,
-                                                   "overrides": over}))
+                                                   "overrides": over,
+                                                   "torch_threads": os.environ.get("PRETOK_THREADS_PER_RANK")}))
     print(f"fake train rank {rank}/{world}: {'stopped' if stop else 'failing' if fail else 'ok'}", flush=True)
     return 3 if stop else 1 if fail else 0
 

@@ -131,3 +131,28 @@ def test_a_run_too_short_to_measure_gives_no_number_and_is_named(tmp_path: Path,
     assert (screen["scaling"] is None) is short
     html = findings_cell(tmp_path, {"profile": "quick", "parameters": {"sweep_prefix": "sweep"}})
     assert ("too short to measure" in html and "sweep-mm-w1" in html.split("too short")[1]) is short
+
+
+@pytest.mark.parametrize("threads", [(2, 1), (1, 1), (4, 4), (None, 1)])
+def test_the_scaling_finding_states_threads_per_rank_and_unequal_threads_are_invalid(tmp_path: Path,
+                                                                                     threads: tuple) -> None:
+    """Issue 34: the 1-rank run used 2 torch threads, the 2-rank runs 1 each, so the efficiency compared unequal
+    ranks. The finding states the threads per rank (run.json `torch_threads`); unequal ones make it invalid."""
+    for ws, t in zip((1, 2), threads):
+        d = simple_run(tmp_path, f"mm-w{ws}", kind="pretok-memmap", tokens_per_s=1000.0 * ws * 0.9, eff_frac=1.0,
+                       world_size=ws)
+        info = json.loads((d / "run.json").read_text())
+        (d / "run.json").write_text(json.dumps({**info, "torch_threads": t}))
+    runs = load_runs(tmp_path)
+    f = {x["id"]: x for x in measured_findings(runs, None)}["scaling.pretok-memmap"]
+    known = {t for t in threads if t is not None}
+    assert f["valid"] is (len(known) == 1)
+    if len(known) > 1:
+        assert "unequal torch threads per rank" in f["reason"] and "mm-w1" in f["reason"]
+    elif None in threads:
+        assert "per rank 1/?" in f["question"].replace("torch threads ", "")
+    else:
+        t = known.pop()
+        assert f"{t} torch thread{'s' * (t != 1)} per rank" in f["question"]
+        screen = {x.key: x.value for x in study_findings(runs, None, [])}["scaling"]
+        assert f"{t} torch thread" in screen

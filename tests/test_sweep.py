@@ -14,15 +14,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pretok_lib.cli import main as cli_main
+from pretok_lib.cpu_affinity import usable_cpus
 from pretok_lib.errors import PretokError
 from pretok_lib.sweep import (
     Grid,
+    Point,
     command,
     expand_grid,
     parse_axis,
     parse_setting,
     run_id,
     run_sweep,
+    sweep_threads,
     yaml_scalar,
 )
 
@@ -111,6 +114,9 @@ def test_run_sweep_skips_completed_records_and_retries_failed(tmp_path: Path, co
     assert rec["point"]["run_id"] == bad and rec["attempts"][0]["status"] == "failed"
     assert "exit code 1" in rec["attempts"][0]["reason"] and "fake failure" in rec["attempts"][0]["reason"]
     assert "failing" in (runs / bad / "launcher.log").read_text()
+    # one torch thread count per rank at every world size (issue 34: 2 threads at 1 rank vs 1 at 2), within the cores
+    threads = {json.loads((runs / p.run_id / "run.json").read_text())["torch_threads"] for p, _ in res}
+    assert threads == {str(sweep_threads(grid.points()))} and int(threads.pop()) * 2 <= usable_cpus()
 
     lines = []
     res = run_sweep(config, grid, runs, module=FAKE, env=ENV, echo=lines.append)  # next call: retry the failed one
@@ -370,7 +376,7 @@ def test_a_stop_signal_turned_into_another_error_still_stops_the_sweep(tmp_path:
     """The stop signal's exception turned into another error, while a point runs or after it: the sweep still
     ends as stopped (one line, exit 3, the attempt recorded), not as that error's traceback; later points never
     run; a sweep after it, failing the same way without a signal, is not taken for a stopped one."""
-    from pretok_lib import sweep
+    import pretok_lib.sweep as sweep
 
     runs = tmp_path / "runs"
     launched: list[str] = []
@@ -513,3 +519,9 @@ def test_cli_sweep_refuses_an_invalid_axis_before_running_and_in_a_dry_run(tmp_p
         assert not runs.exists()
     assert cli_main(["sweep", "--config", str(config), "--axis", "world=two", "--dry-run"]) == 1
     assert "world size must be a whole number >= 1 (got 'two')" in capsys.readouterr().err
+
+
+@given(usable=st.integers(1, 256), worlds=st.lists(st.integers(1, 16), min_size=1, max_size=5))
+def test_sweep_threads_are_one_count_that_fits_the_largest_world(usable: int, worlds: list[int]) -> None:
+    t = sweep_threads([Point(w, ()) for w in worlds], usable)
+    assert t >= 1 and (t * max(worlds) <= usable or t == 1)

@@ -170,7 +170,11 @@ def scaling_finding(runs: Sequence[Any]) -> str | None:
     for r in rows:
         if r["world_size"] == top:
             by.setdefault(r["data_kind"] or "?", []).append(r["efficiency"])
-    return f"efficiency at {top} ranks: " + ", ".join(f"{k} {_span(v, lambda e: f'{e:.0%}')}" for k, v in by.items())
+    from .measured import threads_per_rank, threads_text
+
+    ids = [i for r in scaling_efficiency(runs) for i in r["runs"]]
+    return (f"efficiency at {top} ranks ({threads_text(threads_per_rank(runs, ids))}): "
+            + ", ".join(f"{k} {_span(v, lambda e: f'{e:.0%}')}" for k, v in by.items()))
 
 
 def mfu_finding(runs: Sequence[Any]) -> str | None:

@@ -65,6 +65,26 @@ def too_short_text(ids: Sequence[str]) -> str:
             + ", ".join(ids)) if ids else ""
 
 
+def threads_per_rank(runs: Sequence[Any], ids: Iterable[str]) -> list[int | None]:
+    """The distinct torch threads per rank (run.json `torch_threads`; None: not recorded) of the runs `ids`."""
+    want = set(ids)
+    return sorted({r.info.get("torch_threads") for r in runs if r.run_id in want}, key=lambda t: (t is None, t))
+
+
+def threads_text(threads: Sequence[int | None]) -> str:
+    if len(threads) == 1:
+        return "threads per rank not recorded" if threads[0] is None else f"{threads[0]} torch thread{'s' * (threads[0] != 1)} per rank"
+    return "torch threads per rank " + "/".join("?" if t is None else str(t) for t in threads)
+
+
+def check_threads(threads: Sequence[int | None], ids: Sequence[str]) -> str | None:
+    """The reason a scaling efficiency is invalid because its world sizes ran unequal threads per rank (issue 34:
+    2 threads at 1 rank against 1 at 2 ranks)."""
+    known = [t for t in threads if t is not None]
+    return (f"unequal torch threads per rank across world sizes ({', '.join(map(str, known))}; runs "
+            f"{', '.join(ids)})") if len(known) > 1 else None
+
+
 def _metric_values(runs: Sequence[Any], key: str) -> dict[str, float | None]:
     from ..analysis import all_metrics
 
@@ -128,14 +148,18 @@ def measured_findings(runs: Sequence[Any], bench: Mapping | None) -> list[dict]:
             bad = check_fraction(max(e.samples), "data stall", [m.run_id for m in sel])
             out.append(finding(f"stall.{kind}", f"Data stall of {kind} (share of the step waiting for data)", e,
                                "fraction", None, bad))
-    rows = [r for r in scaling_efficiency(runs)
-            if r["efficiency"] is not None and r["world_size"] != r["base_world_size"]]
+    every = scaling_efficiency(runs)
+    rows = [r for r in every if r["efficiency"] is not None and r["world_size"] != r["base_world_size"]]
+    base = [r for r in every if r["world_size"] == r["base_world_size"]]
     top = max((r["world_size"] for r in rows), default=None)
     for r in (r for r in rows if r["world_size"] == top):
         e = estimate([r["efficiency"]])
-        out.append(finding(f"scaling.{r['data_kind']}", f"DDP scaling efficiency of {r['data_kind']} at {top} ranks "
-                           f"({r['group']})" if r["group"] else f"DDP scaling efficiency of {r['data_kind']} at {top} "
-                           "ranks", e, "fraction", None, check_efficiency(e.median, r["runs"])))
+        ids = [i for x in rows + base if (x["group"], x["data_kind"]) == (r["group"], r["data_kind"])
+               for i in x["runs"]]
+        threads = threads_per_rank(runs, ids)
+        out.append(finding(f"scaling.{r['data_kind']}", f"DDP scaling efficiency of {r['data_kind']} at {top} ranks"
+                           + (f" ({r['group']})" if r["group"] else "") + f", {threads_text(threads)}", e, "fraction",
+                           None, check_efficiency(e.median, r["runs"]) or check_threads(threads, ids)))
     sel = [m for m in ms if m.mfu is not None]
     if sel:
         e = estimate(m.mfu for m in sel)

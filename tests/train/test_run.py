@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pretok_lib.data import KINDS
 from pretok_lib.train import load_config, train
 from pretok_lib.train.compile import KIND_NAME
+from pretok_lib.train.run import rank_threads
 
 from ..conftest import CL100K_JSON
 from .conftest import SEQ, records, run_cli, tiny_overrides
@@ -192,3 +195,14 @@ def test_torch_compile_trains_like_eager(train_data, tmp_path):
     assert compiled[0]["step_time_s"] > compiled[1]["step_time_s"]        # step 1 paid for the compilation
     cache = json.loads((tmp_path / "compiled" / "run.json").read_text())["inductor_cache"]
     assert KIND_NAME.fullmatch(Path(cache).name) and Path(cache).is_dir()   # this CPU kind's own cache
+
+
+@given(usable=st.integers(1, 256), ranks=st.integers(1, 32),
+       requested=st.one_of(st.none(), st.integers(-2, 512), st.sampled_from(["", "x", "4"])))
+def test_rank_threads_never_oversubscribe_the_cores(usable: int, ranks: int, requested) -> None:
+    """Issue 34: ranks x torch threads <= usable cores at every world size, 1 rank included (oversubscribed OpenMP
+    cost 7x); a requested count (the sweep's one count per rank) is kept when it fits."""
+    t = rank_threads(usable, ranks, requested)
+    assert t >= 1 and (t * ranks <= usable or t == 1)
+    if isinstance(requested, int) and 1 <= requested and requested * ranks <= usable:
+        assert t == requested
