@@ -37,6 +37,7 @@ import yaml
 from . import procs, strict_yaml
 from .cpu_affinity import THREADS_ENV, usable_cpus
 from .errors import PretokError
+from .machine_probe import Probe
 from .procs import SweepStopped, stop_signals
 from .run_record import run_error, run_status
 
@@ -363,7 +364,7 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
               launcher: str = "local", *, module: str = TRAIN_MODULE, timeout_s: float | None = None,
               env: Mapping[str, str] | None = None, slurm_script: str | os.PathLike = SBATCH_SCRIPT,
               slurm_options: Mapping[str, Any] | None = None, echo: Callable[[str], None] | None = print,
-              changed: str = "refuse") -> list[tuple[Point, str]]:
+              changed: str = "refuse", calibrate: bool = True) -> list[tuple[Point, str]]:
     """Launch every grid point not yet completed, one after the other (local) or all at once as SLURM jobs then
     wait for them; returns `(point, status)` with status `completed` (now), `skipped` (completed before) or
     `failed` (recorded in launcher.json, retried on the next call).
@@ -375,6 +376,8 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
         echo: where progress lines go (None: silent).
         changed: a point whose run directory holds a run of another config (say the base config changed since):
             `refuse` (failed, nothing launched, the old run kept) or `rerun` (its directory cleared, then run).
+        calibrate: the machine probe around each local run (its attempt's `probe` in launcher.json) times its
+            calibration before and after (False: outside CPU, load and steal only).
     """
     points = grid.points() if isinstance(grid, Grid) else list(grid)
     if launcher not in LAUNCHERS:
@@ -417,7 +420,7 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
     if launcher == "local":
         try:
             with stop_signals():
-                _run_local(config, todo, runs, module, timeout_s, child_env, status, say)
+                _run_local(config, todo, runs, module, timeout_s, child_env, status, say, calibrate)
         except SweepStopped as e:     # between two points: nothing of ours was running
             raise procs.Stopped(f"sweep {e.args[0]} between two points; rerun the same command to resume",
                                 runs) from None
@@ -439,8 +442,9 @@ def sweep_threads(points: Sequence[Point], usable: int | None = None) -> int:
 
 
 def _run_local(config: Path, todo: list[Point], runs: Path, module: str, timeout_s: float | None, child_env: dict,
-               status: dict[str, str], say: Callable[[str], None]) -> None:
-    """The points one after the other, each its own process (see `_launch_local`).
+               status: dict[str, str], say: Callable[[str], None], probe_calibration: bool = True) -> None:
+    """The points one after the other, each its own process (see `_launch_local`), each inside a machine probe
+    (`machine_probe.Probe`, recorded as the attempt's `probe`).
 
     Args:
         config, todo, runs, module: as run_sweep; timeout_s: per point; child_env: the runs' environment.
@@ -453,7 +457,8 @@ def _run_local(config: Path, todo: list[Point], runs: Path, module: str, timeout
         attempt = {"launcher": "local", "command": cmd, "started": started}
         try:
             rdir.mkdir(parents=True, exist_ok=True)
-            rc, problem = _launch_local(cmd, rdir / "launcher.log", child_env, timeout_s)
+            with Probe(p.run_id, calibration=probe_calibration) as probe:   # is the machine quiet? (issue 34)
+                rc, problem = _launch_local(cmd, rdir / "launcher.log", child_env, timeout_s)
         except BaseException as caught:
             e = procs.as_stopped(caught)  # a stop signal's SweepStopped turned into another error on its way
             if not isinstance(e, KeyboardInterrupt):
@@ -469,7 +474,7 @@ def _run_local(config: Path, todo: list[Point], runs: Path, module: str, timeout
         st, why = _outcome(rdir, rc, problem)
         secs = time.monotonic() - t0
         _record(rdir, p, {**attempt, "finished": _now(), "seconds": round(secs, 2), "returncode": rc,
-                          "status": st, "reason": why})
+                          "status": st, "reason": why, "probe": probe.result})
         status[p.run_id] = st
         say(f"  [{i}/{len(todo)}] {p.run_id}: {st} in {secs:.1f} s" + (f" ({why})" if why else ""))
         if st == "failed":

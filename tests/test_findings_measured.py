@@ -156,3 +156,27 @@ def test_the_scaling_finding_states_threads_per_rank_and_unequal_threads_are_inv
         assert f"{t} torch thread{'s' * (t != 1)} per rank" in f["question"]
         screen = {x.key: x.value for x in study_findings(runs, None, [])}["scaling"]
         assert f"{t} torch thread" in screen
+
+
+def test_findings_mark_the_runs_the_probe_flagged(tmp_path: Path) -> None:
+    """Runs the sweep's machine probe flagged (launcher.json attempt `probe`) stay in the numbers but are marked:
+    each finding drawn from them names them, the machine line says NOT quiet, the first screen says noisy."""
+    from pretok_lib.machine_probe import verdict
+    from pretok_lib.study.measured import study_measures
+
+    runs_dir = tmp_path / "runs"
+    for kind, r in (("padded", 1000.0), ("padding-free", 1500.0)):
+        d = simple_run(runs_dir, f"sweep-{kind}", kind=kind, tokens_per_s=r, eff_frac=1.0)
+        probe = verdict({"run": d.name, "calibration_drift": 0.0, "steal": 0.0, "loadavg": 1.0,
+                         "outside_cpu_cores": 1.5 if kind == "padded" else 0.1})
+        (d / "launcher.json").write_text(json.dumps({"attempts": [{"status": "completed", "probe": probe}]}))
+    params = {"sweep_prefix": "sweep"}
+    rec = study_measures(tmp_path, params)
+    assert rec["machine"]["quiet"] is False and rec["machine"]["probed_runs"] == 2
+    assert [f["run"] for f in rec["machine"]["flagged"]] == ["sweep-padded"]
+    fs = {f["id"]: f for f in rec["findings"]}
+    assert fs["packing.padding-free"]["flagged"] == ["sweep-padded"]
+    assert fs["packing.padding-free"]["value"] == pytest.approx(1.5)    # marked, not excluded
+    assert fs["stall.padding-free"]["flagged"] == [] and fs["stall.padded"]["flagged"] == ["sweep-padded"]
+    html = findings_cell(tmp_path, {"profile": "quick", "parameters": params, **rec})
+    assert "NOT quiet" in html and "noisy machine: runs sweep-padded flagged by the probe" in html

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -525,3 +527,28 @@ def test_cli_sweep_refuses_an_invalid_axis_before_running_and_in_a_dry_run(tmp_p
 def test_sweep_threads_are_one_count_that_fits_the_largest_world(usable: int, worlds: list[int]) -> None:
     t = sweep_threads([Point(w, ()) for w in worlds], usable)
     assert t >= 1 and (t * max(worlds) <= usable or t == 1)
+
+
+def test_each_local_run_is_probed_and_a_cpu_hog_flags_it(tmp_path: Path, config: Path) -> None:
+    """Issue 34: a machine probe around every sweep run, recorded in its launcher.json attempt; a CPU hog outside
+    the sweep's process tree (started by the test) flags the run (the outside-CPU counter, never a speed), and the
+    study's machine record names it."""
+    from pretok_lib.analysis.runs import load_runs
+    from pretok_lib.study.measured import run_machine
+
+    from .test_machine_probe import _HOG
+
+    runs = tmp_path / "runs"
+    pid = int(subprocess.run([sys.executable, "-c", _HOG], capture_output=True, text=True, check=True,
+                             timeout=60).stdout)
+    try:
+        res = run_sweep(config, expand_grid({}, {"data": ["padded"]}), runs, module=FAKE,
+                        env={**ENV, "FAKE_SLEEP_S": "1.5"}, echo=None, calibrate=False)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    assert [s for _, s in res] == ["completed"]
+    probe = json.loads((runs / res[0][0].run_id / "launcher.json").read_text())["attempts"][-1]["probe"]
+    assert probe["run"] == res[0][0].run_id and probe["outside_cpu_cores"] > 0.5, probe
+    assert probe["quiet"] is False and any("outside the study" in r for r in probe["reasons"])
+    mach = run_machine(load_runs(runs))
+    assert mach["quiet"] is False and mach["probed_runs"] == 1 and mach["flagged"][0]["run"] == res[0][0].run_id

@@ -226,6 +226,8 @@ def measured_text(m: Mapping[str, Any]) -> str:
     text = f"{m['question']}: {fmt(m['value'])} [{fmt(lo)}, {fmt(hi)}] (n={m['n']})"
     if not m.get("valid", True):
         return f"{text} — invalid measurement: {m['reason']}"
+    if m.get("flagged"):   # kept, marked: runs the machine probe found not quiet (docs/MEASURING.md)
+        text += f" — noisy machine: runs {', '.join(m['flagged'])} flagged by the probe"
     return f"{text} — {m['reason']}" if not m.get("resolved") and m.get("reason") else text
 
 

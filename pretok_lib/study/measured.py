@@ -120,25 +120,30 @@ def bench_isolated(bench: Mapping | None) -> tuple[Estimate | None, list[str]]:
     return estimate([iso["speedup"]] if iso.get("speedup") else []), [str(iso.get("engine"))]
 
 
-def measured_findings(runs: Sequence[Any], bench: Mapping | None) -> list[dict]:
+def measured_findings(runs: Sequence[Any], bench: Mapping | None, flagged: Iterable[str] = ()) -> list[dict]:
     """The findings of study.json (`uncertainty.finding` records), from the completed runs and the tokenize
-    benchmark."""
+    benchmark. A finding drawn from runs is marked with them (`runs`) and with those of them the machine probe
+    flagged (`flagged`: kept in the numbers, named as noisy)."""
     from ..analysis import all_metrics, scaling_efficiency
 
-    runs = split_measurable(runs)[0]
-    out = []
+    runs, noisy = split_measurable(runs)[0], set(flagged)
+    out: list[dict] = []
+
+    def add(f: dict, ids: Iterable[str]) -> None:
+        ids = list(dict.fromkeys(ids))
+        out.append({**f, "runs": ids, "flagged": [i for i in ids if i in noisy]})
     iso, ids = bench_isolated(bench)
     out.append(finding("tokenization.isolated", "Tokenization speedup in isolation (engine vs per-document loop)",
                        iso, "x", 1.0, check_isolated_speedup(iso.median if iso else None, ids)))
     for pre, otf in (("pretok-memmap", "padding-free"), ("pretok-padded", "padded")):
         e, ids = _path_ratio(runs, pre, otf, "effective_tokens_per_s")
         if e:
-            out.append(finding(f"tokenization.training.{pre}", f"Tokenization speedup in training: {pre} / {otf}",
-                               e, "x", 1.0))
+            add(finding(f"tokenization.training.{pre}", f"Tokenization speedup in training: {pre} / {otf}",
+                        e, "x", 1.0), ids)
     for num, den in (("padding-free", "padded"), ("pretok-memmap", "pretok-padded")):
         e, ids = _path_ratio(runs, num, den, "effective_tokens_per_s")
         if e:
-            out.append(finding(f"packing.{num}", f"Packing gain: effective tokens/s {num} / {den}", e, "x", 1.0))
+            add(finding(f"packing.{num}", f"Packing gain: effective tokens/s {num} / {den}", e, "x", 1.0), ids)
     ms = [m for m in all_metrics(runs)]
     ws = min((m.world_size for m in ms if m.world_size), default=None)
     for kind in dict.fromkeys(m.data_kind for m in ms if m.world_size == ws):
@@ -146,8 +151,8 @@ def measured_findings(runs: Sequence[Any], bench: Mapping | None) -> list[dict]:
         e = estimate(m.data_stall for m in sel)
         if e:
             bad = check_fraction(max(e.samples), "data stall", [m.run_id for m in sel])
-            out.append(finding(f"stall.{kind}", f"Data stall of {kind} (share of the step waiting for data)", e,
-                               "fraction", None, bad))
+            add(finding(f"stall.{kind}", f"Data stall of {kind} (share of the step waiting for data)", e,
+                        "fraction", None, bad), [m.run_id for m in sel])
     every = scaling_efficiency(runs)
     rows = [r for r in every if r["efficiency"] is not None and r["world_size"] != r["base_world_size"]]
     base = [r for r in every if r["world_size"] == r["base_world_size"]]
@@ -157,14 +162,15 @@ def measured_findings(runs: Sequence[Any], bench: Mapping | None) -> list[dict]:
         ids = [i for x in rows + base if (x["group"], x["data_kind"]) == (r["group"], r["data_kind"])
                for i in x["runs"]]
         threads = threads_per_rank(runs, ids)
-        out.append(finding(f"scaling.{r['data_kind']}", f"DDP scaling efficiency of {r['data_kind']} at {top} ranks"
-                           + (f" ({r['group']})" if r["group"] else "") + f", {threads_text(threads)}", e, "fraction",
-                           None, check_efficiency(e.median, r["runs"]) or check_threads(threads, ids)))
+        add(finding(f"scaling.{r['data_kind']}", f"DDP scaling efficiency of {r['data_kind']} at {top} ranks"
+                    + (f" ({r['group']})" if r["group"] else "") + f", {threads_text(threads)}", e, "fraction",
+                    None, check_efficiency(e.median, r["runs"]) or check_threads(threads, ids)), ids)
     sel = [m for m in ms if m.mfu is not None]
     if sel:
         e = estimate(m.mfu for m in sel)
-        out.append(finding("mfu", "MFU (model FLOP/s over the device's peak)", e, "fraction", None,
-                           check_fraction(max(e.samples), "MFU", [m.run_id for m in sel if not 0 <= m.mfu <= 1])))
+        add(finding("mfu", "MFU (model FLOP/s over the device's peak)", e, "fraction", None,
+                    check_fraction(max(e.samples), "MFU", [m.run_id for m in sel if not 0 <= m.mfu <= 1])),
+            [m.run_id for m in sel])
     return out
 
 
@@ -182,6 +188,15 @@ def merge_machines(machines: Iterable[Mapping | None]) -> dict:
             "flagged": [f for m in ms for f in m.get("flagged", [])]}
 
 
+def run_machine(runs: Sequence[Any]) -> dict:
+    """The machine probe summary (`machine_probe.machine`) of the sweep's runs: each run's last launch attempt's
+    `probe` (launcher.json, written by the local sweep launcher)."""
+    from ..analysis.runs import _last_launch
+    from ..machine_probe import machine
+
+    return machine(_last_launch(Path(r.path)).get("probe") for r in runs)
+
+
 def study_measures(study_dir, params: Mapping[str, Any], runs: Sequence[Any] | None = None) -> dict:
     """{"findings": [...], "machine": {...}, "too_short": [run ids]} of a study directory: what study.json
     records."""
@@ -191,5 +206,7 @@ def study_measures(study_dir, params: Mapping[str, Any], runs: Sequence[Any] | N
     paths = StudyPaths(Path(study_dir))
     runs = study_runs(study_dir, params) if runs is None else runs
     benches = {k: read_bench(paths, k) for k in ("tokenize", "loaders", "train")}
-    return {"findings": measured_findings(runs, benches["tokenize"]), "too_short": split_measurable(runs)[1],
-            "machine": merge_machines(b.get("machine") for b in benches.values() if b)}
+    probed = run_machine(runs)
+    return {"findings": measured_findings(runs, benches["tokenize"], [f["run"] for f in probed["flagged"]]),
+            "too_short": split_measurable(runs)[1],
+            "machine": merge_machines([*(b.get("machine") for b in benches.values() if b), probed])}
