@@ -149,13 +149,15 @@ def _clear(run_dir: Path) -> None:
             p.unlink()
 
 
-def rank_threads(usable: int, local_ranks: int, requested: str | int | None = None) -> int:
+def rank_threads(usable: int, local_ranks: int, requested: str | int | None = None, current: int | None = None
+                 ) -> int:
     """Torch threads of one rank (docs/MEASURING.md "Threads"): `requested` ($PRETOK_THREADS_PER_RANK, else
-    $OMP_NUM_THREADS), else the usable cores split among the node's ranks; never more than that share, so ranks x
-    threads <= usable cores (oversubscribed OpenMP cost 7x, issue 34), and at least 1."""
+    $OMP_NUM_THREADS), else `current` (torch's count: a caller in this process may have lowered it), else the
+    usable cores split among the node's ranks; never more than that share, so ranks x threads <= usable cores
+    (oversubscribed OpenMP cost 7x, issue 34), and at least 1."""
     share = max(1, usable // max(1, local_ranks))
     try:
-        want = int(requested) if requested is not None else share
+        want = int(requested) if requested is not None else current or share
     except ValueError:
         want = share
     return max(1, min(want, share))
@@ -165,7 +167,8 @@ def train(cfg: Config) -> int:
     """Run (or resume) `cfg` on this rank; returns the process exit code."""
     d = distributed.setup(cfg.hardware.device)
     torch.set_num_threads(rank_threads(usable_cpus(), int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-                                       os.environ.get(THREADS_ENV) or os.environ.get("OMP_NUM_THREADS")))
+                                       os.environ.get(THREADS_ENV) or os.environ.get("OMP_NUM_THREADS"),
+                                       torch.get_num_threads()))
     default_id = f"{cfg.name}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
     run_id = distributed.broadcast_object(cfg.run.id or default_id)
     cfg.run.id = run_id

@@ -198,11 +198,12 @@ def test_torch_compile_trains_like_eager(train_data, tmp_path):
 
 
 @given(usable=st.integers(1, 256), ranks=st.integers(1, 32),
-       requested=st.one_of(st.none(), st.integers(-2, 512), st.sampled_from(["", "x", "4"])))
-def test_rank_threads_never_oversubscribe_the_cores(usable: int, ranks: int, requested) -> None:
+       requested=st.one_of(st.none(), st.integers(-2, 512), st.sampled_from(["", "x", "4"])),
+       current=st.one_of(st.none(), st.integers(1, 512)))
+def test_rank_threads_never_oversubscribe_the_cores(usable: int, ranks: int, requested, current) -> None:
     """Issue 34: ranks x torch threads <= usable cores at every world size, 1 rank included (oversubscribed OpenMP
     cost 7x); a requested count (the sweep's one count per rank) is kept when it fits."""
-    t = rank_threads(usable, ranks, requested)
+    t = rank_threads(usable, ranks, requested, current)
     assert t >= 1 and (t * ranks <= usable or t == 1)
     if isinstance(requested, int) and 1 <= requested and requested * ranks <= usable:
         assert t == requested
