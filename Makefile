@@ -12,7 +12,8 @@ STUDY_DIR ?= runs/study-quick
 # Measured on the Zen 3 stand-in (README): 18.8 min with 3, 21.2 with 2; natively here 13.2-15.2 with 3 (2 runs), 11.9 with 2.
 TEST_WORKERS ?= 3
 DURATIONS ?= 15
-TEST_LOG ?= runs/test-logs/$(shell date -u +%Y%m%dT%H%M%SZ).log
+TEST_STAMP := $(shell date -u +%Y%m%dT%H%M%SZ)
+TEST_LOG ?= runs/test-logs/$(TEST_STAMP).log
 
 .PHONY: setup sysdeps demo lab test bench clean
 
