@@ -105,10 +105,15 @@ class _InputHasher(threading.Thread):
     def __init__(self, paths: list[str]):
         super().__init__(daemon=True)
         self.paths, self.hashes, self.stopped = paths, {}, threading.Event()
+        self.error: tuple[OSError, str] | None = None   # (the read's error, the input): raised by the main thread
 
     def run(self) -> None:
         for p in self.paths:
-            value = input_checksum(p, stopped=self.stopped)
+            try:
+                value = input_checksum(p, stopped=self.stopped)
+            except OSError as e:   # an input removed or cut under the run: the main thread says which
+                self.error = (e, p)
+                return
             if self.stopped.is_set():
                 return
             self.hashes[p] = value
@@ -221,11 +226,15 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
         if appender is not None:
             appender.close()
         if not isinstance(e, _OtherBackend):
+            if isinstance(e, (PretokError, OSError)):   # a read that failed anywhere (a worker, the backend check's
+                check_stamps(job.stamps)                # sample, the checksums) because an input changed: say so
             raise
         return e.choice
     bar.close()
     hasher.join()
     check_stamps(job.stamps)  # after the checksums were read: a change since planning fails the run
+    if hasher.error is not None:
+        raise os_error(hasher.error[0], hasher.error[1], "cannot read") from None
     _check_unchanged(cfg.inputs, files)
     files = appender.finish() if appender is not None else None
     # where the wall time went: start-up until the first batch was tokenized, tokenizing, then finishing

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from pathlib import Path
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pretok_lib.cli import main
 from pretok_lib.engine import parts, run
 
+from .signal_at import HANG
 from .test_faults_tokenize import cli, one_line
 from .test_output_safety import tok_args, write_jsonl
 from .test_pretokenize import data_files
@@ -69,11 +71,14 @@ def reference(tmp_path_factory) -> dict:
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(how=st.sampled_from(CHANGES), at=st.integers(0, 3), fraction=st.floats(0.0, 0.95),
+@example(how="remove", at=4, fraction=0.0, fmt="memmap")     # the backend check's read fails first
+@example(how="remove", at=3, fraction=0.0, fmt="token-list")  # the checksum thread's read fails first
+@given(how=st.sampled_from(CHANGES), at=st.integers(0, 4), fraction=st.floats(0.0, 0.95),
        fmt=st.sampled_from(["memmap", "token-list"]))
 def test_input_changed_mid_run_fails_naming_it_and_resumes_once_restored(reference, capsys, how, at, fraction, fmt):
     """Cut to 11 of 32 MB mid-run, an input used to give exit 0 and a manifest of a third of its documents; a
-    rewrite kept the old checksum. `at`: the unit before which it changes (3: while its checksum is read)."""
+    rewrite kept the old checksum. `at`: the unit before which it changes (3: while its checksum is read, 4: while
+    the backend check reads its sample: a removal there was reported as "cannot read", not as the change)."""
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = Path(tmp) / "in.jsonl", Path(tmp) / "out"
         inp.write_bytes(reference["bytes"])
@@ -83,7 +88,7 @@ def test_input_changed_mid_run_fails_naming_it_and_resumes_once_restored(referen
         fired = []
 
         def read_unit(unit, opts):
-            if unit.index == at and not fired:
+            if at < 4 and unit.index == at and not fired:
                 fired.append(True)
                 change(inp, how, fraction)
             return real_read(unit, opts)
@@ -94,9 +99,27 @@ def test_input_changed_mid_run_fails_naming_it_and_resumes_once_restored(referen
                 change(inp, how, fraction)
             return real_hash(self)
 
-        real_read, real_hash = parts.read_unit, run._InputHasher.run
+        parts_read = threading.Event()
+
+        def sample_texts(*a, **kw):   # the check's sample is read once every part was: its read fails first
+            parts_read.wait(HANG)
+            if not fired:
+                fired.append(True)
+                change(inp, how, fraction)
+            return real_sample(*a, **kw)
+
+        def workers_run(*a, **kw):
+            try:
+                return real_workers_run(*a, **kw)
+            finally:
+                parts_read.set()
+
+        real_read, real_hash, real_sample = parts.read_unit, run._InputHasher.run, run.sample_texts
+        real_workers_run = run.Workers.run
         hasher = hash_inputs if at == 3 else real_hash
-        with mock.patch.object(parts, "read_unit", read_unit), mock.patch.object(run._InputHasher, "run", hasher):
+        with mock.patch.object(parts, "read_unit", read_unit), mock.patch.object(run._InputHasher, "run", hasher), \
+                mock.patch.object(run, "sample_texts", sample_texts if at == 4 else real_sample), \
+                mock.patch.object(run.Workers, "run", workers_run):
             rc, err = cli(capsys, *args)
         assert fired and rc == 1, err
         one_line(err, str(inp), "changed while this run read it", "rerun the same command to resume")
