@@ -72,10 +72,11 @@ PROFILES: dict[str, dict[str, Any]] = {
         "micro_batch": 4, "loader_workers": "0", "loader_batches": 20, "loader_slow_batches": 3,
         "loader_repeats": 1,
         "config": "configs/tiny.yaml", "train_data_kind": "pretok-memmap", "train_world": 1,
-        "train_overrides": {"train.steps": 3, "train.warmup_steps": 1, "eval.every": 3, "eval.batches": 1,
+        # 5 steps: 3 measured after the 2 warm-up records (log.skip_steps), the least a run's rates need
+        "train_overrides": {"train.steps": 5, "train.warmup_steps": 1, "eval.every": 5, "eval.batches": 1,
                             "model.hidden_size": 64, "model.num_layers": 1, **QUIET_RUN},
         "sweep_grids": [{"data": ["padded", "pretok-memmap"], "world": [1]}, {"data": ["pretok-memmap"], "world": [2]}],
-        "sweep_base": {"train.steps": 2, "train.warmup_steps": 1, "eval.every": 2, "eval.batches": 1,
+        "sweep_base": {"train.steps": 5, "train.warmup_steps": 1, "eval.every": 5, "eval.batches": 1,
                        "model.hidden_size": 64, "model.num_layers": 1, **QUIET_RUN, **NO_EXPORT},
         "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 300, "sweep_repeats": 1,
         "target_loss": None, "png": True, **STALL,
