@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pretok_lib.analysis.runs import load_runs
 from pretok_lib.study.findings import findings_cell, findings_html, study_findings
@@ -110,6 +112,42 @@ def test_study_sweep_repeats_are_interleaved_rotated_and_suffixed() -> None:
     assert reps[4].cli_overrides() == pts[2].cli_overrides()    # the same config: a repeat, not a variant
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=5))
+def test_per_point_repeats_run_each_point_its_count_interleaved(counts: list[int]) -> None:
+    """A grid's own `repeats` (the quick profile repeats its world-1 paths only): each point runs exactly its
+    count, in rounds (a point's k-th run after every point's (k-1)-th), never back to back while another point
+    has runs left in the round, ids -r<k> only on the points that repeat."""
+    from pretok_lib.study.steps import repeated_points
+    from pretok_lib.sweep import expand_grid
+
+    pts = expand_grid({"train.steps": 5}, {"train.seed": list(range(len(counts)))})
+    per = {p.run_id: c for p, c in zip(pts, counts)}
+    reps = repeated_points(pts, 1, per)
+    base = {p.run_id: p for p in pts}
+    seen: dict[str, int] = {}
+    for r in reps:
+        key = r.run_id.rsplit("-r", 1)[0] if r.repeat is not None else r.run_id
+        assert r.repeat == (seen.get(key, 0) if per[key] > 1 else None)
+        assert r.cli_overrides() == base[key].cli_overrides()
+        seen[key] = seen.get(key, 0) + 1
+        assert all(v >= seen[key] - 1 for k, v in seen.items() if per[k] >= seen[key])   # rounds, not blocks
+    assert seen == per and len({r.run_id for r in reps}) == sum(counts)
+
+
+def test_a_grid_repeats_key_sets_its_points_repeats_and_is_not_an_axis() -> None:
+    from pretok_lib.study.steps import point_repeats, sweep_points
+
+    index = {"tokenizer": "t", "seq_len": 16, "paths": {k: f"/d/{k}" for k in
+                                                       ("padded", "padding-free", "pretok-memmap")}}
+    grids = [{"data": ["padded", "pretok-memmap"], "world": [1], "repeats": 3}, {"data": ["pretok-memmap"],
+                                                                                 "world": [1, 2]}]
+    pts = sweep_points(index, grids, {}, "sweep")
+    per = point_repeats(index, grids, {}, "sweep", 1)
+    assert len(pts) == 3 and all("repeats" not in p.run_id for p in pts)
+    assert sorted(per.values()) == [1, 3, 3]      # the shared memmap w1 point: the most of its grids
+
+
 @pytest.mark.parametrize("n", range(1, 7))
 def test_a_run_too_short_to_measure_gives_no_number_and_is_named(tmp_path: Path, n: int) -> None:
     """Issue 34: a 1-rank run with 2 measured steps after the warm-up (2 records skipped) gave the scaling
@@ -180,3 +218,88 @@ def test_findings_mark_the_runs_the_probe_flagged(tmp_path: Path) -> None:
     assert fs["stall.padding-free"]["flagged"] == [] and fs["stall.padded"]["flagged"] == ["sweep-padded"]
     html = findings_cell(tmp_path, {"profile": "quick", "parameters": params, **rec})
     assert "NOT quiet" in html and "noisy machine: runs sweep-padded flagged by the probe" in html
+
+
+def _timed_run(root: Path, run_id: str, kind: str, sec_per_record: float, n: int = 8) -> None:
+    """A run whose loss falls 0.25 per record (val likewise, every record) at `sec_per_record` seconds apart."""
+    from .analysis.helpers import train_record, val_record, write_run
+
+    train = [train_record(5 * (i + 1), sec_per_record * (i + 1), loss=4.0 - 0.25 * i) for i in range(n)]
+    val = [val_record(5 * (i + 1), sec_per_record * (i + 1) + 0.01, 4.1 - 0.25 * i) for i in range(n)]
+    write_run(root, run_id, kind=kind, train=train, val=val)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.floats(1.2, 4.0), st.lists(st.floats(0.97, 1.03), min_size=3, max_size=5))
+def test_time_to_target_speedup_is_a_paired_finding_covering_the_truth(speedup: float, noise: list[float]) -> None:
+    """Issue 34 item 1: the time-to-target comparison is a finding with its interval and n, paired by repeat; the
+    baseline taking `speedup` times as long per record (noise within ±3%) gives that ratio within the interval."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        for k, f in enumerate(noise):
+            _timed_run(root, f"pm-r{k}", "pretok-memmap", 1.0)
+            _timed_run(root, f"pf-r{k}", "padding-free", speedup * f)
+        fs = {f["id"]: f for f in measured_findings(load_runs(root), None)}
+    t = fs["time_to_target.pretok-memmap"]
+    assert t["n"] == len(noise) and t["valid"] and t["unit"] == "x"
+    lo, hi = t["interval"]
+    assert lo <= t["value"] <= hi and lo <= speedup * 1.03 and hi >= speedup * 0.96   # val 0.01 s after its step
+    assert t["resolved"] and sorted(t["runs"]) == sorted([f"pm-r{k}" for k in range(len(noise))]
+                                                         + [f"pf-r{k}" for k in range(len(noise))])
+
+
+def _loaders_json(pre: list[float], otf: list[float]) -> dict:
+    return {"loaders": {"pretok-memmap w0": {"tokens_per_s": max(pre), "tokens_per_s_all": pre},
+                        "padding-free w0": {"tokens_per_s": max(otf), "tokens_per_s_all": otf}}}
+
+
+@pytest.mark.parametrize("ratio", [150.0, 1.4, 0.8])
+def test_loader_ratios_are_findings_and_a_slower_pretokenized_loader_is_invalid(ratio: float) -> None:
+    otf = [1000.0, 1100.0, 950.0]
+    fs = {f["id"]: f for f in measured_findings([], None, (), _loaders_json([x * ratio for x in otf], otf))}
+    f = fs["loaders.pretok-memmap"]
+    assert f["value"] == pytest.approx(ratio) and f["n"] == 3
+    assert f["valid"] is (ratio >= 1)
+    if ratio < 1:
+        assert f["reason"].startswith("pretokenized path slower in isolation") and not f["resolved"]
+
+
+def test_a_ceiling_on_more_cores_below_fewer_is_an_invalid_finding() -> None:
+    """The issue's 2-core ceiling (68.5 MB/s) below the 1-core one (78.9): the benchmark names it invalid, the
+    study's finding carries it as invalid, never as a scaling number."""
+    from pretok_lib.bench.tokenize_report import repeat_summary
+
+    rounds = [{"(c) ceiling 1 core": 20 / 78.9, "(c) ceiling 2 cores": 20 / 68.5} for _ in range(3)]
+    rep = repeat_summary({}, rounds, {"prefix_bytes": 2e6, "text_bytes": 20e6}, 2)
+    assert any(w.startswith("ceiling on 2 cores") for w in rep["invalid"])
+    fs = {f["id"]: f for f in measured_findings([], {"repeats": rep}, ())}
+    f = fs["tokenization.ceiling"]
+    assert f["valid"] is False and not f["resolved"] and "below the one on 1" in f["reason"]
+    good = repeat_summary({}, [{"(c) ceiling 1 core": 0.25, "(c) ceiling 2 cores": 0.14}] * 3,
+                          {"prefix_bytes": 2e6, "text_bytes": 20e6}, 2)
+    g = {f["id"]: f for f in measured_findings([], {"repeats": good}, ())}["tokenization.ceiling"]
+    assert g["valid"] and g["value"] == pytest.approx(0.25 / 0.14)
+
+
+def test_every_number_on_a_measured_row_carries_its_interval_and_n(tmp_path: Path) -> None:
+    """Issue 34: the first screen's rows showed summary spans ("x0.909–0.96 in training") without interval or n
+    beside the measured lines; a row with measured findings now shows only those, each with [interval] and n,
+    plus its context (a prediction or a count, never a timing)."""
+    import re
+
+    from .analysis.helpers import study
+
+    runs = load_runs(study(tmp_path))
+    measured = measured_findings(runs, None)
+    fs = study_findings(runs, None, [])
+    html = findings_html(fs, measured=measured)
+    for f in fs:
+        row = html.split(f'data-key="{f.key}"')[1].split("</tr>")[0]
+        value = row.split('class="finding-value">')[1].split("</td>")[0]
+        spans = re.findall(r'<span class="measured"[^>]*>(.*?)</span>', value)
+        if spans:
+            assert all(re.search(r"\[.+, .+\] \(n=\d+\)", s) or s.endswith(": not measured") for s in spans)
+            rest = re.sub(r'<span class="measured".*?</span>', "", value).replace("<br>", "")
+            assert rest.split("<small")[0].strip() in ("", __import__("html").escape(f.context)), rest

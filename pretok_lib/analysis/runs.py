@@ -214,7 +214,7 @@ def _read_json(path: Path, problems: list[str]) -> dict[str, Any]:
     return {}
 
 
-def _last_launch(path: Path) -> dict[str, Any]:
+def last_launch(path: Path) -> dict[str, Any]:
     """The last attempt recorded by the sweep launcher (launcher.json), {} if none: it tells a run that failed
     before the trainer wrote run.json."""
     try:
@@ -250,7 +250,7 @@ def load_run(path: str | Path) -> Run:
         summary = _read_json(path / "summary.json", problems)
     raw = info.get("status")
     error = info.get("error")
-    if not info and (launch := _last_launch(path)).get("status") == "failed":
+    if not info and (launch := last_launch(path)).get("status") == "failed":
         raw, error = "failed", launch.get("reason") or f"launcher exit code {launch.get('returncode')}"
     if raw == "failed":
         status = "failed"

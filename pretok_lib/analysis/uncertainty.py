@@ -114,13 +114,6 @@ def bootstrap_ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL
     return Estimate(float(np.median(xa) / np.median(xb)), float(lo), float(hi), n, level, (), level)
 
 
-def interleaved(variants: Sequence[str], repeats: int) -> list[tuple[int, str]]:
-    """The run order (round, variant) of `repeats` rounds of `variants`, interleaved and rotated: A B C, B C A,
-    C A B, ... (never A A A B B B: a shared machine drifts slowly, so blocks would confound variant and time)."""
-    k = len(variants)
-    return [(r, variants[(r + i) % k]) for r in range(repeats) for i in range(k)]
-
-
 # ---- validity: values that cannot be true are invalid measurements, not findings ------------------------------
 
 EFFICIENCY_TOLERANCE = 0.05   # scaling efficiency may exceed 1 by this much (cache effects) before it is invalid

@@ -28,7 +28,7 @@ from ..machine_probe import machine_line
 from . import fmt_num
 from .common import (BenchConfig, add_common_args, add_output_args, at_least, check_targets, corpus_and_tokenizer,
                      counts, environment, from_args, offline, write_json)
-from .repeats import est_dict, probes_of, ratio_estimate, rounds, text
+from .repeats import est_dict, probes_of, ratio_estimate, rounds, text, threshold_resolved
 
 SLOW = ON_THE_FLY  # tokenize on the fly: measured over --slow-batches
 COMPRESSIONS = ("none", "snappy", "zstd:3", "zstd:22")
@@ -304,7 +304,7 @@ def targets(res: dict[str, dict], workers: list[int]) -> list[dict]:
         out.append({"target": name, "value": value, "need": f">= {need:g}", "primary": primary,
                     "pass": None if value is None else value >= need, "estimate": e,
                     "interval": e and e["interval"], "n": e["n"] if e else int(value is not None),
-                    "resolved": bool(e) and not e["interval"][0] <= need <= e["interval"][1]})
+                    "resolved": threshold_resolved(e, need)})
 
     def best(kind: str) -> dict | None:
         rows = [res[f"{kind} w{w}"] for w in workers if f"{kind} w{w}" in res]

@@ -48,6 +48,12 @@ def est_dict(e: Estimate | None, null: float | None = None) -> dict | None:
     return d
 
 
+def threshold_resolved(d: Mapping | None, need: float) -> bool:
+    """Whether an estimate (`est_dict`) decides a target's threshold: its interval wholly on one side of `need`,
+    from >= 2 samples (one sample has no interval: the noise decides)."""
+    return bool(d) and d["n"] >= 2 and not d["interval"][0] <= need <= d["interval"][1]
+
+
 def sample_estimates(samples: Mapping[str, Sequence[float | None]]) -> dict[str, dict | None]:
     """Per name: the median and interval of its samples."""
     return {k: est_dict(estimate(v)) for k, v in samples.items()}

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from ..analysis.uncertainty import check_ceilings, check_isolated_speedup
 from ..machine_probe import machine_line
 from . import fmt_num
-from .repeats import probes_of, ratio_estimate, sample_estimates, text
+from .repeats import probes_of, ratio_estimate, sample_estimates, text, threshold_resolved
 
 LOOP, MAP, CEIL = "(a) per-doc tok(text) loop", "(b) datasets.map", "(c) ceiling 1 core"
 
@@ -169,8 +169,7 @@ def add_intervals(tg: list[dict], rounds: Sequence[Mapping[str, float]], n: int)
         t["interval"], t["n"] = (e["interval"], e["n"]) if e else (None, 0)
         parts = str(t["need"]).split()
         if e and len(parts) == 2 and parts[1] != "n/a":
-            need, (lo, hi) = float(parts[1]), e["interval"]
-            t["resolved"] = not lo <= need <= hi
+            t["resolved"] = threshold_resolved(e, float(parts[1]))
         else:
             t["resolved"] = None
 
@@ -192,9 +191,10 @@ def repeat_summary(runs: Mapping[str, Sequence[Mapping]], rounds: Sequence[Mappi
     ratios = {k: v for k, v in ratios.items() if v}
     est = sample_estimates({k: mbps(k) for k in names})
     invalid = []
-    ceil = {1: est.get(CEIL), n: est.get(ceil_name(n))} if n > 1 else {}
-    if all(ceil.values()) and ceil:
-        ids = [f"{k} x{len(runs.get(k, []))}" for k in (CEIL, ceil_name(n))]
+    # every ceiling measured, by its core count: one on more cores below one on fewer cannot be true
+    ceil = {_cores(k): e for k, e in est.items() if k.startswith("(c) ceiling") and e}
+    if len(ceil) > 1:
+        ids = [f"{ceil_name(k)} x{len(runs.get(ceil_name(k), []))}" for k in sorted(ceil)]
         why = check_ceilings({k: v["median"] for k, v in ceil.items()}, ids)
         invalid += [why] if why else []
     iso = ratios.get(f"isolated tokenization speedup: {en} / {LOOP}")

@@ -29,7 +29,7 @@ from .common import (BenchConfig, add_common_args, add_output_args, at_least, ch
 from ..analysis.uncertainty import estimate
 from ..machine_probe import machine_line
 from .loaders import FORMAT_OF, pretokenize, render, variant_dir
-from .repeats import est_dict, probes_of, ratio_estimate, rounds, text
+from .repeats import est_dict, probes_of, ratio_estimate, rounds, text, threshold_resolved
 
 PRETOK = ("pretok-padded", "pretok-token-list", "pretok-memmap")
 
@@ -160,7 +160,7 @@ def targets(res: dict[str, dict]) -> list[dict]:
         v = e["median"] if e else None
         ok = None if v is None else (v < need if below else v >= need)
         out.append({"target": name, "value": v, "pass": ok, "estimate": e, "interval": e and e["interval"],
-                    "n": e["n"] if e else 0, "resolved": bool(e) and not e["interval"][0] <= need <= e["interval"][1]})
+                    "n": e["n"] if e else 0, "resolved": threshold_resolved(e, need)})
 
     for kind in PACKED:
         if kind in res and base:

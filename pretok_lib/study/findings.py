@@ -37,6 +37,7 @@ class Finding:
     figure: str
     original: str | None = None
     note: str = ""
+    context: str = ""   # what no repeated measurement gives (a prediction, a count): shown beside the measured lines
 
 
 def _x(v: float | None) -> str:
@@ -107,14 +108,21 @@ def stall_finding(runs: Sequence[Any], prediction: Sequence[Mapping] = ()) -> st
     group, stall = _path_comparison(runs, "data_stall")
     text = (f"({group}) " if group else "") + ", ".join(f"{k} {_pct(v)}" for k, v in stall.items())
     if prediction:
-        acc = prediction[0]["accelerator"]
-        best: dict[str, float] = {}
-        for r in (r for r in prediction if r["accelerator"] == acc):
-            mid = r["stall_mid"]   # the stall at the middle MFU (not the mean of the ends: it is not linear)
-            best[r["path"]] = min(best.get(r["path"], 1.0), mid)
-        pred = ", ".join(f"{k} {_pct(v)}" for k, v in best.items())
-        text = (f"measured: {text}; " if text else "") + f"predicted on one {acc} (best worker count): {pred}"
+        text = (f"measured: {text}; " if text else "") + stall_prediction_text(prediction)
     return text or None
+
+
+def stall_prediction_text(prediction: Sequence[Mapping]) -> str:
+    """The stall predicted on the first accelerator of `prediction` at its middle MFU, best worker count per path
+    (a model's output, not a repeated measurement: no interval)."""
+    if not prediction:
+        return ""
+    acc = prediction[0]["accelerator"]
+    best: dict[str, float] = {}
+    for r in (r for r in prediction if r["accelerator"] == acc):
+        mid = r["stall_mid"]   # the stall at the middle MFU (not the mean of the ends: it is not linear)
+        best[r["path"]] = min(best.get(r["path"], 1.0), mid)
+    return f"predicted on one {acc} (best worker count): " + ", ".join(f"{k} {_pct(v)}" for k, v in best.items())
 
 
 def packing_finding(runs: Sequence[Any]) -> str | None:
@@ -134,10 +142,15 @@ def packing_finding(runs: Sequence[Any]) -> str | None:
             parts.append(f"{packed} / {padded} {_span(ratios, _x)}")
     if parts:
         parts[0] = "effective tokens/s " + parts[0]
-    pad = _path_comparison(runs, "padding_frac")[1].get("padded")
-    if pad is not None:
-        parts.append(f"padded rows are {_pct(pad)} padding")
+    if pad := padding_text(runs):
+        parts.append(pad)
     return "; ".join(parts) or None
+
+
+def padding_text(runs: Sequence[Any]) -> str:
+    """The padding share of the padded path's batches (a count over the batches, not a timing)."""
+    pad = _path_comparison(runs, "padding_frac")[1].get("padded")
+    return "" if pad is None else f"padded rows are {_pct(pad)} padding"
 
 
 def storage_finding(rows: Sequence[Mapping]) -> str | None:
@@ -182,10 +195,14 @@ def mfu_finding(runs: Sequence[Any]) -> str | None:
     ms = [m for m in _completed(runs) if m.mfu is not None]
     if not ms:
         return None
-    sources = list(dict.fromkeys(m.peak_source for m in ms if m.peak_source))
-    return (f"{_span([m.mfu for m in ms], _pct)} over {len(ms)} runs"
-            + (f"; peak: {sources[0]}" + (f" (+{len(sources) - 1} more)" if len(sources) > 1 else "")
-               if sources else ""))
+    peak = peak_text(ms)
+    return f"{_span([m.mfu for m in ms], _pct)} over {len(ms)} runs" + (f"; {peak}" if peak else "")
+
+
+def peak_text(ms: Sequence[Any]) -> str:
+    """The peak the MFU divides by (the first of the runs' peak sources)."""
+    sources = list(dict.fromkeys(m.peak_source for m in ms if getattr(m, "peak_source", None)))
+    return (f"peak: {sources[0]}" + (f" (+{len(sources) - 1} more)" if len(sources) > 1 else "")) if sources else ""
 
 
 def study_findings(runs: Sequence[Any], bench: Mapping | None, storage: Sequence[Mapping],
@@ -204,14 +221,15 @@ def study_findings(runs: Sequence[Any], bench: Mapping | None, storage: Sequence
                 "tokenization_speedup", ORIGINAL["tokenization"]),
         Finding("stall", "Data stall per data path (share of the step waiting for data)",
                 stall_finding(runs, prediction), "stall_prediction" if prediction else "data_stall",
-                ORIGINAL["stall"], cpu_stall),
+                ORIGINAL["stall"], cpu_stall, stall_prediction_text(prediction)),
         Finding("packing", "Packing gain (effective tokens/s packed vs padded)", packing_finding(runs), "throughput",
-                ORIGINAL["packing"]),
+                ORIGINAL["packing"], context=padding_text(runs)),
         Finding("storage", "Storage per format", storage_finding(storage), "storage", ORIGINAL["storage"]),
         Finding("scaling", "DDP scaling efficiency", scaling_finding(runs), "ddp_scaling", ORIGINAL["scaling"],
                 f"CPU runs: gloo ranks share {cores} cores, so this is not GPU scaling." if dev["cpu"] else ""),
         Finding("mfu", "MFU (model FLOP/s over the device's peak)", mfu_finding(runs), "mfu", ORIGINAL["mfu"],
-                "CPU runs: against this CPU's measured matmul peak." if dev["cpu"] else ""),
+                "CPU runs: against this CPU's measured matmul peak." if dev["cpu"] else "",
+                peak_text(_completed(runs))),
     ]
 
 
@@ -236,7 +254,8 @@ def findings_html(findings: Sequence[Finding], subtitle: str = "", measured: Seq
     """The findings as one HTML block (`<section id="findings">`, no blank lines: it stays one block inside a
     markdown cell): whether the machine was quiet (`machine`, study.json's), then a table of question, this
     study's numbers, the original study, and a link to the figure. `measured` (study.json's `findings`) gives
-    each row its values with intervals; a row with an invalid measurement shows only those, never the number.
+    each row its values with intervals, in place of the row's summary text (an invalid one says so, never giving
+    the number as a finding), and the row's `context` beside them.
     `too_short`: the ids of runs too short to measure (named, left out of every number)."""
     from ..machine_probe import machine_line
     from .measured import ROW, too_short_text
@@ -248,10 +267,12 @@ def findings_html(findings: Sequence[Finding], subtitle: str = "", measured: Seq
         lines = "".join(f'<br><span class="measured" data-valid="{str(m.get("valid", True)).lower()}" '
                         f'data-resolved="{str(m.get("resolved")).lower()}">{e(measured_text(m))}</span>'
                         for m in mine)
-        if any(not m.get("valid", True) for m in mine):
-            value = lines.removeprefix("<br>")
+        # measured lines (each with its interval and n) replace the summary text, whose spans carry no interval;
+        # what no repetition measures (a prediction, a count) stays beside them
+        if mine:
+            value = lines.removeprefix("<br>") + (f"<br>{e(f.context)}" if f.context else "")
         else:
-            value = (e(f.value) if f.value else "<i>not measured in this study</i>") + lines
+            value = e(f.value) if f.value else "<i>not measured in this study</i>"
         note = f'<br><small style="color:#8a5a00">{e(f.note)}</small>' if f.note else ""
         orig = e(f.original) if f.original else '<span style="color:#888">no figure</span>'
         rows.append(f'<tr class="finding" data-key="{f.key}"><td><b>{e(f.question)}</b></td>'

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..analysis.uncertainty import (Estimate, check_efficiency, check_fraction, check_isolated_speedup, estimate,
-                                    finding)
+from ..analysis.uncertainty import (Estimate, check_efficiency, check_fraction, check_isolated_speedup,
+                                    check_times, estimate, finding)
 
 _REPEAT = re.compile(r"-r(\d+)$")
 # A completed run with fewer logged steps than this after its warm-up (`log.skip_steps`) is "too short to measure":
@@ -24,7 +24,8 @@ _REPEAT = re.compile(r"-r(\d+)$")
 MIN_MEASURED_STEPS = 3
 
 # finding id prefix -> the first-screen row (findings.Finding.key) it belongs to
-ROW = {"tokenization": "tokenization", "stall": "stall", "packing": "packing", "scaling": "scaling", "mfu": "mfu"}
+ROW = {"tokenization": "tokenization", "loaders": "tokenization", "stall": "stall", "packing": "packing",
+       "time_to_target": "tokenization", "scaling": "scaling", "mfu": "mfu"}
 
 
 def _by_repeat(ids: Sequence[str], values: Mapping[str, float | None]) -> dict[str, float]:
@@ -91,11 +92,14 @@ def _metric_values(runs: Sequence[Any], key: str) -> dict[str, float | None]:
     return {m.run_id: getattr(m, key) for m in all_metrics(runs)}
 
 
-def _path_ratio(runs: Sequence[Any], num: str, den: str, key: str) -> tuple[Estimate | None, list[str]]:
+def _path_ratio(runs: Sequence[Any], num: str, den: str, key: str, values: Mapping[str, float | None] | None = None
+                ) -> tuple[Estimate | None, list[str]]:
+    """num / den of `key` (or of `values` by run id), paired by repeat within each group of runs equal but for the
+    data path."""
     from ..analysis import path_speedups
 
     rows = path_speedups(runs, "padded", key)
-    values = _metric_values(runs, key)
+    values = _metric_values(runs, key) if values is None else values
     samples, ids = [], []
     for g in dict.fromkeys(r["group"] for r in rows):
         by = {r["data_kind"]: r["runs"] for r in rows if r["group"] == g}
@@ -103,6 +107,57 @@ def _path_ratio(runs: Sequence[Any], num: str, den: str, key: str) -> tuple[Esti
             samples += paired_samples(by[num], by[den], values)
             ids += by[num] + by[den]
     return estimate(samples), ids
+
+
+def time_to_target_speedups(runs: Sequence[Any]) -> list[tuple[str, str, Estimate | None, list[str], float,
+                                                              str | None]]:
+    """(pretokenized path, its on-the-fly baseline, baseline's time to the target / the path's, runs, target, the
+    reason its times cannot be true): the time-to-target speedup, paired by repeat, at the study's target
+    (`target_loss_choice`: one every compared run reaches)."""
+    from ..analysis import all_metrics
+    from ..analysis.metrics import resolve_target_loss
+    from ..datapaths import PRETOK_PAIRS
+
+    target = resolve_target_loss(runs)
+    if target is None:
+        return []
+    times = {m.run_id: m.time_to_target_s for m in all_metrics(runs, target_loss=target)}
+    inverse = {i: (1 / t if t and t > 0 else None) for i, t in times.items()}
+    out = []
+    for pre, otf in PRETOK_PAIRS.items():
+        e, ids = _path_ratio(runs, pre, otf, "time_to_target_s", inverse)   # (1/t_pre) / (1/t_otf) = t_otf / t_pre
+        if ids:
+            out.append((pre, otf, e, ids, target, check_times([times.get(i) for i in ids], ids)))
+    return out
+
+
+def bench_loaders(bench: Mapping | None) -> list[tuple[str, str, Estimate | None, list[str]]]:
+    """(pretokenized path, its on-the-fly baseline, tokens/s ratio, rows) from the loader benchmark's rounds with
+    no DataLoader workers (in-process: the loader's own cost), each round's ratio paired."""
+    from ..analysis.uncertainty import paired_ratio
+    from ..datapaths import PRETOK_PAIRS
+
+    rows = (bench or {}).get("loaders") or {}
+    out = []
+    for pre, otf in PRETOK_PAIRS.items():
+        a, b = rows.get(f"{pre} w0"), rows.get(f"{otf} w0")
+        if a and b:
+            xa, xb = a.get("tokens_per_s_all") or [a["tokens_per_s"]], b.get("tokens_per_s_all") or [b["tokens_per_s"]]
+            e = paired_ratio(xa, xb) if len(xa) == len(xb) else estimate([a["tokens_per_s"] / b["tokens_per_s"]])
+            out.append((pre, otf, e, [f"loader bench {pre} w0 x{len(xa)}", f"{otf} w0 x{len(xb)}"]))
+    return out
+
+
+def bench_ceilings(bench: Mapping | None) -> tuple[Estimate | None, str, str | None]:
+    """The tokenizer's in-memory ceiling on n cores over 1 core (paired rounds), its name, and the reason the
+    ceilings cannot be true (a ceiling on more cores below one on fewer) from the benchmark's checks."""
+    rep = (bench or {}).get("repeats") or {}
+    for name, e in (rep.get("ratios") or {}).items():
+        if name.startswith("(c) ceiling") and e:
+            bad = next((w for w in rep.get("invalid", []) if w.startswith("ceiling on")), None)
+            return Estimate(e["median"], *e["interval"], e["n"], e.get("coverage", 0.0), tuple(e["samples"])), \
+                name, bad
+    return None, "", None
 
 
 def bench_isolated(bench: Mapping | None) -> tuple[Estimate | None, list[str]]:
@@ -120,10 +175,11 @@ def bench_isolated(bench: Mapping | None) -> tuple[Estimate | None, list[str]]:
     return estimate([iso["speedup"]] if iso.get("speedup") else []), [str(iso.get("engine"))]
 
 
-def measured_findings(runs: Sequence[Any], bench: Mapping | None, flagged: Iterable[str] = ()) -> list[dict]:
-    """The findings of study.json (`uncertainty.finding` records), from the completed runs and the tokenize
-    benchmark. A finding drawn from runs is marked with them (`runs`) and with those of them the machine probe
-    flagged (`flagged`: kept in the numbers, named as noisy)."""
+def measured_findings(runs: Sequence[Any], bench: Mapping | None, flagged: Iterable[str] = (),
+                      loaders: Mapping | None = None) -> list[dict]:
+    """The findings of study.json (`uncertainty.finding` records), from the completed runs and the tokenize and
+    loader benchmarks. A finding drawn from runs is marked with them (`runs`) and with those of them the machine
+    probe flagged (`flagged`: kept in the numbers, named as noisy)."""
     from ..analysis import all_metrics, scaling_efficiency
 
     runs, noisy = split_measurable(runs)[0], set(flagged)
@@ -135,6 +191,12 @@ def measured_findings(runs: Sequence[Any], bench: Mapping | None, flagged: Itera
     iso, ids = bench_isolated(bench)
     out.append(finding("tokenization.isolated", "Tokenization speedup in isolation (engine vs per-document loop)",
                        iso, "x", 1.0, check_isolated_speedup(iso.median if iso else None, ids)))
+    ceil, name, bad = bench_ceilings(bench)
+    if ceil:
+        out.append(finding("tokenization.ceiling", f"Tokenizer ceiling scaling: {name}", ceil, "x", 1.0, bad))
+    for pre, otf, e, ids in bench_loaders(loaders):
+        out.append({**finding(f"loaders.{pre}", f"Loader speedup in isolation: {pre} / {otf} (tokens/s, no workers)",
+                              e, "x", 1.0, check_isolated_speedup(e.median if e else None, ids)), "runs": ids})
     for pre, otf in (("pretok-memmap", "padding-free"), ("pretok-padded", "padded")):
         e, ids = _path_ratio(runs, pre, otf, "effective_tokens_per_s")
         if e:
@@ -144,6 +206,9 @@ def measured_findings(runs: Sequence[Any], bench: Mapping | None, flagged: Itera
         e, ids = _path_ratio(runs, num, den, "effective_tokens_per_s")
         if e:
             add(finding(f"packing.{num}", f"Packing gain: effective tokens/s {num} / {den}", e, "x", 1.0), ids)
+    for pre, otf, e, ids, target, bad in time_to_target_speedups(runs):
+        add(finding(f"time_to_target.{pre}", f"Time-to-target speedup: {otf} / {pre} (time to loss {target:.4g})",
+                    e, "x", 1.0, bad), ids)
     ms = [m for m in all_metrics(runs)]
     ws = min((m.world_size for m in ms if m.world_size), default=None)
     for kind in dict.fromkeys(m.data_kind for m in ms if m.world_size == ws):
@@ -191,10 +256,10 @@ def merge_machines(machines: Iterable[Mapping | None]) -> dict:
 def run_machine(runs: Sequence[Any]) -> dict:
     """The machine probe summary (`machine_probe.machine`) of the sweep's runs: each run's last launch attempt's
     `probe` (launcher.json, written by the local sweep launcher)."""
-    from ..analysis.runs import _last_launch
+    from ..analysis.runs import last_launch
     from ..machine_probe import machine
 
-    return machine(_last_launch(Path(r.path)).get("probe") for r in runs)
+    return machine(last_launch(Path(r.path)).get("probe") for r in runs)
 
 
 def study_measures(study_dir, params: Mapping[str, Any], runs: Sequence[Any] | None = None) -> dict:
@@ -207,6 +272,7 @@ def study_measures(study_dir, params: Mapping[str, Any], runs: Sequence[Any] | N
     runs = study_runs(study_dir, params) if runs is None else runs
     benches = {k: read_bench(paths, k) for k in ("tokenize", "loaders", "train")}
     probed = run_machine(runs)
-    return {"findings": measured_findings(runs, benches["tokenize"], [f["run"] for f in probed["flagged"]]),
+    return {"findings": measured_findings(runs, benches["tokenize"], [f["run"] for f in probed["flagged"]],
+                                          benches["loaders"]),
             "too_short": split_measurable(runs)[1],
             "machine": merge_machines([*(b.get("machine") for b in benches.values() if b), probed])}

@@ -305,7 +305,8 @@ def run_study_sweep(paths: StudyPaths, index: Mapping, config: str, grids: Itera
                     base: Mapping[str, Any] | None = None, launcher: str = "local", prefix: str = "sweep",
                     timeout_s: float | None = None, repeats: int = 1) -> list:
     """Every grid in `grids` (axes dicts) on the same base; points shared by two grids run once, `repeats`
-    times each in interleaved rounds (`repeated_points`). Returns `(point, status)` for every run.
+    times each in interleaved rounds (`repeated_points`); a grid's own `"repeats"` key (not an axis) sets its
+    points' (the most of its grids for a shared point). Returns `(point, status)` for every run.
 
     Args:
         paths, index: the study's directories and dataset index; config: the training config (name or path).
@@ -314,7 +315,8 @@ def run_study_sweep(paths: StudyPaths, index: Mapping, config: str, grids: Itera
     """
     from ..sweep import run_sweep
 
-    points = repeated_points(sweep_points(index, grids, base, prefix), repeats)
+    points = repeated_points(sweep_points(index, grids, base, prefix), repeats, point_repeats(index, grids, base,
+                                                                                            prefix, repeats))
     record_sweep(paths, prefix, [p.run_id for p in points])  # notebook 05 compares these runs, no older ones
     return run_sweep(resolve(config), points, paths.runs, launcher, timeout_s=timeout_s, changed="rerun")
 
@@ -324,24 +326,46 @@ def sweep_points(index: Mapping, grids: Iterable[Mapping[str, Sequence[Any]]], b
     """The distinct points of `run_study_sweep`, in order (a point two grids share once)."""
     points, seen = [], set()
     for axes in grids:
-        for p in study_grid(index, axes, base, prefix).points():
+        for p in study_grid(index, grid_axes(axes), base, prefix).points():
             if p.run_id not in seen:
                 seen.add(p.run_id)
                 points.append(p)
     return points
 
 
-def repeated_points(points: Sequence[Any], repeats: int) -> list:
-    """Each point `repeats` times, in rounds with the order rotated (A B C, B C A, ...: a shared machine drifts
-    slowly, so back-to-back repeats would confound the point with the time), ids suffixed -r<k>; as they are
-    for repeats <= 1."""
+def grid_axes(grid: Mapping[str, Any]) -> dict[str, Any]:
+    """A sweep grid's axes: the grid less its `repeats` key."""
+    return {k: v for k, v in grid.items() if k != "repeats"}
+
+
+def point_repeats(index: Mapping, grids: Iterable[Mapping[str, Any]], base: Mapping[str, Any] | None = None,
+                  prefix: str = "sweep", repeats: int = 1) -> dict[str, int]:
+    """Run id -> repeats of each point of `sweep_points`: its grid's `repeats` key, else `repeats`; the most of
+    the grids that share a point."""
+    out: dict[str, int] = {}
+    for g in grids:
+        for p in study_grid(index, grid_axes(g), base, prefix).points():
+            out[p.run_id] = max(out.get(p.run_id, 0), int(g.get("repeats", repeats)))
+    return out
+
+
+def repeated_points(points: Sequence[Any], repeats: int, per_point: Mapping[str, int] | None = None) -> list:
+    """Each point `repeats` times (`per_point[run_id]` where given), in rounds with the order rotated (A B C,
+    B C A, ...: a shared machine drifts slowly, so back-to-back repeats would confound the point with the time);
+    round k holds the points repeated more than k times. Ids are suffixed -r<k> when any point repeats, as they
+    are when none does."""
     from dataclasses import replace
 
     from ..bench.repeats import rotated
 
-    if repeats <= 1:
+    counts = [max(1, (per_point or {}).get(p.run_id, repeats)) for p in points]
+    if max(counts, default=1) <= 1:
         return list(points)
-    return [replace(p, repeat=k) for k in range(repeats) for p in rotated(points, k)]
+    out = []
+    for k in range(max(counts)):
+        now = [(p, c) for p, c in zip(points, counts) if c > k]
+        out += [replace(p, repeat=k if c > 1 else None) for p, c in rotated(now, k)]
+    return out
 
 
 def dataset_dirs(paths: StudyPaths) -> list[str]:
@@ -365,5 +389,5 @@ def require_completed(results: Sequence[tuple[Any, str]], paths: StudyPaths) -> 
 __all__ = ["ROOT", "StudyPaths", "bench_figures", "bench_loaders", "bench_tokenize", "data_paths", "dataset_dirs",
            "findings", "inspect_all", "load_datasets", "notebook_setup", "png_available", "prepare_corpus",
            "pretokenize_all", "read_bench", "require_completed", "resolve", "run_overrides", "run_study_sweep",
-           "record_sweep", "repeated_points", "select_runs", "storage_table", "study_grid", "study_paths",
+           "record_sweep", "grid_axes", "point_repeats", "repeated_points", "select_runs", "storage_table", "study_grid", "study_paths",
            "sweep_points", "sweep_runs", "train_one", "train_points", "variant_name"]

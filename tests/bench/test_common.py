@@ -119,3 +119,19 @@ def test_results_json_on_a_full_disk_keeps_the_previous_file(tmp_path, monkeypat
     monkeypatch.undo()
     assert str(out) in str(e.value) and "No space left" in str(e.value)
     assert json.loads(out.read_text()) == {"previous": True} and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.01, 100.0), min_size=1, max_size=9), st.floats(0.01, 100.0))
+def test_a_target_is_resolved_only_by_an_interval_wholly_on_one_side(samples: list[float], need: float) -> None:
+    """Every benchmark (tokenize, loaders, train) decides its targets with `threshold_resolved`: one round has no
+    interval, so its pass or fail is never resolved (the loaders benchmark said "resolved" at n=1)."""
+    from pretok_lib.analysis.uncertainty import estimate
+    from pretok_lib.bench.repeats import est_dict, threshold_resolved
+
+    d = est_dict(estimate(samples))
+    lo, hi = d["interval"]
+    assert threshold_resolved(d, need) == (len(samples) >= 2 and not lo <= need <= hi)
+    assert not threshold_resolved(None, need)
+    if len(samples) == 1:
+        assert not threshold_resolved(d, need)
