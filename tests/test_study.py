@@ -60,6 +60,32 @@ def test_study_grid_links_each_data_path_to_its_dataset() -> None:
     assert [(q.run_id, q.get("data.path")) for q in one] == [("train-pretok-token-list-w1-s64", "/d/token-list-zstd3")]
 
 
+@pytest.mark.parametrize("grid", [{"data": list(INDEX["paths"]), "world": [1, 2]}, {"data.kind": ["padded"]},
+                                  {"lr": [1e-3, 3e-4]}])
+def test_study_grid_validates_padded_points_on_their_own_layout_too(grid) -> None:
+    """Points of a path that is not packed (padded, pretok-padded) get the second validation on the study's
+    pretok-padded dataset (eval.own_*), packed ones none; run ids are those of the grid without it."""
+    from pretok_lib.datapaths import BY_NAME
+    from pretok_lib.study.steps import run_overrides
+    from pretok_lib.sweep import expand_grid, point_problem
+
+    for base in ({"train.steps": 5}, {"train.steps": 5, "data.kind": "pretok-padded"}):
+        if "data.kind" in grid and "data.kind" in base:
+            continue
+        points = study_grid(INDEX, grid, base).points()
+        for p in points:
+            padded = not BY_NAME[p.get("data.kind")].packed
+            assert p.get("eval.path") == "/d/memmap"             # the packed split every path shares
+            assert p.get("eval.own_path") == ("/d/padded-zstd3" if padded else None), p.run_id
+            assert p.get("eval.own_kind") == ("pretok-padded" if padded else None), p.run_id
+        plain = expand_grid({**run_overrides(INDEX), "data.kind": "pretok-memmap", **base}, grid,
+                            linked={"data": {k: {"data.path": v} for k, v in INDEX["paths"].items()}})
+        assert [p.run_id for p in points] == [p.run_id for p in plain]
+    ones = [study_grid(INDEX, {}, {"data.kind": k}, "train").points()[0] for k in INDEX["paths"]]   # train_one's
+    assert {p.get("eval.own_path") for p in ones} == {None, "/d/padded-zstd3"}
+    assert all(point_problem(ROOT / "configs" / "tiny.yaml", p) is None for p in ones)   # the trainer takes them
+
+
 def test_resolve_is_relative_to_the_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert resolve("configs/tiny.yaml") == ROOT / "configs" / "tiny.yaml"

@@ -23,9 +23,9 @@ CAPTIONS: dict[str, str] = {
     "val_loss_by_batch": "Validation loss against the step, one line per run, colored by the global batch size.",
     "ddp_scaling": "Throughput against the number of DDP ranks (left, dotted: linear) and the scaling efficiency "
                    "T(N) / (N x T(1)) (right), per data path.",
-    "time_to_target": "Wall time until the loss first reaches the target loss (interpolated between "
-                      "evaluations; the title gives the target and how it was chosen), per data path; labels give "
-                      "the speedup over the on-the-fly padded path.",
+    "time_to_target": "Wall time until the validation loss first reaches the target (interpolated; the title gives "
+                      "it) per data path, labelled with the speedup over on-the-fly padded: solid bars on packed "
+                      "memmap windows, hatched 'own layout' bars on padded rows (padded paths).",
     "storage": "Bytes on disk per stored token of each pretokenized output (label: total size; the datasets.map "
                "Arrow cache, where the tokenize benchmark measured it, for reference).",
     "tokenization_speedup": "Speedup of pretokenizing over tokenizing on the fly, measured in isolation (tokenize "

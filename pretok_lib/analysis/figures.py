@@ -144,36 +144,53 @@ def scaling_figure(runs: Iterable[Run], metric: str = "tokens_per_s", skip: int 
     return fig
 
 
+OWN_LAYOUT = "own layout"   # the time-to-target bars of val_loss_own (eval.own_path: a padded path's own layout)
+
+
+def _time_labels(ms: list, cats: list[str], cat, key: str, baseline: str) -> list[str]:
+    """Per bar: the mean time of its completed runs and its speedup over the `baseline` runs of the same config."""
+    done, bases = completed_values(ms, cat, key), baseline_means(ms, cat, key, baseline)
+    out = []
+    for c in cats:
+        mean, base = _mean_std(done.get(c, []))[0], bases.get(c)
+        out.append(("" if mean is None else f"{mean:.3g} s") + (f" · x{base / mean:.3g}" if base and mean else ""))
+    return out
+
+
 def time_to_target_figure(runs: Iterable[Run], target_loss: float | None = None, baseline: str = "padded",
                           skip: int | None = None) -> go.Figure:
     """Wall time until the loss first reaches `target_loss` (val loss if logged, else train), per setting (see
     `plotting.categorize`), bars labelled with the speedup over `baseline` runs of an otherwise equal config.
-    Target: given, else the runs' common configured one, else 90% of the descent every completed run made (so
-    every completed run reaches it before its end; the title says which). Crossings are interpolated between
-    evaluations (`metrics.time_to_target`)."""
+    Runs validated on their own layout too (`eval.own_path`, the study's padded paths) get a second, hatched bar
+    "own layout" (val_loss_own, the same target). Target: given, else the runs' common configured one, else 90% of
+    the descent every completed run made (so every completed run reaches it before its end; the title says which).
+    Crossings are interpolated between evaluations (`metrics.time_to_target`)."""
     runs = list(runs)
     target_loss, how = target_loss_choice(runs, target_loss, skip)
     ms = all_metrics(runs, skip, target_loss)
     title = "Time to target loss" + (f" (loss <= {target_loss:.4g}, {how}; interpolated between evaluations)"
                                      if target_loss is not None else "")
-    reached = [m for m in ms if m.time_to_target_s is not None]
+    series = [("time_to_target_s", "val loss on eval.path")]
+    if any(m.time_to_target_own_s is not None for m in ms):
+        series.append(("time_to_target_own_s", f"{OWN_LAYOUT} (eval.own_path)"))
+    reached = [m for m in ms if any(getattr(m, key) is not None for key, _ in series)]
     if not reached:
         return empty_figure(title, "no runs with a logged loss reaching the target" if target_loss is not None
                             else "no runs with a loss to set a target from")
     cat = categorize(reached)
     cats = _ordered_categories(reached, cat)
-    done = completed_values(reached, cat, "time_to_target_s")
-    bases = baseline_means(reached, cat, "time_to_target_s", baseline)
-    texts = []
-    for c in cats:
-        mean, base = _mean_std(done.get(c, []))[0], bases.get(c)
-        texts.append(("" if mean is None else f"{mean:.3g} s") + (f" · x{base / mean:.3g}" if base and mean else ""))
     fig = go.Figure(layout=dict(title=title, barmode="group", scattermode="group", yaxis_title="wall time (s)",
                                 **LAYOUT))
-    _add_bars(fig, reached, cats, cat, "time_to_target_s", "time to target",
-              [path_color(_path_of(c)) for c in cats], texts=texts, showlegend=False, points_legend=True)
+    for i, (key, name) in enumerate(series):
+        _add_bars(fig, reached, cats, cat, key, name if len(series) > 1 else "time to target",
+                  [path_color(_path_of(c)) for c in cats], texts=_time_labels(reached, cats, cat, key, baseline),
+                  showlegend=len(series) > 1, points_legend=i == 0)
+        if i:
+            fig.data[-2].marker.pattern = dict(shape="/", fgcolor="#fff")   # the own-layout bar, hatched
     missed = [m.run_id + ("" if m.status == "completed" else f" [{m.status}]") for m in ms
               if m.time_to_target_s is None and m.logged]
+    missed += [f"{OWN_LAYOUT}: {m.run_id}" for m in ms
+               if m.time_to_target_own_s is None and m.final_val_loss_own is not None]
     has_base = any(m.data_kind == baseline for m in reached)
     note = " · ".join(([f"x = speedup over {baseline} with an otherwise equal config"] if has_base else [])
                       + ([f"not reached: {', '.join(missed)}"] if missed else []))
@@ -279,7 +296,8 @@ def stall_prediction_figure(rows: list[dict[str, Any]]) -> go.Figure:
 
 TABLE_COLUMNS = ("run_id", "status", "data_kind", "world_size", "global_batch", "seq_len", "precision", "steps",
                  "tokens_per_s", "effective_tokens_per_s", "mfu", "data_stall", "padding_frac", "peak_mem_mb",
-                 "final_loss", "final_val_loss", "final_val_ppl", "time_to_target_s", "note")
+                 "final_loss", "final_val_loss", "final_val_ppl", "final_val_loss_own", "time_to_target_s",
+                 "time_to_target_own_s", "note")
 
 
 def status_table_figure(runs: Iterable[Run], skip: int | None = None, target_loss: float | None = None

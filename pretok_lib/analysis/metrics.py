@@ -63,10 +63,12 @@ class RunMetrics:
     final_loss: float | None = None
     final_val_loss: float | None = None
     final_val_ppl: float | None = None
+    final_val_loss_own: float | None = None         # on the held-out split in the run's own layout (eval.own_path)
     wall_s: float | None = None
     target_loss: float | None = None
     time_to_target_s: float | None = None           # interpolated between the records around the crossing
     step_to_target: int | None = None
+    time_to_target_own_s: float | None = None       # the same target on val_loss_own
     note: str = ""
     run: Run | None = field(default=None, repr=False, compare=False)
 
@@ -107,10 +109,13 @@ def run_metrics(run: Run, skip: int | None = None, target_loss: float | None = N
         if i is not None:
             ppl = v["val_ppl"][i]
             m.final_val_ppl = float(ppl) if np.isfinite(ppl) else _exp(m.final_val_loss)
+        m.final_val_loss_own = last_finite(v["val_loss_own"])[0]
     walls = np.concatenate([t["wall_s"], v["wall_s"]]) if len(t) + len(v) else np.array([])
     m.wall_s = float(np.nanmax(walls)) if np.isfinite(walls).any() else None
     if target is not None:
         m.time_to_target_s, m.step_to_target = time_to_target(run, target)
+        if v.has("val_loss_own"):
+            m.time_to_target_own_s = time_to_target(run, target, "val_own")[0]
     m.note = "; ".join([x for x in ([run.error] if run.error else []) + run.problems if x])
     return m
 
@@ -136,7 +141,8 @@ def all_metrics(runs: Iterable[Run], skip: int | None = None, target_loss: float
 SUMMARY_COLUMNS = ("run_id", "status", "data_kind", "world_size", "global_batch", "seq_len", "precision", "steps",
                    "tokens_per_s", "tokens_per_s_p10", "tokens_per_s_p90", "effective_tokens_per_s", "mfu",
                    "data_stall", "padding_frac", "peak_mem_mb",
-                   "final_loss", "final_val_loss", "final_val_ppl", "target_loss", "time_to_target_s", "wall_s",
+                   "final_loss", "final_val_loss", "final_val_ppl", "final_val_loss_own", "target_loss",
+                   "time_to_target_s", "time_to_target_own_s", "wall_s",
                    "precision_reason", "peak_source", "note")
 
 

@@ -8,7 +8,6 @@ A run that died keeps what it logged: a truncated or corrupt line is reported in
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Iterable
 import numpy as np
 import yaml
 
+from ..crossing import number
 from ..datapaths import global_batch
 from ..run_record import flatten, read_run_record
 
@@ -74,13 +74,7 @@ class Records:
         return bool(len(self) and np.isfinite(self[key]).any())
 
 
-def _num(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return math.nan
-    try:
-        return float(v)
-    except OverflowError:  # an int beyond float range (JSON allows it)
-        return math.inf if v > 0 else -math.inf
+_num = number  # a record value as a float, NaN if not a number
 
 
 MAX_STEP = 2 ** 62

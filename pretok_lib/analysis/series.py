@@ -3,10 +3,9 @@ and where the loss crosses a target. Used by `metrics.run_metrics`."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from ..crossing import crossing
 from .runs import Run
 
 
@@ -49,24 +48,16 @@ def last_finite(values: np.ndarray) -> tuple[float | None, int | None]:
     return (float(values[idx[-1]]), int(idx[-1])) if idx.size else (None, None)
 
 
+VAL_SOURCES = {"val": "val_loss", "val_own": "val_loss_own"}   # val record key of each validation source
+
+
 def time_to_target(run: Run, target: float, source: str = "auto") -> tuple[float | None, int | None]:
-    """(wall_s, step) where the loss crosses `target`: linear between the last record above it and the first at
-    or below it (evaluations are `eval.every` steps apart: the first record alone overstates the time by up to
-    that interval), the first record's own when none is above it before; the step rounded up. (None, None) if
-    never reached. source: "val" (val_loss), "train" (loss) or "auto" (val if the run logged any, else train)."""
-    use_val = source == "val" or (source == "auto" and run.val.has("val_loss"))
-    recs, key = (run.val, "val_loss") if use_val else (run.train, "loss")
+    """(wall_s, step) where the loss crosses `target`, interpolated between the records around the crossing
+    (`crossing.crossing`, as summary.json's). (None, None) if never reached. source: "val" (val_loss), "val_own"
+    (val_loss_own: the held-out split in the run's own layout, eval.own_path), "train" (loss) or "auto" (val if
+    the run logged any, else train)."""
+    use_val = source in VAL_SOURCES or (source == "auto" and run.val.has("val_loss"))
+    recs, key = (run.val, VAL_SOURCES.get(source, "val_loss")) if use_val else (run.train, "loss")
     if not len(recs):
         return None, None
-    loss, wall, step = recs[key], recs["wall_s"], recs["step"]
-    hit = np.flatnonzero(loss <= target)
-    if not hit.size:
-        return None, None
-    i = int(hit[0])
-    w, s = float(wall[i]), float(step[i])
-    before = [j for j in range(i) if np.isfinite(loss[j]) and np.isfinite(wall[j]) and np.isfinite(step[j])]
-    if before and np.isfinite(w) and np.isfinite(s):
-        j = before[-1]
-        f = (loss[j] - target) / (loss[j] - loss[i])   # loss[j] > target >= loss[i]
-        w, s = float(wall[j] + f * (w - wall[j])), float(step[j] + f * (s - step[j]))
-    return (w if math.isfinite(w) else None), (math.ceil(s - 1e-9) if math.isfinite(s) else None)
+    return crossing(*([float(x) for x in recs[k]] for k in (key, "wall_s", "step")), target)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_text
-from ..datapaths import KIND_OF_FORMAT, ON_THE_FLY
+from ..datapaths import BY_NAME, KIND_OF_FORMAT, ON_THE_FLY
 from ..errors import PretokError
 from .results import bench_figures, findings, png_available, read_bench, record_sweep, select_runs, sweep_runs
 
@@ -256,7 +256,8 @@ def bench_loaders(paths: StudyPaths, index: Mapping, micro_batch: int = 8, worke
 
 def run_overrides(index: Mapping, eval_batches: int | None = None) -> dict[str, Any]:
     """Overrides every study run shares: tokenizer, sequence length, validation on the memmap dataset (the same
-    held-out reader for every data path, so losses compare)."""
+    held-out reader for every data path, so losses compare; the padded paths also on their own layout: `study_grid`
+    links `own_eval_overrides` to the data path)."""
     over: dict[str, Any] = {"data.tokenizer": index["tokenizer"], "data.seq_len": index["seq_len"],
                             "eval.kind": "pretok-memmap", "eval.path": index["paths"]["pretok-memmap"]}
     if eval_batches is not None:
@@ -264,13 +265,24 @@ def run_overrides(index: Mapping, eval_batches: int | None = None) -> dict[str, 
     return over
 
 
+def own_eval_overrides(index: Mapping, kind: str) -> dict[str, Any]:
+    """The second validation of a data path that is not packed (padded, pretok-padded: one document per row): on
+    the study's pretok-padded dataset, its own layout (`val_loss_own`, beside `val_loss` on packed windows, which
+    alone compares a padded run unfairly); none for the packed paths."""
+    if kind not in BY_NAME or BY_NAME[kind].packed:
+        return {}
+    return {"eval.own_kind": "pretok-padded", "eval.own_path": index["paths"]["pretok-padded"]}
+
+
 def study_grid(index: Mapping, axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any] | None = None,
                prefix: str = "sweep"):
-    """A sweep `Grid` over the study's datasets: `data.path` follows the data path (`data` axis or base)."""
+    """A sweep `Grid` over the study's datasets: `data.path` follows the data path (`data` axis or base), and so
+    does the padded paths' own-layout validation (`own_eval_overrides`; linked, so the run ids stay as they were)."""
     from ..sweep import ALIASES, Grid
 
     merged = {**run_overrides(index), **{ALIASES.get(k, k): v for k, v in (base or {}).items()}}
-    linked = {"data": {kind: {"data.path": p} for kind, p in index["paths"].items()}}
+    linked = {"data": {kind: {"data.path": p, **own_eval_overrides(index, kind)}
+                       for kind, p in index["paths"].items()}}
     if "data" not in axes and "data.kind" not in axes:
         kind = merged.setdefault("data.kind", "pretok-memmap")
         merged["data.path"] = index["paths"][kind]
@@ -387,7 +399,8 @@ def require_completed(results: Sequence[tuple[Any, str]], paths: StudyPaths) -> 
 
 
 __all__ = ["ROOT", "StudyPaths", "bench_figures", "bench_loaders", "bench_tokenize", "data_paths", "dataset_dirs",
-           "findings", "inspect_all", "load_datasets", "notebook_setup", "png_available", "prepare_corpus",
-           "pretokenize_all", "read_bench", "require_completed", "resolve", "run_overrides", "run_study_sweep",
-           "record_sweep", "grid_axes", "point_repeats", "repeated_points", "select_runs", "storage_table", "study_grid", "study_paths",
-           "sweep_points", "sweep_runs", "train_one", "train_points", "variant_name"]
+           "findings", "grid_axes", "inspect_all", "load_datasets", "notebook_setup", "own_eval_overrides",
+           "png_available", "point_repeats", "prepare_corpus", "pretokenize_all", "read_bench", "require_completed",
+           "resolve", "run_overrides", "run_study_sweep", "record_sweep", "repeated_points", "select_runs",
+           "storage_table", "study_grid", "study_paths", "sweep_points", "sweep_runs", "train_one", "train_points",
+           "variant_name"]

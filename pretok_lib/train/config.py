@@ -100,6 +100,8 @@ class EvalConfig:
     path: str | None = None         # no validation when empty
     every: int = 50
     batches: int = 8                # global batches (micro_batch x ranks x grad_accum samples each)
+    own_kind: str = "pretok-padded"  # a second held-out split in the training data's own layout (padded paths:
+    own_path: str | None = None     # one document per row); its loss is val_loss_own beside val_loss. None: none
 
 
 @dataclass
@@ -272,8 +274,14 @@ def validate(cfg: Config, source: str = "config") -> None:
         bad("data.path is empty: give a `pretok tokenize` output dir (or text inputs for the baselines)")
     if cfg.data.kind in ON_THE_FLY and not cfg.data.tokenizer:
         bad(f"data.kind '{cfg.data.kind}' tokenizes on the fly: set data.tokenizer")
-    if cfg.eval.path and cfg.eval.kind not in KINDS:
-        bad(f"eval.kind '{cfg.eval.kind}' is not one of {', '.join(KINDS)}")
+    for key, kind, path in (("eval.kind", cfg.eval.kind, cfg.eval.path),
+                            ("eval.own_kind", cfg.eval.own_kind, cfg.eval.own_path)):
+        if path and kind not in KINDS:
+            bad(f"{key} '{kind}' is not one of {', '.join(KINDS)}")
+        if path and kind in ON_THE_FLY and not cfg.data.tokenizer:
+            bad(f"{key} '{kind}' tokenizes on the fly: set data.tokenizer")
+    if cfg.eval.own_path and not cfg.eval.path:
+        bad("eval.own_path is set but eval.path is empty: the own-layout loss is logged beside val_loss")
     if cfg.train.precision not in PRECISIONS:
         bad(f"train.precision '{cfg.train.precision}' is not one of {', '.join(PRECISIONS)}")
     if cfg.data.order not in (None, "exact", "block"):

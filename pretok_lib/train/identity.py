@@ -34,10 +34,11 @@ from .config import Config
 EXEMPT_KEYS = {"name", "run.id", "run.dir", "run.overwrite", "data.num_workers", "data.verify_on_open",
                "data.cache_mb", "data.micro_batch", "train.grad_accum", "hardware.device"}
 EXEMPT_SECTIONS = ("log.", "checkpoint.")
-PATH_KEYS = {"data.path", "data.tokenizer", "eval.path"}
+PATH_KEYS = {"data.path", "data.tokenizer", "eval.path", "eval.own_path"}
 # Settings whose unset value (None / "auto") the run resolves itself; config.yaml records what it resolved to.
 RESOLVED_AT_RUN_TIME = {"train.precision": "auto", "model.vocab_size": None, "model.intermediate_size": None,
                         "data.order": None}
+_DEFAULTS = flatten(Config().to_dict())
 
 
 def _path(p: Any, cwd: str | None = None) -> Any:
@@ -75,8 +76,10 @@ def _exempt(key: str) -> bool:
 
 def differences(saved: dict, new: dict, saved_cwd: str | None = None) -> list[str]:
     """`key: saved -> new` for every identity key (present in both) whose values differ; `saved_cwd`: the directory
-    the saved config's relative paths were given in (default: the working directory, as the new config's)."""
-    a, b = flatten(saved), flatten(new)
+    the saved config's relative paths were given in (default: the working directory, as the new config's). A key
+    of the config that the saved one lacks (written before the key existed) counts as its default, which keeps the
+    behaviour from before it: a run without `eval.own_path` is not a run with one."""
+    a, b = {**_DEFAULTS, **flatten(saved)}, flatten(new)
     out = []
     for key in sorted(a.keys() & b.keys()):
         if _exempt(key) or (key in RESOLVED_AT_RUN_TIME and b[key] == RESOLVED_AT_RUN_TIME[key]):
@@ -137,12 +140,16 @@ def _manifests(kind: str, path: Any, mixture: list | None = None) -> list[dict] 
 
 def data_fingerprint(cfg: Config, train: list[dict] | None = None) -> dict:
     """What the config's data is now, from its manifests (cheap: no data file is read; `train`: its training
-    manifests, read already): {"train": ..., "eval": ...} (`manifests_fingerprint`). PretokError/OSError when a
-    manifest cannot be read."""
-    d = cfg.data
+    manifests, read already): {"train": ..., "eval": ..., "eval_own": ...} (`manifests_fingerprint`; eval_own:
+    eval.own_path). PretokError/OSError when a manifest cannot be read."""
+    d, e = cfg.data, cfg.eval
     train = train if train is not None else _manifests(d.kind, d.path, d.mixture)
-    return {"train": manifests_fingerprint(train),
-            "eval": manifests_fingerprint(_manifests(cfg.eval.kind, cfg.eval.path)) if cfg.eval.path else None}
+
+    def held_out(kind: str, path: str | None) -> list[str] | None:
+        return manifests_fingerprint(_manifests(kind, path)) if e.path and path else None
+
+    return {"train": manifests_fingerprint(train), "eval": held_out(e.kind, e.path),
+            "eval_own": held_out(e.own_kind, e.own_path)}
 
 
 def data_changes(record: dict, cfg: Config) -> list[str]:
@@ -159,7 +166,7 @@ def data_changes(record: dict, cfg: Config) -> list[str]:
     except (PretokError, OSError):
         return []
     out = []
-    for split in ("train", "eval"):
+    for split in ("train", "eval", "eval_own"):
         old = saved.get(split) if isinstance(saved, dict) else None
         if old is not None and now[split] is not None and old != now[split]:
             ids = ", ".join(f"{a[:18]}… -> {b[:18]}…" for a, b in zip(old, now[split]) if a != b)
@@ -194,7 +201,7 @@ def inputs_inside(cfg: Config, run_dir: str | os.PathLike) -> str | None:
     eval data inside it (deleting the directory deleted them); None when it reads nothing there."""
     d = cfg.data
     paths = [*(d.path if isinstance(d.path, list) else [d.path]), *(e.path for e in d.mixture), d.tokenizer,
-             *(cfg.eval.path if isinstance(cfg.eval.path, list) else [cfg.eval.path])]
+             *(p for key in ("path", "own_path") for p in _as_list(getattr(cfg.eval, key)))]
     root = os.path.realpath(run_dir)
     inside = [str(p) for p in paths if isinstance(p, str) and p and os.path.exists(p)
               and Path(os.path.realpath(p)).is_relative_to(root)]
@@ -202,6 +209,10 @@ def inputs_inside(cfg: Config, run_dir: str | os.PathLike) -> str | None:
         return None
     return (f"holds the run's own inputs ({', '.join(inside)}): emptying it for a fresh start would delete them; "
             "move them out of the run directory first")
+
+
+def _as_list(p: Any) -> list:
+    return p if isinstance(p, list) else [p]
 
 
 def refusal(run_dir: str | os.PathLike, why: str) -> str:

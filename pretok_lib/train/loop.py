@@ -18,22 +18,19 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ..data import ShardedBatches, make_dataset, make_loader, open_mixture
-from ..datapaths import ON_THE_FLY
-from ..data.order import Position
 from ..errors import NonFiniteLoss, PretokError
 from . import checkpoint, collector
 from .compile import compile_model
 from .config import Config
 from .distributed import Dist, all_reduce, barrier, broadcast_object
+from .evaluation import evaluate, forward_loss_sum, held_out_splits, source_tokenizer
 from .hardware import peak_flops, resolve_precision, set_tf32
 from .identity import source_fingerprint
-from .metrics import MetricsLog, peak_memory_mb, perplexity
+from .metrics import MetricsLog, peak_memory_mb
 from .model import build_model, model_flops_per_token, vocab_size_for
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 BUDGET_SPENT = "time_budget_spent"  # Counters.extra: the run ended at this step by train.time_budget_s
 
 
@@ -82,34 +79,6 @@ def tokenizer_record(source, spec: str | None = None) -> dict:
     if spec and os.path.exists(spec):
         spec = os.path.abspath(spec)
     return {"spec": spec, "kind": tok.get("kind"), "fingerprint": tok.get("fingerprint")}
-
-
-def source_tokenizer(source) -> tuple[int, str]:
-    """(tokenizer vocab size, fingerprint) of a data path's source: the baselines' loaded tokenizer, or the
-    pretokenized dataset's manifest (no second load of the tokenizer)."""
-    info = getattr(source, "info", None)
-    if info is not None:
-        return info.vocab_size, info.fingerprint
-    return source.m["tokenizer"]["vocab_size"], source.m["tokenizer"]["fingerprint"]
-
-
-def _autocast(device: torch.device, precision: str):
-    dtype = DTYPES[precision]
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
-
-
-def forward_loss_sum(model, batch: dict, device: torch.device, precision: str) -> torch.Tensor:
-    """Summed cross-entropy over the micro-batch's effective labels (fp32 logits)."""
-    kw = {"input_ids": batch["input_ids"].to(device, non_blocking=True)}
-    for k in ("attention_mask", "position_ids"):
-        if k in batch:
-            kw[k] = batch[k].to(device, non_blocking=True)
-    labels = batch["labels"].to(device, non_blocking=True)
-    with _autocast(device, precision):
-        logits = model(**kw).logits
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
 
 
 def _endless(loader, data: str | None = None):
@@ -174,9 +143,7 @@ class Trainer:
         self.mixture = len(c.data.mixture)  # datasets whose tokens are counted apart (0: not a mixture)
         tok_vocab, fingerprint = source_tokenizer(self.dataset.source)
         self.loader = make_loader(self.dataset, num_workers=c.data.num_workers)
-        self.val = None
-        if c.eval.path:
-            self.val = self._val_dataset(fingerprint)
+        self.held_out = held_out_splits(c, d, fingerprint)   # eval.path, then eval.own_path (evaluation.py)
         self.vocab = vocab_size_for(c.model, tok_vocab)
         model = build_model(c.model, self.vocab, c.data.seq_len, c.run.seed, d.device)
         self.flops_per_token = model_flops_per_token(model, c.model, c.data.seq_len)
@@ -212,19 +179,9 @@ class Trainer:
                 "precision_reason": self.precision.reason, "matmul_precision": self.matmul_precision,
                 "resumed_from_step": self.resumed_from, "inductor_cache": self.inductor_cache,
                 "tokenizer": tokenizer_record(self.dataset.source, self.cfg.data.tokenizer),
-                "data_fingerprint": {"train": source_fingerprint(self.dataset.source),
-                                     "eval": source_fingerprint(self.val.source) if self.val is not None else None}}
-
-    def _val_dataset(self, fingerprint: str):
-        """The held-out split, sharded like the training data; refused if another tokenizer made it."""
-        c, d = self.cfg, self.d
-        tok = c.data.tokenizer if c.eval.kind in ON_THE_FLY else None
-        ds = make_dataset(c.eval.kind, c.eval.path, c.data.seq_len, micro_batch=c.data.micro_batch,
-                          rank=d.rank, world=d.world, seed=c.run.seed, shuffle=False, tokenizer=tok,
-                          verify_on_open=c.data.verify_on_open, cache_mb=c.data.cache_mb)
-        if source_tokenizer(ds.source)[1] != fingerprint:
-            raise PretokError("eval data was tokenized with another tokenizer than the training data", c.eval.path)
-        return ds
+                "data_fingerprint": {"train": source_fingerprint(self.dataset.source), "eval": None, "eval_own": None,
+                                     **{f"eval{h.suffix}": source_fingerprint(h.dataset.source)
+                                        for h in self.held_out}}}
 
     def _resume(self) -> None:
         if not self.cfg.checkpoint.resume:
@@ -259,25 +216,9 @@ class Trainer:
             self.log(f"checkpoint {path}")
         barrier()
 
-    @torch.no_grad()
     def evaluate(self) -> dict:
-        """Mean loss over the first eval.batches global batches of the held-out split (eval.batches x grad_accum
-        micro-batches of every rank), so the same samples whatever the split of the global batch."""
-        self.net.eval()
-        self.val.position = Position()
-        loss_sum = torch.zeros(2, dtype=torch.float64)
-        for i, batch in enumerate(make_loader(self.val)):
-            if i >= self.cfg.eval.batches * self.cfg.train.grad_accum:
-                break
-            loss_sum[0] += forward_loss_sum(self.net, batch, self.d.device, self.cfg.train.precision).item()
-            loss_sum[1] += batch["effective_tokens"]
-        self.net.train()
-        all_reduce(loss_sum)
-        if loss_sum[1] == 0:
-            raise PretokError("the eval data yields no batch (fewer samples than micro_batch × world size)",
-                              self.cfg.eval.path)
-        loss = float(loss_sum[0] / loss_sum[1])
-        return {"val_loss": loss, "val_ppl": perplexity(loss), "val_tokens": int(loss_sum[1])}
+        """The losses of the held-out splits (evaluation.evaluate): val_loss, and val_loss_own with eval.own_path."""
+        return evaluate(self.net, self.held_out, self.cfg, self.d.device)
 
     def step(self, batches) -> dict:
         """One optimizer step over grad_accum micro-batches; returns this rank's raw measurements."""
@@ -409,14 +350,15 @@ class Trainer:
             if logging and d.is_main and (p.step % max(1, c.log.every * 10) == 0 or last or p.step == 1):
                 self.log(f"step {p.step}/{c.train.steps} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
                          f"{rec['tokens_per_s']:,.0f} tok/s stall {rec['data_stall']:.1%}")
-            evaluated = self.val is not None and (p.step % c.eval.every == 0 or last)
+            evaluated = bool(self.held_out) and (p.step % c.eval.every == 0 or last)
             if evaluated:
                 v = self.evaluate()
                 if metrics is not None:
                     with checkpoint.names_path(metrics.path):
                         metrics.write({"kind": "val", "step": p.step, "wall_s": round(p.wall_s, 4), **v})
                 if d.is_main:
-                    self.log(f"step {p.step} val loss {v['val_loss']:.4f} ppl {v['val_ppl']:.2f}")
+                    own = f" (own layout {v['val_loss_own']:.4f})" if "val_loss_own" in v else ""
+                    self.log(f"step {p.step} val loss {v['val_loss']:.4f} ppl {v['val_ppl']:.2f}{own}")
             saved = bool(flag[0] or last or (c.checkpoint.every and p.step % c.checkpoint.every == 0))
             if saved:
                 self.save()

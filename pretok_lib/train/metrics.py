@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..atomic import atomic_write_text
+from ..crossing import number, records_crossing
 from ..memory import peak_rss_mb
 
 
@@ -74,23 +75,29 @@ def _per_time(records: list[dict], key: str) -> float | None:
 
 def summarize(records: list[dict], skip: int, target_loss: float | None, settings: dict) -> dict:
     """The run summary from its records (the analysis recomputes the same from metrics.jsonl): rates are totals
-    over the steps after `skip` (Σ tokens / Σ step time; data stall Σ wait / Σ step time), not per-step means."""
+    over the steps after `skip` (Σ tokens / Σ step time; data stall Σ wait / Σ step time), not per-step means;
+    times to target interpolated between the records around the crossing (`crossing.crossing`, as the analysis):
+    on val_loss (train loss without one), and on val_loss_own (eval.own_path) when logged."""
     train = [r for r in records if r["kind"] == "train"]
     val = [r for r in records if r["kind"] == "val"]
+    own = [r for r in val if "val_loss_own" in r]
     steady = train[skip:] if len(train) > skip else train
-    tts = None
+    tts = tts_own = None
     if target_loss is not None:
-        key, series = ("val_loss", val) if val else ("loss", train)
-        tts = next((r["wall_s"] for r in series if r[key] <= target_loss), None)
+        has_val = any(math.isfinite(number(r.get("val_loss"))) for r in val)
+        tts = records_crossing(val, "val_loss", target_loss)[0] if has_val else \
+            records_crossing(train, "loss", target_loss)[0]
+        tts_own = records_crossing(val, "val_loss_own", target_loss)[0] if own else None
     return {
         "steps": train[-1]["step"] if train else 0,
         "final_loss": train[-1]["loss"] if train else None,
         "final_val_loss": val[-1]["val_loss"] if val else None,
         "final_val_ppl": val[-1]["val_ppl"] if val else None,
+        "final_val_loss_own": own[-1]["val_loss_own"] if own else None,
         **{k: _per_time(steady, k) for k in ("tokens_per_s", "effective_tokens_per_s", "data_stall", "mfu")},
         "peak_mem_mb": max((r["peak_mem_mb"] for r in train), default=None),
         "wall_s": records[-1]["wall_s"] if records else 0.0,
-        "target_loss": target_loss, "time_to_target_s": tts, **settings,
+        "target_loss": target_loss, "time_to_target_s": tts, "time_to_target_own_s": tts_own, **settings,
     }
 
 

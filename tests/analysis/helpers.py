@@ -93,3 +93,15 @@ def study(root: Path) -> Path:
     simple_run(root, "padded-running", kind="padded", tokens_per_s=950.0, n=2, status="running", micro_batch=64,
                raw_tail='{"kind": "train", "step": 15, "wall_s": 3.0, "lo')
     return root
+
+
+def add_own_val(run_dir: Path, offset: float) -> Path:
+    """Give every val record of a run `val_loss_own` = val_loss + `offset` (eval.own_path: its own layout)."""
+    path = run_dir / "metrics.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in recs:
+        if r["kind"] == "val":
+            r.update(val_loss_own=r["val_loss"] + offset, val_ppl_own=math.exp(r["val_loss"] + offset),
+                     val_tokens_own=512)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return run_dir

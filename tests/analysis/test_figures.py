@@ -11,7 +11,7 @@ import pytest
 from pretok_lib.analysis import figures as F
 from pretok_lib.analysis.runs import load_runs
 
-from .helpers import simple_run
+from .helpers import add_own_val, simple_run
 
 BUILDERS = {
     "throughput": lambda runs, bench: F.throughput_figure(runs),
@@ -98,6 +98,28 @@ def test_time_to_target_labels_speedup(tmp_path: Path) -> None:
     assert list(bar.y) == pytest.approx([5.9, 3.9]) and bar.text[1] == "3.9 s · x1.51"
     nobody = F.time_to_target_figure(load_runs(tmp_path), target_loss=0.1)
     assert _is_empty(nobody)
+
+
+def test_time_to_target_shows_the_own_layout_of_padded_runs(tmp_path: Path) -> None:
+    """A padded run validated on its own layout too (val_loss_own) gets a second, hatched bar "own layout" beside
+    its packed-window bar; a packed run has none; the caption says which layout each bar is."""
+    from pretok_lib.analysis.captions import caption_text
+
+    add_own_val(simple_run(tmp_path, "a", kind="padded", tokens_per_s=1.0), -0.3)
+    add_own_val(simple_run(tmp_path, "c", kind="pretok-padded", tokens_per_s=1.0, loss0=3.8), 2.0)  # never reached
+    simple_run(tmp_path, "b", kind="pretok-memmap", tokens_per_s=1.0, loss0=3.5)
+    fig = F.time_to_target_figure(load_runs(tmp_path), target_loss=3.0)
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert [b.name for b in bars] == ["val loss on eval.path", f"{F.OWN_LAYOUT} (eval.own_path)"]
+    assert list(bars[0].x) == list(bars[1].x) == ["padded", "pretok-padded", "pretok-memmap"]
+    assert list(bars[0].y) == pytest.approx([5.9, 5.1, 3.9])
+    assert bars[1].y[0] == pytest.approx(4.7) and list(bars[1].y[1:]) == [None, None]  # 3.55 -> 3.05 -> 2.55
+    assert bars[1].marker.pattern.shape == "/" and not bars[0].marker.pattern.shape
+    assert f"not reached: {F.OWN_LAYOUT}: c" in fig.layout.annotations[0].text
+    cap = caption_text("time_to_target")
+    assert "packed memmap windows" in cap and "'own layout' bars on padded rows" in cap
+    table = F.status_table_figure(load_runs(tmp_path), target_loss=3.0).data[0].cells.values
+    assert list(table[F.TABLE_COLUMNS.index("time_to_target_own_s")]) == ["4.7", "-", "-"]
 
 
 def test_storage_figure(tmp_path: Path, bench: dict) -> None:

@@ -7,14 +7,16 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pretok_lib.analysis.metrics import (SUMMARY_COLUMNS, auto_target_loss, isolated_tokenization_speedups,
                                          path_speedups, precision_groups, rows_to_text, run_metrics,
                                          scaling_efficiency, storage_rows, summary_table, time_to_target,
                                          tokenization_speedups)
-from pretok_lib.analysis.runs import load_run, load_runs
+from pretok_lib.analysis.runs import Records, Run, load_run, load_runs
 
-from .helpers import simple_run, train_record, val_record, write_run
+from .helpers import add_own_val, simple_run, train_record, val_record, write_run
 
 
 def test_means_skip_warmup_records(tmp_path: Path) -> None:
@@ -200,3 +202,49 @@ def test_trainer_summary_rates_equal_the_analysis(tmp_path: Path) -> None:
     for key in ("tokens_per_s", "effective_tokens_per_s", "data_stall", "mfu"):
         assert s[key] == pytest.approx(getattr(m, key)), key
     assert s["tokens_per_s"] == pytest.approx(3 * 256 / (256 / 100 + 256 / 400 + 256 / 250))
+
+
+def test_own_layout_val_loss_and_its_time_to_target(tmp_path: Path) -> None:
+    """val_loss_own (eval.own_path: a padded run's own layout) gets its final value and its time to the same
+    target (source="val_own"), interpolated like val_loss; runs without it have None."""
+    run = load_run(add_own_val(simple_run(tmp_path, "padded", tokens_per_s=1.0), -0.3))
+    # val 3.85, 3.35, 2.85 at 2.5, 4.5, 6.5 s; own 3.55, 3.05, 2.55: 3.0 crossed at 5.9 s and 4.7 s
+    assert time_to_target(run, 3.0, source="val_own") == (pytest.approx(4.7), 21)   # steps 20 -> 30
+    m = run_metrics(run, target_loss=3.0)
+    assert m.final_val_loss_own == pytest.approx(2.55) and m.time_to_target_own_s == pytest.approx(4.7)
+    assert m.time_to_target_s == pytest.approx(5.9)
+    plain = run_metrics(load_run(simple_run(tmp_path, "memmap", kind="pretok-memmap", tokens_per_s=1.0)), None, 3.0)
+    assert plain.final_val_loss_own is None and plain.time_to_target_own_s is None
+    assert time_to_target(plain.run, 3.0, source="val_own") == (None, None)
+    row = {r["run_id"]: r for r in summary_table(load_runs(tmp_path), target_loss=3.0)}["padded"]
+    assert row["time_to_target_own_s"] == pytest.approx(4.7) and row["final_val_loss_own"] == pytest.approx(2.55)
+
+
+_loss = st.floats(0.5, 8.0)
+_val_rows = st.lists(st.tuples(_loss, st.floats(0.001, 5.0), st.one_of(st.none(), _loss)), min_size=1, max_size=8)
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=_val_rows, target=_loss)
+def test_summary_time_to_target_is_the_analysis_interpolation(rows, target) -> None:
+    """summary.json's time to target (`train.metrics.summarize`) took the first val record at or below the target
+    (up to eval.every steps late); it is now the analysis' interpolated crossing, on val_loss and on val_loss_own,
+    for any series (one helper: pretok_lib/crossing.py)."""
+    from pretok_lib.train.metrics import summarize
+
+    val, wall = [], 0.0
+    for k, (loss, dt, own) in enumerate(rows, 1):
+        wall = round(wall + dt, 4)                  # the trainer's wall_s is rounded so
+        val.append({**val_record(10 * k, wall, loss), **({"val_loss_own": own} if own is not None else {})})
+    run = Run("r", Path("r"), "completed", {}, {}, Records([]), Records(val))
+    s = summarize(val, 0, target, {})
+    assert s["time_to_target_s"] == time_to_target(run, target)[0]
+    has_own = any(own is not None for *_, own in rows)
+    assert s["time_to_target_own_s"] == (time_to_target(run, target, "val_own")[0] if has_own else None)
+    m = run_metrics(run, target_loss=target)
+    assert (m.time_to_target_s, m.time_to_target_own_s) == (s["time_to_target_s"], s["time_to_target_own_s"])
+    if has_own and val[-1].get("val_loss_own") is not None:
+        assert s["final_val_loss_own"] == m.final_val_loss_own
+    first = next((r for r in val if r["val_loss"] <= target), None)
+    if first is not None and first is not val[0]:   # a crossing after a record above: before the record
+        assert s["time_to_target_s"] <= first["wall_s"]

@@ -45,6 +45,11 @@ def test_yaml_and_overrides(tmp_path):
     (["data.order=random"], "data.order 'random' is not exact or block"),
     (["data.order=block"], "applies to the parquet paths"),  # the default kind is pretok-memmap
     (["data.kind=pretok-padded", "data.block_groups=0"], "data.block_groups must be >= 1"),
+    # the second held-out split (eval.own_*) is checked as eval.kind / eval.path are
+    (["eval.path=v", "eval.own_path=p", "eval.own_kind=bogus"], "eval.own_kind 'bogus' is not one of"),
+    (["eval.path=v", "eval.own_path=p", "eval.own_kind=padded"], "eval.own_kind 'padded' tokenizes on the fly"),
+    (["eval.path=v", "eval.kind=padding-free"], "eval.kind 'padding-free' tokenizes on the fly"),
+    (["eval.own_path=p"], "eval.own_path is set but eval.path is empty"),
 ])
 def test_bad_config_is_one_clear_line(override, message):
     with pytest.raises(PretokError) as e:

@@ -172,3 +172,29 @@ def test_mixture_weights_compare_as_the_shares_they_realise(weights, scale, data
     other = [{**e, "weight": e["weight"] + (i == j)} for i, e in enumerate(entries)]
     if rational_weights([e["weight"] for e in other]) != rational_weights(weights):
         assert differences(saved, _set(saved, "data.mixture", other)) != []
+
+
+def _without(d: dict, key: str) -> dict:
+    out = json.loads(json.dumps(d))
+    *head, last = key.split(".")
+    node = out
+    for h in head:
+        node = node[h]
+    del node[last]
+    return out
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_a_key_the_saved_config_lacks_counts_as_its_default(key: str) -> None:
+    """A run from before a key existed (its config.yaml lacks it) ran as the key's default does: the same config
+    now matches it, another value is a change (a study run without `eval.own_path` was reused for the config that
+    adds one, so the own-layout loss never came)."""
+    defaults = Config().to_dict()
+    old = _without(defaults, key)
+    assert differences(old, defaults) == [], key
+    diffs = differences(old, _set(defaults, key, _other(_flat(defaults)[key])))
+    if key in EXEMPT_KEYS or key.startswith(EXEMPT_SECTIONS):
+        assert diffs == [], (key, diffs)
+    else:   # a value resolved at run time too: what the old run resolved it to is not known
+
+        assert len(diffs) == 1 and diffs[0].startswith(f"{key}: "), (key, diffs)
