@@ -165,10 +165,31 @@ def machine(probes: Iterable[Mapping]) -> dict:
     outside CPU, load and steal, and the runs flagged."""
     ps = [p for p in probes if p]
     worst = lambda k: max((p[k] for p in ps if p.get(k) is not None), default=None)  # noqa: E731
+    flagged = [p for p in ps if not p.get("quiet", True)]
     return {"quiet": all(p.get("quiet", True) for p in ps) if ps else None, "probed_runs": len(ps),
             "calibration_drift": worst("calibration_drift"), "outside_cpu_cores": worst("outside_cpu_cores"),
-            "loadavg": worst("loadavg"), "steal": worst("steal"),
-            "flagged": [{"run": p.get("run"), "reasons": p.get("reasons")} for p in ps if not p.get("quiet", True)]}
+            "loadavg": worst("loadavg"), "steal": worst("steal"), "causes": causes(flagged),
+            "flagged": [{"run": p.get("run"), "reasons": p.get("reasons")} for p in flagged]}
+
+
+def causes(flagged: Iterable[Mapping]) -> list[str]:
+    """What made the flagged runs noisy: "outside processes" (> 0.5 core of other processes' CPU), "steal" (the
+    hypervisor), "host" (the calibration drifted while neither was seen: the machine's own speed changed, as when
+    another tenant shares the physical core or the clock changes; on a 2-vCPU cloud VM measured idle, the
+    calibration alternated between two speeds 60% apart in bursts of 0.5-3 s)."""
+    out = []
+    for p in flagged:
+        outside = (p.get("outside_cpu_cores") or 0) > MAX_OUTSIDE_CORES
+        steal = (p.get("steal") or 0) > MAX_STEAL
+        host = (p.get("calibration_drift") or 0) > MAX_DRIFT and not outside and not steal
+        out += [c for c, on in (("outside processes", outside), ("steal", steal), ("host", host)) if on]
+    return sorted(set(out), key=("outside processes", "steal", "host").index)
+
+
+CAUSE_TEXT = {"outside processes": "other processes used CPU beside the runs",
+              "steal": "the hypervisor stole CPU time",
+              "host": "the machine's own speed changed with no other process here using CPU (another tenant of the "
+                      "host or the clock)"}
 
 
 def machine_line(m: Mapping | None) -> str:
@@ -185,5 +206,7 @@ def machine_line(m: Mapping | None) -> str:
     if m["quiet"]:
         return f"The machine was quiet: {nums}."
     flagged = [f["run"] for f in m.get("flagged", [])]
-    return (f"The machine was NOT quiet ({len(flagged)} runs flagged: {', '.join(map(str, flagged[:6]))}"
-            f"{' ...' if len(flagged) > 6 else ''}): {nums}. Flagged runs are marked; their numbers are noisy.")
+    why = "; ".join(CAUSE_TEXT[c] for c in m.get("causes", []) if c in CAUSE_TEXT)
+    return (f"The machine was NOT quiet ({len(flagged)} of {m.get('probed_runs', 0)} runs flagged: "
+            f"{', '.join(map(str, flagged[:6]))}{' ...' if len(flagged) > 6 else ''}){f' — {why}' if why else ''}: "
+            f"{nums}. Flagged runs are marked; their numbers are noisy.")

@@ -303,3 +303,20 @@ def test_every_number_on_a_measured_row_carries_its_interval_and_n(tmp_path: Pat
             assert all(re.search(r"\[.+, .+\] \(n=\d+\)", s) or s.endswith(": not measured") for s in spans)
             rest = re.sub(r'<span class="measured".*?</span>', "", value).replace("<br>", "")
             assert rest.split("<small")[0].strip() in ("", __import__("html").escape(f.context)), rest
+
+
+def test_the_padded_paths_own_layout_validation_keeps_them_in_the_path_comparison(tmp_path: Path) -> None:
+    """The study validates the padded paths on their own layout too (eval.own_path, linked to the data path): the
+    padded runs' configs then differ from the packed runs' in eval.own_*, which split them into separate groups
+    and the demo's packing gain was 'not measured'. eval.own_* is part of how a path runs, like data.*."""
+    from .analysis.helpers import train_record, val_record, write_run
+
+    own = {"eval": {"every": 10, "own_path": "/d/pretok-padded", "own_kind": "pretok-padded"}}
+    for k in range(3):
+        for kind, rate, eff, extra in (("padded", 1000.0, 0.5, own), ("padding-free", 1000.0 + 10 * k, 1.0, None)):
+            train = [train_record(5 * (i + 1), float(i + 1), tokens_per_s=rate, eff_frac=eff) for i in range(6)]
+            write_run(tmp_path, f"{kind}-r{k}", kind=kind, train=train, val=[val_record(30, 6.5, 2.0)],
+                      config_extra=extra)
+    fs = {f["id"]: f for f in measured_findings(load_runs(tmp_path), None)}
+    pack = fs["packing.padding-free"]
+    assert pack["n"] == 3 and pack["value"] == pytest.approx(2.01, rel=0.01) and pack["resolved"]

@@ -43,7 +43,9 @@ SETTING_KEYS: dict[str, tuple[str, ...]] = {
 BOOKKEEPING = ("run", "log", "checkpoint", "seed", "name")
 WORLD_SIZE_KEYS = ("world_size", "nproc_per_node", "nnodes", "grad_accum", "gradient_accumulation_steps")
 PRECISION_KEYS = ("precision", "dtype", "amp", "autocast")
-DATA_PATH_KEYS = ("data",)  # the data path comparison ignores data.* except the batch shape below
+# The data path comparison ignores data.* except the batch shape below, and the own-layout validation split the
+# study links to the padded paths (eval.own_*: part of how a path is run, not another experiment)
+DATA_PATH_KEYS = ("data", "eval.own_path", "eval.own_kind")
 BATCH_SHAPE_KEYS = ("seq_len", "micro_batch", "global_batch", "micro_batch_size", "global_batch_size", "batch_size")
 
 

@@ -239,6 +239,9 @@ def measured_findings(runs: Sequence[Any], bench: Mapping | None, flagged: Itera
     return out
 
 
+CAUSE_ORDER = ("outside processes", "steal", "host")   # machine_probe.causes
+
+
 def merge_machines(machines: Iterable[Mapping | None]) -> dict:
     """One machine record from the benchmarks' (and runs') probe summaries: quiet when all probed were."""
     ms = [m for m in machines if m and m.get("quiet") is not None]
@@ -250,6 +253,7 @@ def merge_machines(machines: Iterable[Mapping | None]) -> dict:
             "calibration_drift": worst("calibration_drift"), "outside_cpu_cores": worst("outside_cpu_cores"),
             "loadavg": worst("loadavg"), "steal": worst("steal"),
             "probed_runs": sum(m.get("probed_runs", 0) for m in ms),
+            "causes": sorted({c for m in ms for c in m.get("causes", [])}, key=CAUSE_ORDER.index),
             "flagged": [f for m in ms for f in m.get("flagged", [])]}
 
 

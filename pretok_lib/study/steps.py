@@ -269,9 +269,10 @@ def own_eval_overrides(index: Mapping, kind: str) -> dict[str, Any]:
     """The second validation of a data path that is not packed (padded, pretok-padded: one document per row): on
     the study's pretok-padded dataset, its own layout (`val_loss_own`, beside `val_loss` on packed windows, which
     alone compares a padded run unfairly); none for the packed paths."""
-    if kind not in BY_NAME or BY_NAME[kind].packed:
+    own = index["paths"].get("pretok-padded")
+    if kind not in BY_NAME or BY_NAME[kind].packed or not own:
         return {}
-    return {"eval.own_kind": "pretok-padded", "eval.own_path": index["paths"]["pretok-padded"]}
+    return {"eval.own_kind": "pretok-padded", "eval.own_path": own}
 
 
 def study_grid(index: Mapping, axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any] | None = None,
