@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps "megatron-core>=0.12"
 	touch $(STAMP)
 
-# The quick study (under 10 min on 2 CPU cores): notebooks 01-05 executed, report in $(STUDY_DIR)/report_nocode.html.
+# The quick study (~11 min on 2 CPU cores): notebooks 01-05 executed, report in $(STUDY_DIR)/report_nocode.html.
 # Chromium (PNG figures) is installed first where root and apt-get allow; without it the study writes HTML
 # figures only and its last line says how to get the PNGs.
 demo: setup

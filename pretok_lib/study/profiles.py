@@ -1,7 +1,7 @@
 """Notebook parameters per study profile. Each notebook receives the parameters its `parameters` cell declares.
 
-- quick: this laptop-class machine (2 CPU cores, no GPU), under 10 minutes: embedded 20 MB corpus, tiny model,
-  gloo world sizes 1 and 2, every data path, and fp32 vs bf16. Every run stops after the step that passes
+- quick: this laptop-class machine (2 CPU cores, no GPU), about 11 minutes: embedded 20 MB corpus, tiny model,
+  gloo world sizes 1 and 2, every data path (3 interleaved repeats at world size 1), and fp32 vs bf16. Every run stops after the step that passes
   `train.time_budget_s` (45 s for notebook 03's run, 15 s per sweep point), so bf16 on a CPU that emulates it
   (a step ~12x slower) or a busy machine costs bounded time; tokens/s stay means over the steps measured.
 - full: real hardware: 500 MB corpus (or `--set corpus=... tokenizer=...`), the original study's model
