@@ -1,20 +1,25 @@
-"""What a run logs (docs/RUNS.md): metrics.jsonl records, TensorBoard scalars, memory, and the run summary."""
+"""What a run logs (docs/RUNS.md): metrics.jsonl records, TensorBoard scalars, memory, and the run summary
+(importable without torch: `pretok_lib.measure` writes the same summary)."""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..atomic import atomic_write_text
 from ..crossing import number, records_crossing
 from ..memory import peak_rss_mb
 
+if TYPE_CHECKING:
+    import torch
+
 
 def peak_memory_mb(device: torch.device) -> float:
     """Peak accelerator memory allocated (CUDA) or this process's peak RSS (CPU), in MB."""
+    import torch   # here: summarize() and read_records() serve torch-free callers too (pretok_lib.measure)
+
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return peak_rss_mb()
