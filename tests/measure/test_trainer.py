@@ -13,6 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArgumen
 
 from pretok_lib.analysis import load_runs, summary_table  # noqa: E402
 from pretok_lib.measure import PretokCallback  # noqa: E402
+from pretok_lib.runs_report import build_report  # noqa: E402
 from tests.analysis.helpers import simple_run  # noqa: E402
 
 SEQ, MICRO, ACCUM, STEPS = 16, 4, 2, 6
@@ -84,4 +85,6 @@ def test_trainer_run_is_measured_and_loads_beside_project_runs(tmp_path):
     assert rows["hf-trainer"]["status"] == "completed" and rows["project-run"]["status"] == "completed"
     assert rows["hf-trainer"]["global_batch"] == MICRO * ACCUM and rows["hf-trainer"]["seq_len"] == SEQ
     assert rows["hf-trainer"]["steps"] == STEPS and rows["hf-trainer"]["final_val_loss"] is not None
+    page = build_report(tmp_path / "runs", tmp_path / "report")["report"].read_text()   # pretok report
+    assert 'data-run-id="hf-trainer"' in page and 'data-run-id="project-run"' in page
 
