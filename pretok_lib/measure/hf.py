@@ -6,19 +6,21 @@ Timing (transformers >= 4.46 fetches each optimizer step's micro-batches before 
 step is the time from the end of the previous step (or of its logging, evaluation or checkpoint) to
 `on_step_begin`; its compute the time from `on_step_begin` to `on_step_end`; step time = both. Evaluation, logging
 and saving count in no step. Tokens are counted by a forward pre-hook on the model (input_ids, attention_mask,
-labels of every training micro-batch, `counts.batch_counts`); only the main process writes.
+labels of every training micro-batch, `counts.batch_counts`), the step's loss by a forward hook (`outputs.loss`
+summed over the micro-batches when the Trainer passes `num_items_in_batch`, else their mean); only the main
+process writes.
 """
 
 from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 from transformers import TrainerCallback
 
-from .counts import batch_counts
 from .run import Run
 
 
@@ -38,7 +40,8 @@ def trainer_config(args: Any, model: Any = None) -> dict[str, Any]:
         "train": {"lr": args.learning_rate, "micro_batch": micro, "grad_accum": accum,
                   "global_batch": micro * accum * world, "steps": args.max_steps, "precision": _precision(args),
                   "weight_decay": args.weight_decay, "warmup_steps": args.warmup_steps,
-                  "lr_scheduler": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)), "max_grad_norm": args.max_grad_norm},
+                  "lr_scheduler": str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)),
+                  "max_grad_norm": args.max_grad_norm},
         "data": {"num_workers": args.dataloader_num_workers},
         "run": {"seed": args.seed, "output_dir": args.output_dir},
     }
@@ -66,6 +69,7 @@ class PretokCallback(TrainerCallback):
         self._summed = False
         self._mark = self._begin = 0.0
         self._in_step = False
+        self._warned = False
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
         cfg = trainer_config(args, model)
@@ -87,7 +91,7 @@ class PretokCallback(TrainerCallback):
         self._summed = batch.get("num_items_in_batch") is not None   # loss = this micro-batch's sum / the step's
         if args and "input_ids" not in batch:
             batch["input_ids"] = args[0]
-        self.run._pending += batch_counts(batch)
+        self.run.add_batch(batch)      # a batch it cannot count marks the step (never raises in the forward)
 
     def _keep_loss(self, module: Any, args: tuple, output: Any) -> None:
         loss = getattr(output, "loss", None) if not isinstance(output, Mapping) else output.get("loss")
@@ -111,7 +115,14 @@ class PretokCallback(TrainerCallback):
         self._in_step = False
         if self.run is not None:
             loss = (sum(self._losses) / (1 if self._summed else len(self._losses))) if self._losses else None
-            self.run.step(loss=loss, lr=self._lr)
+            if self.run._counted:
+                self.run.step(loss=loss, lr=self._lr)
+            else:   # the measurement must not stop the training: say so once, log the step with no tokens
+                if not self._warned:
+                    warnings.warn("PretokCallback: a training batch has no input_ids to count: its tokens are "
+                                  "logged as 0 (docs/BYO.md)", stacklevel=2)
+                    self._warned = True
+                self.run.step(loss=loss, lr=self._lr, tokens=0)
         self._losses = []
         self._mark = time.perf_counter()
 

@@ -18,7 +18,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +97,16 @@ class Run:
             the global batch's: equal batches per rank assumed). skip_steps: warm-up records the means skip.
         target_loss: summary.json's time to target. flops_per_token, peak_flops: give MFU when both are known.
         log_every: a record every N steps (each record holds its own step's numbers).
+        tracking: trackers mirroring every record, as the trainer's `log.tracking` (["mlflow"]; mlflow_uri:
+            default a file store beside the run directory, experiment: its name).
     """
 
     def __init__(self, run_dir: str | os.PathLike, config: Mapping[str, Any] | None = None, *,
                  data_kind: str | None = None, seq_len: int | None = None, precision: str | None = None,
                  world_size: int | None = None, rank: int | None = None, skip_steps: int = 2,
                  target_loss: float | None = None, flops_per_token: float | None = None,
-                 peak_flops: float | None = None, log_every: int = 1, overwrite: bool = False) -> None:
+                 peak_flops: float | None = None, log_every: int = 1, overwrite: bool = False,
+                 tracking: Sequence[str] = (), mlflow_uri: str | None = None, experiment: str = "pretok") -> None:
         self.dir = Path(run_dir)
         self.run_id = self.dir.name
         self.world_size = int(world_size if world_size is not None else os.environ.get("WORLD_SIZE", 1))
@@ -119,6 +122,13 @@ class Run:
         self.skip_steps, self.target_loss, self.log_every = skip_steps, target_loss, log_every
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.overwrite = overwrite
+        self.tracking = (list(tracking), mlflow_uri, experiment)
+        if tracking:
+            from ..train.tracking import check_tracking
+
+            if why := check_tracking(list(tracking)):
+                raise PretokError(why, self.dir)
+        self._trackers: list[Any] = []
         self.status: str | None = None
         self.steps = 0
         self._fh: Any = None
@@ -155,6 +165,11 @@ class Run:
         if self.writes:
             self._prepare_dir()
             atomic_write_text(self.dir / "config.yaml", yaml.safe_dump(self.config, sort_keys=False))
+            if self.tracking[0]:
+                from ..train.tracking import open_trackers
+
+                self._trackers = open_trackers(self.tracking[0], self.dir, self.run_id, self.config,
+                                               self.tracking[1], self.tracking[2])
             atomic_write_json(self.dir / "run.json", self._info("running"))
             self._fh = open(self.dir / "metrics.jsonl", "w")
         self.status = "running"
@@ -182,6 +197,9 @@ class Run:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+        for t in self._trackers:
+            t.close(status)
+        self._trackers = []
         if status == "completed":
             atomic_write_json(self.dir / "summary.json", {"status": "completed", **self.summary()})
         atomic_write_json(self.dir / "run.json", self._info(status, error))
@@ -297,7 +315,8 @@ class Run:
                 "data_stall": wait / step_time, "tokens": g.tokens, "effective_tokens": g.effective_tokens,
                 "padding_frac": g.padding / g.tokens if g.tokens else None,
                 "masked_frac": g.masked / g.tokens if g.tokens else None, "tokens_per_s": tps,
-                "tokens_per_s_per_device": tps / self.world_size, "effective_tokens_per_s": g.effective_tokens / step_time,
+                "tokens_per_s_per_device": tps / self.world_size,
+                "effective_tokens_per_s": g.effective_tokens / step_time,
                 "mfu": mfu, "peak_mem_mb": _peak_mem_mb(device), "cum_tokens": self._cum.tokens,
                 "cum_effective_tokens": self._cum.effective_tokens, "samples": self._cum.samples}
 
@@ -318,6 +337,8 @@ class Run:
             raise PretokError("the run is not started (use `with Run(...)` or call start())", self.dir)
         self._fh.write(json.dumps(rec) + "\n")
         self._fh.flush()
+        for t in self._trackers:
+            t.log(rec)
 
 
 def _finite(x: Any) -> float | None:

@@ -38,9 +38,10 @@ def read_records(path: Path) -> list[dict]:
 
 
 class MetricsLog:
-    """Appends records to metrics.jsonl (flushed per record) and mirrors scalars to TensorBoard."""
+    """Appends records to metrics.jsonl (flushed per record) and mirrors scalars to TensorBoard and the trackers of
+    `log.tracking` (`tracking.open_trackers`: objects with log(record) and close(status))."""
 
-    def __init__(self, run_dir: Path, resume_step: int, tensorboard: bool):
+    def __init__(self, run_dir: Path, resume_step: int, tensorboard: bool, trackers: list | None = None):
         self.path = run_dir / "metrics.jsonl"
         # A resumed run repeats the steps after its checkpoint: drop their old records so the log has each
         # step once (and equals an uninterrupted run's).
@@ -48,6 +49,7 @@ class MetricsLog:
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self.fh = open(self.path, "a")
         self.tb = None
+        self.trackers = list(trackers or [])
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -56,6 +58,8 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         self.fh.write(json.dumps(record) + "\n")
         self.fh.flush()
+        for t in self.trackers:
+            t.log(record)
         if self.tb is not None:
             prefix = record["kind"]
             for k, v in record.items():
@@ -65,11 +69,15 @@ class MetricsLog:
                     for i, x in enumerate(v):
                         self.tb.add_scalar(f"{prefix}/{k}/{i}", x, record["step"])
 
-    def close(self) -> None:
+    def close(self, status: str = "completed") -> None:
+        """Close the log; the trackers end their runs with `status` (completed, interrupted, failed)."""
         self.fh.close()
         if self.tb is not None:
             self.tb.flush()
             self.tb.close()
+        for t in self.trackers:
+            t.close(status)
+        self.trackers = []
 
 
 def _per_time(records: list[dict], key: str) -> float | None:

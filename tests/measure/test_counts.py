@@ -39,7 +39,8 @@ def test_hf_batches_count_like_a_row_by_row_loop(rows):
 
 
 @settings(max_examples=40, deadline=None)
-@given(shape=st.tuples(st.integers(1, 5), st.integers(1, 9)), ignored=st.integers(0, 9), ignore=st.sampled_from([-1, -100]))
+@given(shape=st.tuples(st.integers(1, 5), st.integers(1, 9)), ignored=st.integers(0, 9),
+       ignore=st.sampled_from([-1, -100]))
 def test_nanogpt_pairs_and_plain_arrays(shape, ignored, ignore):
     x = np.ones(shape, dtype=np.int64)
     y = x.copy()

@@ -88,3 +88,29 @@ def test_trainer_run_is_measured_and_loads_beside_project_runs(tmp_path):
     page = build_report(tmp_path / "runs", tmp_path / "report")["report"].read_text()   # pretok report
     assert 'data-run-id="hf-trainer"' in page and 'data-run-id="project-run"' in page
 
+
+
+class _Vision(torch.nn.Module):
+    def forward(self, pixel_values=None):
+        return {"loss": pixel_values.mean()}
+
+
+def test_a_batch_without_input_ids_warns_once_and_never_stops_training(tmp_path):
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(per_device_train_batch_size=2, gradient_accumulation_steps=1, world_size=1,
+                           learning_rate=0.1, max_steps=2, weight_decay=0.0, warmup_steps=0, lr_scheduler_type="linear",
+                           max_grad_norm=1.0, dataloader_num_workers=0, seed=0, output_dir=str(tmp_path),
+                           process_index=0, bf16=False, fp16=False)
+    model = _Vision().train()
+    cb = PretokCallback(tmp_path / "runs" / "vision")
+    cb.on_train_begin(args, None, None, model=model)
+    with pytest.warns(UserWarning, match="no input_ids to count"):
+        for _ in range(2):
+            cb.on_step_begin(args, None, None)
+            model(pixel_values=torch.ones(2, 3))
+            cb.on_step_end(args, None, None)
+    cb.on_train_end(args, SimpleNamespace(global_step=2), None)
+    recs = [json.loads(x) for x in (tmp_path / "runs" / "vision" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["tokens"], r["loss"]) for r in recs] == [(0, 1.0), (0, 1.0)]
+    assert json.loads((tmp_path / "runs" / "vision" / "run.json").read_text())["status"] == "completed"
