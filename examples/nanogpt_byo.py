@@ -28,7 +28,8 @@ def get_batch():  # nanoGPT's: random windows, y = x shifted by one token
 
 model = torch.nn.Sequential(torch.nn.Embedding(a.vocab, 64), torch.nn.Linear(64, a.vocab))  # your GPT here
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-config = {"model": {"n_embd": 64, "vocab_size": a.vocab}, "train": {"lr": 1e-3, "micro_batch": a.batch, "steps": a.steps}}
+config = {"model": {"n_embd": 64, "vocab_size": a.vocab},
+          "train": {"lr": 1e-3, "micro_batch": a.batch, "steps": a.steps}}
 with Run(a.out, config, seq_len=a.block, data_kind="nanogpt-get-batch") as m:
     for it, (x, y) in enumerate(m.batches(get_batch())):  # times each fetch: the data wait
         loss = torch.nn.functional.cross_entropy(model(x).view(-1, a.vocab), y.view(-1), ignore_index=-1)

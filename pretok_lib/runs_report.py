@@ -46,8 +46,8 @@ def failures_html(runs: Sequence[Any]) -> str:
     if not bad:
         return ""
     e = html.escape
-    items = "".join(f"<li><b>{e(r.run_id)}</b> [{e(r.status)}]: {e(r.error or '; '.join(r.problems) or 'no error recorded')}"
-                    "</li>" for r in bad)
+    items = "".join(f"<li><b>{e(r.run_id)}</b> [{e(r.status)}]: "
+                    f"{e(r.error or '; '.join(r.problems) or 'no error recorded')}</li>" for r in bad)
     return (f'<section id="failures" style="color:#b30"><h2>{len(bad)} of {len(runs)} runs did not complete</h2>'
             f"<ul>{items}</ul><p>Their partial numbers are in the runs table and marked in the figures; no finding "
             "uses them.</p></section>")

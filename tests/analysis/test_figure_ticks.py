@@ -57,7 +57,8 @@ def _figures(root: Path) -> dict:
     return {"data_stall": F.data_stall_figure(runs), "padding": F.padding_figure(runs), "mfu": F.mfu_figure(runs),
             "stall_prediction": F.stall_prediction_figure(rows), "loss_curves": F.loss_curves_figure([short_run]),
             "val_loss_by_batch": F.val_loss_by_batch_figure(runs), "run_curves": plots.run_curves_figure(short_run),
-            "tokenize_throughput": plots.tokenize_bench_figure(tok), "loader_throughput": plots.loader_bench_figure(loaders)}
+            "tokenize_throughput": plots.tokenize_bench_figure(tok),
+            "loader_throughput": plots.loader_bench_figure(loaders)}
 
 
 @pytest.fixture(scope="module")
