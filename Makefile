@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[train,notebooks,test,remote]"
+	$(PIP) install -q -e ".[train,notebooks,test,remote,byo,tracking]"
 	# megatron-core only to prove our memmap output reads in Megatron-LM unchanged (no deps: torch+numpy suffice).
 	$(PIP) install -q --no-deps "megatron-core>=0.12"
 	touch $(STAMP)

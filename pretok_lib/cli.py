@@ -245,6 +245,13 @@ def cmd_study(a: argparse.Namespace) -> None:
               kernel=a.kernel)
 
 
+def cmd_report(a: argparse.Namespace) -> None:
+    from .runs_report import build_report
+
+    res = build_report(a.runs_dir, a.out, target_loss=a.target_loss, bench=a.bench, png=a.png, title=a.title)
+    print(f"{res['report']}: report of the runs in {a.runs_dir} ({len(res) - 1} figures beside it)")
+
+
 def cmd_gpu_check(a: argparse.Namespace) -> int:
     from .gpu_check import main
 
@@ -265,11 +272,12 @@ in DDP training, and measure whether the data path is the bottleneck.
   pretok train --config configs/tiny.yaml                          # train on one data path (torchrun for DDP)
   pretok study --profile quick --out runs/study-quick              # the whole study: notebooks 01-05 + report
   pretok export runs/<id> --out DIR                                # a run as a transformers model directory
+  pretok report runs/my-sweep                                      # figures + findings + HTML of any runs
 
 Every subcommand has --help; the README and docs/ hold the contracts."""
 
 SUBCOMMANDS_LIGHT = ("corpus", "tokenize", "merge", "inspect", "verify", "demo", "sweep", "study", "gpu-check",
-                     "export")
+                     "export", "report")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -358,6 +366,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="notebook parameter for every notebook that has it (YAML value)")
     p.add_argument("--kernel", default="pretok", help="Jupyter kernel (registered in the venv if missing)")
     p.set_defaults(fn=cmd_study)
+    p = sub.add_parser("report", help="figures, findings and an HTML report for any runs directory (a custom sweep, "
+                       "pretok_lib.measure runs, ...); see docs/BYO.md")
+    p.add_argument("runs_dir", help="directory holding run directories (searched recursively)")
+    p.add_argument("--out", default=None, help="default: RUNS_DIR/report")
+    p.add_argument("--target-loss", type=_positive, default=None, help="time-to-target loss (default: from the runs)")
+    p.add_argument("--bench", default=None, help="a `pretok bench tokenize --json` result (tokenization figure)")
+    p.add_argument("--png", action="store_true", help="also write PNGs (needs Chromium)")
+    p.add_argument("--title", default=None)
+    p.set_defaults(fn=cmd_report)
     p = sub.add_parser("gpu-check", help="acceptance of a GPU machine: DDP/NCCL, bf16, compile, kill + resume, smoke "
                        "study; prints a JSON verdict (docs/GPU_CHECK.md)")
     from .gpu_check import add_args as add_gpu_check_args

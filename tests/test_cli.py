@@ -21,7 +21,7 @@ from .conftest import SIGNAL_CONVERSIONS, signals_turned_into
 def test_help_opens_with_the_purpose_and_every_subcommand() -> None:
     text = build_parser().format_help()
     assert text.split("\n\n")[1].startswith("pretok: pretokenize LLM training corpora once")
-    for name in ("tokenize", "merge", "inspect", "verify", "train", "sweep", "study", "bench", "gpu-check"):
+    for name in ("tokenize", "merge", "inspect", "verify", "train", "sweep", "study", "bench", "gpu-check", "report"):
         assert name in text
 
 
@@ -94,7 +94,7 @@ def test_a_signals_turned_into_another_error_still_ends_as_terminated(monkeypatc
 PARSES = {"corpus": ["--out", "c.parquet"], "tokenize": ["in.txt", "--out", "o", "--tokenizer", "t"],
           "merge": ["s0", "--out", "o"], "inspect": ["d"], "verify": ["d"], "demo": [], "export": ["runs/x"],
           "sweep": ["--config", "c.yaml"], "study": [], "gpu-check": [], "bench tokenize": [], "bench loaders": [],
-          "bench train": []}
+          "bench train": [], "report": ["runs"]}
 OWN_SIGTERM = {"train"}  # the trainer checkpoints on SIGTERM (tests/train)
 
 

@@ -16,8 +16,9 @@ CAPTIONS: dict[str, str] = {
     "mfu": "Model FLOPs utilisation per data path: model FLOP/s achieved over the device's peak, whose source is "
            "printed above the bars.",
     "data_stall": "Share of each training step spent waiting for the next batch, per data path.",
-    "padding": "Share of the token slots that are padding (padded paths) or masked labels across document "
-               "boundaries (packed paths), per data path.",
+    "padding": "Padding (padded paths) or masked labels (packed paths) per data path, as a share of the token "
+               "slots the runs trained on after warm-up (a dataset's manifest counts all its rows: another "
+               "number).",
     "loss_curves": "Train loss (left) and validation loss (right) against the step, one line per run; failed or "
                    "incomplete runs dashed.",
     "val_loss_by_batch": "Validation loss against the step, one line per run, colored by the global batch size.",
@@ -26,8 +27,8 @@ CAPTIONS: dict[str, str] = {
     "time_to_target": "Wall time until the validation loss first reaches the target (interpolated; the title gives "
                       "it) per data path, labelled with the speedup over on-the-fly padded: solid bars on packed "
                       "memmap windows, hatched 'own layout' bars on padded rows (padded paths).",
-    "storage": "Bytes on disk per stored token of each pretokenized output (label: total size; the datasets.map "
-               "Arrow cache, where the tokenize benchmark measured it, for reference).",
+    "storage": "Bytes on disk per stored token of each pretokenized output (label: total size; 'hf-arrow': the "
+               "Hugging Face datasets Arrow cache that datasets.map writes, for reference).",
     "tokenization_speedup": "Speedup of pretokenizing over tokenizing on the fly, measured in isolation (tokenize "
                             "benchmark) and in training (effective tokens/s), per pretokenized path.",
     "precision": "Mixed against full precision for otherwise equal runs: effective tokens/s, peak memory, final "

@@ -19,7 +19,7 @@ from .metrics import (all_metrics, format_value, precision_groups, scaling_effic
                       storage_rows, summary_table, tokenization_speedups)
 from .plotting import (LAYOUT, PALETTE, PATH_COLORS, PERCENT, STATUS_FILL, STATUS_SYMBOLS, VARYING, _add_bars,
                        _mean_std, _ordered_categories, _path_bars, _path_of, baseline_means, categorize,
-                       completed_values, empty_figure, path_color)
+                       completed_values, empty_figure, fit_ticks, path_color, percent_text)
 from .runs import Run
 from .stall import mid_stall
 
@@ -56,10 +56,13 @@ def data_stall_figure(runs: Iterable[Run], skip: int | None = None) -> go.Figure
                       "data wait / step time", "data-stall records", skip)
 
 
+PADDING_AXIS = "share of the token slots trained on<br>(logged steps after warm-up)"
+
+
 def padding_figure(runs: Iterable[Run], skip: int | None = None) -> go.Figure:
     """Padding share (padded paths) and masked-label share (packed paths) of the token slots, per data path."""
     return _path_bars(runs, [("padding_frac", "padding"), ("masked_frac", "masked labels")],
-                      "Padding share per data path", "share of token slots", "padding/masked records", skip)
+                      "Padding share per data path", PADDING_AXIS, "padding/masked records", skip)
 
 
 def _run_colors(runs: list[Run]) -> dict[str, str]:
@@ -86,7 +89,7 @@ def loss_curves_figure(runs: Iterable[Run], x: str = "step") -> go.Figure:
     fig.update_layout(title=title, **LAYOUT)
     fig.update_xaxes(title_text=x)
     fig.update_yaxes(title_text="loss", col=1)
-    return fig
+    return fit_ticks(fig, integer_x=x == "step")
 
 
 def val_loss_by_batch_figure(runs: Iterable[Run], x: str = "step") -> go.Figure:
@@ -106,7 +109,7 @@ def val_loss_by_batch_figure(runs: Iterable[Run], x: str = "step") -> go.Figure:
                                  line=dict(color=PALETTE[batches.index(b) % len(PALETTE)],
                                            dash="solid" if r.status == "completed" else "dash")))
         shown.add(b)
-    return fig
+    return fit_ticks(fig, integer_x=x == "step")
 
 
 def scaling_figure(runs: Iterable[Run], metric: str = "tokens_per_s", skip: int | None = None
@@ -141,7 +144,7 @@ def scaling_figure(runs: Iterable[Run], metric: str = "tokens_per_s", skip: int 
     fig.update_xaxes(title_text="world size", dtick=1)
     fig.update_yaxes(tickformat=".0%", rangemode="tozero", row=1, col=2)
     fig.update_yaxes(rangemode="tozero", row=1, col=1)
-    return fig
+    return fit_ticks(fig, integer_x=True)
 
 
 OWN_LAYOUT = "own layout"   # the time-to-target bars of val_loss_own (eval.own_path: a padded path's own layout)
@@ -200,6 +203,11 @@ def time_to_target_figure(runs: Iterable[Run], target_loss: float | None = None,
     return fig
 
 
+HF_ARROW = "hf-arrow"
+HF_ARROW_NOTE = ("hf-arrow: not a pretok format; the Hugging Face datasets Arrow cache that datasets.map + "
+                 "save_to_disk writes<br>for the same text (the tokenize benchmark's baseline (b)), for reference")
+
+
 def storage_figure(rows: list[dict[str, Any]] | Iterable[str | Path]) -> go.Figure:
     """Bytes on disk per stored token of each pretokenized output (bar label: total size). Takes `storage_rows`
     or dataset directories."""
@@ -217,6 +225,9 @@ def storage_figure(rows: list[dict[str, Any]] | Iterable[str | Path]) -> go.Figu
     fig = go.Figure(go.Bar(x=xs, y=[r["bytes_per_token"] for r in rows], marker_color=colors, hovertext=hover,
                            text=[f"{r['disk_bytes'] / 1e6:.3g} MB" for r in rows], textposition="outside"),
                     layout=dict(title=title, yaxis_title="bytes on disk per stored token", **LAYOUT))
+    if any(r.get("format") == HF_ARROW for r in rows):
+        fig.add_annotation(text=HF_ARROW_NOTE, x=0, y=1.02, xref="paper", yref="paper", showarrow=False,
+                           xanchor="left", yanchor="bottom", align="left", font=dict(size=11))
     return fig
 
 
@@ -239,7 +250,7 @@ def tokenization_speedup_figure(bench: str | Path | dict | None, runs: Iterable[
         fig.add_trace(go.Bar(x=xs, y=ys, name=name, marker_color=color, textposition="outside",
                              text=["" if y is None else f"x{y:.3g}" for y in ys]))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
-    return fig
+    return fit_ticks(fig)
 
 
 def precision_figure(runs: Iterable[Run], skip: int | None = None) -> go.Figure:
@@ -291,7 +302,7 @@ def stall_prediction_figure(rows: list[dict[str, Any]]) -> go.Figure:
     fig.update_yaxes(tickformat=".0%", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(type="log", title_text="S / C at the high MFU (< 1: stalls)", row=1, col=2)
     fig.update_layout(title=title, barmode="group", **LAYOUT)
-    return fig
+    return fit_ticks(fig)
 
 
 TABLE_COLUMNS = ("run_id", "status", "data_kind", "world_size", "global_batch", "seq_len", "precision", "steps",
@@ -309,7 +320,7 @@ def status_table_figure(runs: Iterable[Run], skip: int | None = None, target_los
 
     def cell(k: str, v: Any) -> str:
         if k in PERCENT and isinstance(v, float) and math.isfinite(v):
-            return f"{v:.1%}"
+            return percent_text(v)
         return (v[:157] + "...") if k == "note" and isinstance(v, str) and len(v) > 160 else format_value(v)
 
     values = [[cell(c, r[c]) for r in rows] for c in TABLE_COLUMNS]

@@ -10,6 +10,8 @@ path, as `metrics.path_speedups` does.
 from __future__ import annotations
 
 import math
+import numbers
+import re
 from collections import defaultdict
 from typing import Callable, Hashable, Iterable
 
@@ -31,6 +33,102 @@ PALETTE = qualitative.Plotly + qualitative.D3
 VARYING = ("world_size", "global_batch", "seq_len", "precision")
 LAYOUT = dict(template="plotly_white", height=460, margin=dict(l=70, r=30, t=70, b=70))
 PERCENT = {"mfu", "data_stall", "padding_frac", "masked_frac"}
+
+
+def _nice(x: float) -> float:
+    """The 1-2-5 step at or above `x` (> 0)."""
+    e = 10.0 ** math.floor(math.log10(x))
+    return next(m * e for m in (1, 2, 5, 10) if m * e >= x * (1 - 1e-9))
+
+
+def _numbers(seq) -> list[float]:
+    return [float(v) for v in (seq if seq is not None and not isinstance(seq, str) else ())
+            if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)]
+
+
+def percent_ticks(values) -> dict:
+    """Ticks of a share axis over `values`: a 1-2-5 step of about a sixth of the largest value and a percent
+    format with the decimals that step needs (0.1% steps read "0.1%", "0.2%", never "0%" six times)."""
+    top = max((abs(v) for v in _numbers(values)), default=0.0)
+    if top <= 0:
+        return {"tickformat": ".0%"}
+    step = _nice(top / 6)
+    return {"tickformat": f".{max(0, min(6, -math.floor(math.log10(step * 100) + 1e-9)))}%", "dtick": step,
+            "tick0": 0}
+
+
+def percent_text(v: float) -> str:
+    """A share as text with the decimals it needs: 0%, 0.04%, 12.5%."""
+    return "0%" if v == 0 else f"{v:.2%}" if abs(v) < 0.01 else f"{v:.1%}"
+
+
+def number_label(v: float) -> str:
+    """A tick label: 0.5, 20, 2k, 1.5M (never the bare leading digit of plotly's log minor ticks)."""
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:g}{unit}"
+    return f"{v:g}"
+
+
+def log_ticks(values) -> dict:
+    """Ticks of a log axis over `values` (> 0): 1-2-5 per decade (powers of ten alone over more than five
+    decades), each labelled with its value (`number_label`): plotly's own label 0.5 as "5" and 2000 as "2"."""
+    vals = [v for v in _numbers(values) if v > 0]
+    if not vals:
+        return {}
+    lo, hi = min(vals), max(vals)
+    k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    mults = (1, 2, 5) if k1 - k0 <= 5 else (1,)
+    ticks = [m * 10.0 ** k for k in range(k0, k1 + 1) for m in mults]
+    inside = [t for t in ticks if lo / 2.5 <= t <= hi * 2.5] or ticks
+    return {"tickmode": "array", "tickvals": inside, "ticktext": [number_label(t) for t in inside]}
+
+
+def integer_ticks(values) -> dict:
+    """Ticks of a count axis (steps, world sizes): integer steps only (no 3.5th step)."""
+    top = max((abs(v) for v in _numbers(values)), default=1.0)
+    return {"tick0": 0, "dtick": max(1, int(_nice(max(top, 1) / 6))), "tickformat": ",d"}
+
+
+AXIS_KEY = re.compile(r"^[xy]axis\d*$")
+
+
+def _axis_values(fig: go.Figure) -> dict[str, list[float]]:
+    """The numbers each axis shows (layout key -> values): trace coordinates, bar tops with their error bars, and
+    the lines drawn on it (add_hline)."""
+    out: dict[str, list[float]] = defaultdict(list)
+    for t in fig.data:
+        for letter in ("x", "y"):
+            ref = getattr(t, f"{letter}axis", None) or letter
+            key = f"{letter}axis{ref[1:]}"
+            vals = _numbers(getattr(t, letter, None))
+            err = getattr(t, f"error_{letter}", None)
+            if err is not None and err.array is not None:
+                vals += [v + e for v, e in zip(vals, _numbers(err.array))]
+            out[key] += vals
+    for sh in fig.layout.shapes:
+        for letter in ("x", "y"):
+            ref = getattr(sh, f"{letter}ref", None) or letter
+            if "domain" not in ref and ref != "paper":
+                out[f"{letter}axis{ref[1:]}"] += _numbers([getattr(sh, f"{letter}0"), getattr(sh, f"{letter}1")])
+    return out
+
+
+def fit_ticks(fig: go.Figure, integer_x: bool = False) -> go.Figure:
+    """Tick labels that read right whatever the data: log axes labelled with values (`log_ticks`), share axes
+    (a "%" tickformat) with enough decimals (`percent_ticks`), and, with `integer_x`, integer x ticks (steps)."""
+    vals = _axis_values(fig)
+    for key in [k for k in fig.layout.to_plotly_json() if AXIS_KEY.match(k)]:
+        ax, v = fig.layout[key], vals.get(key, [])
+        if not v:
+            continue
+        if ax.type == "log":
+            ax.update(**log_ticks(v))
+        elif isinstance(ax.tickformat, str) and ax.tickformat.endswith("%"):
+            ax.update(**percent_ticks(v))
+        elif integer_x and key.startswith("x"):
+            ax.update(**integer_ticks(v))
+    return fig
 
 
 def path_color(kind: str | None, i: int = 0) -> str:
@@ -181,9 +279,9 @@ def _path_bars(runs: Iterable[Run], series: list[tuple[str, str]], title: str, y
         _add_bars(fig, ms, cats, cat, key, name, color, texts=texts, showlegend=len(series) > 1,
                   points_legend=i == 0)
     if all(k in PERCENT for k, _ in series):
-        fig.update_yaxes(tickformat=".0%")
+        fig.update_yaxes(tickformat=".0%")   # decimals and step fitted to the values (fit_ticks)
     if ratio_to and any(m.data_kind == ratio_to for m in ms):
         fig.add_annotation(text=f"labels: ratio to {ratio_to} with an otherwise equal config · bars: completed runs",
                            x=1, y=1.08, xref="paper", yref="paper", showarrow=False, xanchor="right",
                            font=dict(size=11))
-    return fig
+    return fit_ticks(fig)

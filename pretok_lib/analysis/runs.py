@@ -22,7 +22,7 @@ from ..run_record import flatten, read_run_record
 
 TABLE_STATUSES = ("completed", "failed", "incomplete")
 RUN_FILES = ("run.json", "metrics.jsonl", "launcher.json")  # launcher.json: `pretok_lib.sweep` tried to start it
-NOT_RUNS = {"checkpoints", "tb", ".pretok", "__pycache__"}
+NOT_RUNS = {"checkpoints", "tb", ".pretok", "__pycache__", "mlruns"}   # mlruns: log.tracking's MLflow store
 
 # Where each key setting may live in config.yaml: dotted keys tried in order, then a unique key with the same leaf.
 SETTING_KEYS: dict[str, tuple[str, ...]] = {

@@ -26,6 +26,11 @@ ORIGINAL: dict[str, str | None] = {
 }
 
 
+ORIGINAL_NOTE = ("The original study: the study of on-the-fly against pretokenized data loading that this project "
+                 "reproduces (its two baselines, its padded layout, configs/study.yaml's model); its column gives what "
+                 "it found as recorded in this project's README and issues, for comparison with your numbers.")
+
+
 @dataclass
 class Finding:
     """One line of the findings block: what was asked, this study's numbers (None: not measured), the original
@@ -288,6 +293,7 @@ def findings_html(findings: Sequence[Finding], subtitle: str = "", measured: Seq
                       f"{e(machine_line(machine))}</p>",
                       f'<p class="too-short" style="color:#b30">{e(too_short_text(too_short))}</p>' if too_short else "",
                       f"<p>{e(subtitle)}</p>" if subtitle else "",
+                      f'<p class="original-note"><small>{e(ORIGINAL_NOTE)}</small></p>',
                       f'<table style="{style}">', head, *rows, "</table></section>"]).replace("\n\n", "\n")
 
 

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..analysis.figures import LAYOUT, PATH_COLORS, empty_figure
+from ..analysis.plotting import fit_ticks
 from ..datapaths import KINDS as PATH_ORDER
 
 METHOD_COLORS = {"(a)": "#d62728", "(b)": "#ff7f0e", "(c)": "#7f7f7f", "(d)": "#1f77b4"}
@@ -31,7 +32,7 @@ def tokenize_bench_figure(res: Mapping[str, Any]) -> go.Figure:
                                            f"{r.get('peak_rss_mb') or '-'} MB" for _, r in rows]),
         layout=dict(title=title, xaxis_title="MB of text per second (log)", xaxis_type="log",
                     **{**LAYOUT, "height": 140 + 34 * len(rows), "margin": {"l": 230, "r": 190, "t": 70, "b": 60}}))
-    return fig
+    return fit_ticks(fig)
 
 
 def loader_bench_figure(res: Mapping[str, Any], metric: str = "effective_tokens_per_s") -> go.Figure:
@@ -58,7 +59,7 @@ def loader_bench_figure(res: Mapping[str, Any], metric: str = "effective_tokens_
                                text=f"ceiling: nanoGPT get_batch on the raw memmap ({r['tokens_per_s'] / 1e6:.3g} M/s)")
     fig.add_annotation(text="bar label: x ceiling", x=1, y=1.08, xref="paper", yref="paper", showarrow=False,
                        xanchor="right", font={"size": 11})
-    return fig
+    return fit_ticks(fig)
 
 
 def compression_figure(res: Mapping[str, Any]) -> go.Figure:
@@ -101,4 +102,4 @@ def run_curves_figure(run: Any) -> go.Figure:
     fig.update_yaxes(tickformat=".1%", row=2, col=1)
     fig.update_xaxes(title_text="step", row=2)
     fig.update_layout(title=title, **{**LAYOUT, "height": 640})
-    return fig
+    return fit_ticks(fig, integer_x=True)

@@ -109,6 +109,9 @@ class LogConfig:
     every: int = 1
     tensorboard: bool = True
     skip_steps: int = 2             # first steps left out of the summary means (compile, warm caches)
+    tracking: list[str] = field(default_factory=list)  # trackers beside TensorBoard: [mlflow] (train/tracking.py)
+    mlflow_uri: str | None = None   # default: a file store in <run.dir>/mlruns
+    experiment: str | None = None   # the tracker's experiment; default: the config's name
 
 
 @dataclass
@@ -284,6 +287,11 @@ def validate(cfg: Config, source: str = "config") -> None:
         bad("eval.own_path is set but eval.path is empty: the own-layout loss is logged beside val_loss")
     if cfg.train.precision not in PRECISIONS:
         bad(f"train.precision '{cfg.train.precision}' is not one of {', '.join(PRECISIONS)}")
+    if cfg.log.tracking:
+        from .tracking import check_tracking
+
+        if why := check_tracking(cfg.log.tracking):
+            bad(why)
     if cfg.data.order not in (None, "exact", "block"):
         bad(f"data.order '{cfg.data.order}' is not exact or block")
     if cfg.data.order == "block" and cfg.data.kind not in ("pretok-padded", "pretok-token-list"):

@@ -1,20 +1,25 @@
-"""What a run logs (docs/RUNS.md): metrics.jsonl records, TensorBoard scalars, memory, and the run summary."""
+"""What a run logs (docs/RUNS.md): metrics.jsonl records, TensorBoard scalars, memory, and the run summary
+(importable without torch: `pretok_lib.measure` writes the same summary)."""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..atomic import atomic_write_text
 from ..crossing import number, records_crossing
 from ..memory import peak_rss_mb
 
+if TYPE_CHECKING:
+    import torch
+
 
 def peak_memory_mb(device: torch.device) -> float:
     """Peak accelerator memory allocated (CUDA) or this process's peak RSS (CPU), in MB."""
+    import torch   # here: summarize() and read_records() serve torch-free callers too (pretok_lib.measure)
+
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return peak_rss_mb()
@@ -33,9 +38,10 @@ def read_records(path: Path) -> list[dict]:
 
 
 class MetricsLog:
-    """Appends records to metrics.jsonl (flushed per record) and mirrors scalars to TensorBoard."""
+    """Appends records to metrics.jsonl (flushed per record) and mirrors scalars to TensorBoard and the trackers of
+    `log.tracking` (`tracking.open_trackers`: objects with log(record) and close(status))."""
 
-    def __init__(self, run_dir: Path, resume_step: int, tensorboard: bool):
+    def __init__(self, run_dir: Path, resume_step: int, tensorboard: bool, trackers: list | None = None):
         self.path = run_dir / "metrics.jsonl"
         # A resumed run repeats the steps after its checkpoint: drop their old records so the log has each
         # step once (and equals an uninterrupted run's).
@@ -43,6 +49,7 @@ class MetricsLog:
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self.fh = open(self.path, "a")
         self.tb = None
+        self.trackers = list(trackers or [])
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -51,6 +58,8 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         self.fh.write(json.dumps(record) + "\n")
         self.fh.flush()
+        for t in self.trackers:
+            t.log(record)
         if self.tb is not None:
             prefix = record["kind"]
             for k, v in record.items():
@@ -60,11 +69,15 @@ class MetricsLog:
                     for i, x in enumerate(v):
                         self.tb.add_scalar(f"{prefix}/{k}/{i}", x, record["step"])
 
-    def close(self) -> None:
+    def close(self, status: str = "completed") -> None:
+        """Close the log; the trackers end their runs with `status` (completed, interrupted, failed)."""
         self.fh.close()
         if self.tb is not None:
             self.tb.flush()
             self.tb.close()
+        for t in self.trackers:
+            t.close(status)
+        self.trackers = []
 
 
 def _per_time(records: list[dict], key: str) -> float | None:

@@ -61,6 +61,16 @@ def _run_info(run_id: str, d: distributed.Dist, status: str, started: str, error
             "pid": os.getpid(), "command": sys.argv, "cwd": os.getcwd(), **(trainer.facts() if trainer is not None else {})}
 
 
+def _trackers(cfg: Config, run_dir: Path, resumed: bool) -> list:
+    """The trackers of `log.tracking` (train/tracking.py), started (a resumed run continues its tracker run)."""
+    if not cfg.log.tracking:
+        return []
+    from .tracking import open_trackers
+
+    return open_trackers(cfg.log.tracking, run_dir, run_dir.name, cfg.to_dict(), cfg.log.mlflow_uri,
+                         cfg.log.experiment or cfg.name, resume=resumed)
+
+
 def write_status(run_dir: Path, info: dict) -> str | None:
     """Rewrite run.json atomically; when that fails (disk full), overwrite the old file in place with the
     compact JSON if it fits in the bytes the file already holds (no new block needed). None when written, else
@@ -234,8 +244,9 @@ def _train(cfg: Config, d: distributed.Dist, run_id: str, run_dir: Path, busy: t
                 save_config(cfg, run_dir / "config.yaml")
             with names_path(run_dir / "run.json"):
                 atomic_write_json(run_dir / "run.json", _run_info(run_id, d, "running", started, trainer=trainer))
+            trackers = _trackers(cfg, run_dir, trainer.progress.step > 0)
             with names_path(run_dir / "metrics.jsonl"):
-                metrics = MetricsLog(run_dir, trainer.progress.step, cfg.log.tensorboard)
+                metrics = MetricsLog(run_dir, trainer.progress.step, cfg.log.tensorboard, trackers)
             what = f"a mixture of {len(cfg.data.mixture)} datasets" if cfg.data.mixture else cfg.data.kind
             _log(f"run {run_dir}: {what} on {d.world} x {d.device.type}, "
                  f"{sum(p.numel() for p in trainer.model.parameters()) / 1e6:.1f}M params, "
@@ -243,7 +254,7 @@ def _train(cfg: Config, d: distributed.Dist, run_id: str, run_dir: Path, busy: t
         status = trainer.run(metrics, stop)
         if d.is_main:
             with names_path(run_dir / "metrics.jsonl"):
-                metrics.close()
+                metrics.close(status)
             metrics = None
             if status == "completed":
                 settings = {"data_kind": cfg.data.kind, "world_size": d.world, "seq_len": cfg.data.seq_len,
@@ -282,8 +293,8 @@ def _train(cfg: Config, d: distributed.Dist, run_id: str, run_dir: Path, busy: t
             msg, code = f"{type(e).__name__}: {e}", None
         if d.is_main:
             if metrics is not None:
-                with contextlib.suppress(OSError):
-                    metrics.close()
+                with contextlib.suppress(Exception):   # a tracker's own failure must not hide the run's
+                    metrics.close("failed")
             unwritten = write_status(run_dir, _run_info(run_id, d, "failed", started, msg, trainer))
             if unwritten and code is not None:
                 msg += f" (and run.json could not be updated: {unwritten})"
