@@ -221,12 +221,19 @@ def cmd_sweep(a: argparse.Namespace) -> None:
         if not Path(a.config).is_file():  # as the sweep itself would say
             raise PretokError("config file not found", a.config)
         check_points(a.config, grid.points(), Path(a.runs_dir).resolve())   # as the sweep would refuse them
-        for p in grid.points():
+        points = grid.points()
+        if a.launcher == "slurm":    # each point's full sbatch line; nothing submitted, no SLURM needed
+            from .sweep_slurm import dry_run
+
+            lines = dry_run(points, Path(a.config).resolve(), a.runs_dir)
+        else:
+            lines = [" ".join(command(p, a.config, a.launcher, a.runs_dir, a.module)) for p in points]
+        for p, cmd in zip(points, lines):
             why = _changed(Path(a.config).resolve(), p, Path(a.runs_dir).resolve())
             state = run_status(Path(a.runs_dir) / p.run_id) or "not run"
             state = state if why in (None, RERUN) else ("would start over: " if a.rerun_changed and not isinstance(
                 why, Unclearable) else "would be refused: ") + why
-            print(f"{p.run_id}  [{state}]  {' '.join(command(p, a.config, a.launcher, a.runs_dir, a.module))}")
+            print(f"{p.run_id}  [{state}]  {cmd}")
         return
     res = run_sweep(a.config, grid, a.runs_dir, a.launcher, module=a.module, timeout_s=a.timeout,
                     changed="rerun" if a.rerun_changed else "refuse")
@@ -354,7 +361,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=_positive, default=None, help="seconds per local run before it is stopped")
     p.add_argument("--rerun-changed", action="store_true",
                    help="start over a point whose run directory holds a run of another config (default: refuse it)")
-    p.add_argument("--dry-run", action="store_true", help="print run ids, their status and commands; run nothing")
+    p.add_argument("--dry-run", action="store_true", help="print run ids, their status and commands (--launcher "
+                   "slurm: each point's full sbatch line); run or submit nothing")
     p.add_argument("--module", default="pretok_lib.train", help=argparse.SUPPRESS)  # tests use a stand-in trainer
     p.set_defaults(fn=cmd_sweep)
     p = sub.add_parser("study", help="execute notebooks 01-05 (papermill) and export the HTML report")

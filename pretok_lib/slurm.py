@@ -1,8 +1,9 @@
 """Submit slurm/*.sbatch jobs and wait for them from Python (used by sweeps and the tests).
 
 - `cluster_settings()`: the PRETOK_* settings of slurm/cluster.env after environment overrides.
-- `submit(script, args, dependency=..., array=..., **sbatch_options)`: through `slurm/submit.sh` (cluster
-  options from cluster.env) → job id.
+- `submit(script, args, dependency=..., array=..., dry_run=..., **sbatch_options)`: through `slurm/submit.sh`
+  (cluster options from cluster.env) → job id (dry run: the sbatch line, nothing submitted).
+- `gpu_options(n, request)`: `--gpus-per-node=n` or `--gres=gpu:n` (PRETOK_GPU_REQUEST) as sbatch options.
 - `job_records(job_id)`: `scontrol show job` as dicts.
 - `wait(job_ids, timeout)`: polls `scontrol show job` (no accounting database needed) until every job ended →
   `{job_id: state}`; `job_state(job_id)` is one poll.
@@ -71,9 +72,21 @@ def sbatch_options(options: Mapping[str, object]) -> list[str]:
     return out
 
 
+def gpu_options(gpus_per_node: int, request: str = "gpus-per-node") -> dict[str, object]:
+    """The sbatch option asking for `gpus_per_node` GPUs per node, in the form PRETOK_GPU_REQUEST names:
+    `{"gpus_per_node": 4}` or `{"gres": "gpu:4"}`; {} for none."""
+    if gpus_per_node <= 0:
+        return {}
+    if request == "gres":
+        return {"gres": f"gpu:{gpus_per_node}"}
+    if request != "gpus-per-node":
+        raise PretokError(f"PRETOK_GPU_REQUEST={request}: choose gpus-per-node or gres", CLUSTER_ENV)
+    return {"gpus_per_node": gpus_per_node}
+
+
 def submit(script: str | os.PathLike, args: Sequence[str] = (), *, dependency: str | Iterable[str] | None = None,
            array: str | None = None, env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
-           **options: object) -> str:
+           dry_run: bool = False, **options: object) -> str:
     """Submit `script args...` through slurm/submit.sh (account, partition, time, ... from cluster.env / env).
 
     `dependency`: a job id or ids (→ `afterok:a:b`) or a full sbatch spec containing ':' (e.g. `afterany:12`);
@@ -81,10 +94,12 @@ def submit(script: str | os.PathLike, args: Sequence[str] = (), *, dependency: s
     ntasks_per_node=4, gpus_per_node=4, job_name="x", output=path, time="02:00:00"`; for slurm/train.sbatch
     `ntasks_per_node` is the number of training processes per node); `env`: variables added to this
     process's environment for sbatch (jobs inherit them); `cwd`: the job's working directory (default: the
-    current one). Returns the job id.
+    current one). Returns the job id; `dry_run`: nothing is submitted (no sbatch needed), returns the sbatch
+    command line and slurm/submit.sh's comments on the job's environment and launch prefix.
     """
     e = _env(env)
-    _need("sbatch", e)
+    if not dry_run:
+        _need("sbatch", e)
     script = Path(script)
     if not script.is_file():
         raise PretokError("no such sbatch script", script)
@@ -97,8 +112,11 @@ def submit(script: str | os.PathLike, args: Sequence[str] = (), *, dependency: s
         opts.append(f"--dependency={spec}")
     if array is not None:
         opts.append(f"--array={array}")
-    cmd = ["bash", str(SLURM_DIR / "submit.sh"), *opts, str(script.resolve()), *map(str, args)]
+    cmd = ["bash", str(SLURM_DIR / "submit.sh"), *(["--dry-run"] if dry_run else []), *opts, str(script.resolve()),
+           *map(str, args)]
     r = subprocess.run(cmd, check=False, capture_output=True, text=True, env=e, cwd=cwd, timeout=120)
+    if dry_run and r.returncode == 0:
+        return r.stdout.rstrip("\n")
     job = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
     if r.returncode != 0 or not re.fullmatch(r"\d+", job):
         msg = " ".join(r.stderr.split()) or f"exit code {r.returncode}, output {r.stdout.strip()!r}"

@@ -425,9 +425,11 @@ def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir:
             raise procs.Stopped(f"sweep {e.args[0]} between two points; rerun the same command to resume",
                                 runs) from None
     elif todo:
+        from .sweep_slurm import run_slurm
+
         try:
             with stop_signals():
-                _run_slurm(config, todo, runs, slurm_script, dict(slurm_options or {}), child_env, status, say)
+                run_slurm(config, todo, runs, slurm_script, dict(slurm_options or {}), child_env, status, say)
         except SweepStopped as e:  # the jobs are the cluster's: they go on, recorded for the rerun to wait for
             raise procs.Stopped(f"sweep {e.args[0]}; its SLURM jobs keep running (job ids in each launcher.json: "
                                 "rerun the same command to wait for them, scancel to stop them)", runs) from None
@@ -479,61 +481,6 @@ def _run_local(config: Path, todo: list[Point], runs: Path, module: str, timeout
         say(f"  [{i}/{len(todo)}] {p.run_id}: {st} in {secs:.1f} s" + (f" ({why})" if why else ""))
         if st == "failed":
             say("    " + tail(rdir / "launcher.log", 5).replace("\n", "\n    "))
-
-
-def slurm_layout(world: int, gpus_per_node: int) -> dict[str, int]:
-    """sbatch options of one point: all processes on one node, or whole GPU nodes when `world` exceeds them."""
-    if gpus_per_node <= 0 or world <= gpus_per_node:
-        return {"nodes": 1, "ntasks_per_node": world, **({"gpus_per_node": world} if gpus_per_node > 0 else {})}
-    if world % gpus_per_node:
-        raise PretokError(f"sweep: world size {world} is not a multiple of {gpus_per_node} GPUs per node")
-    return {"nodes": world // gpus_per_node, "ntasks_per_node": gpus_per_node, "gpus_per_node": gpus_per_node}
-
-
-def _run_slurm(config: Path, todo: list[Point], runs: Path, script: str | os.PathLike, options: dict, env: dict,
-               status: dict[str, str], say: Callable[[str], None]) -> None:
-    """One `slurm/train.sbatch` job per point (through slurm.submit; output appended to launcher.log), then wait
-    for all of them; a point completed when its run.json says so.
-
-    Args:
-        config, todo, runs: as run_sweep; script, options: the sbatch script and flags; env: the jobs' environment.
-        status: filled with run id -> outcome; say: progress lines.
-    """
-    from . import slurm
-
-    gpus = int(slurm.cluster_settings(env).get("PRETOK_GPUS_PER_NODE") or 0)
-    jobs: dict[str, tuple[Point, str, list[str]]] = {}
-    for p in todo:
-        rdir = runs / p.run_id
-        rdir.mkdir(parents=True, exist_ok=True)
-        last = (_attempts(rdir) or [{}])[-1]
-        if last.get("status") == "submitted" and last.get("job_id"):   # an earlier sweep's job, maybe still alive
-            state = slurm.job_state(last["job_id"], env)
-            if state not in slurm.FINAL and state not in (slurm.NEVER, slurm.GONE):
-                jobs[last["job_id"]] = (p, last.get("started") or _now(), last.get("command") or [])
-                say(f"  {p.run_id}: SLURM job {last['job_id']} of an earlier sweep is {state}: waiting for it")
-                continue
-        args = command(p, config, "slurm", runs)
-        with open(rdir / "launcher.log", "ab") as fh:
-            fh.write(f"\n=== {_now()} pretok sweep: sbatch {script} {' '.join(args)}\n".encode())
-        opts = {**slurm_layout(p.world, gpus), "job_name": p.run_id, "output": rdir / "launcher.log",
-                "open_mode": "append", **options}
-        job = slurm.submit(script, args, env=env, **opts)
-        jobs[job] = (p, _now(), ["sbatch", str(script), *args])
-        _record(rdir, p, {"launcher": "slurm", "job_id": job, "command": jobs[job][2], "started": jobs[job][1],
-                          "status": "submitted"})   # before waiting: a stopped sweep's rerun finds its job
-        say(f"  submitted {p.run_id}: SLURM job {job}")
-    t0 = time.monotonic()
-    states = slurm.wait(list(jobs), env=env)
-    for job, (p, started, cmd) in jobs.items():
-        rdir = runs / p.run_id
-        ok = states[job] == "COMPLETED"
-        st, why = _outcome(rdir, 0 if ok else None, None if ok else f"SLURM job {job} {states[job]}")
-        _record(rdir, p, {"launcher": "slurm", "job_id": job, "job_state": states[job], "command": cmd,
-                          "started": started, "finished": _now(), "seconds": round(time.monotonic() - t0, 2),
-                          "returncode": None, "status": st, "reason": why})
-        status[p.run_id] = st
-        say(f"  {p.run_id} (job {job} {states[job]}): {st}" + (f" ({why})" if why else ""))
 
 
 def sweep_table(results: Sequence[tuple[Point, str]]) -> list[dict]:
@@ -591,3 +538,6 @@ def parse_setting(text: str) -> tuple[str, Any]:
         return key.strip(), parse_value(value)
     except PretokError as e:
         raise PretokError(f"{key.strip()}: {e}") from None
+
+
+from .sweep_slurm import slurm_layout  # noqa: E402  (the SLURM launcher, split off; names kept importable here)

@@ -2,7 +2,10 @@
 # Submit a slurm/*.sbatch script with the cluster's options from slurm/cluster.env (or PRETOK_* env vars);
 # prints the job id.
 #
-#   slurm/submit.sh [SBATCH_OPTION...] SCRIPT [SCRIPT_ARG...]
+#   slurm/submit.sh [--dry-run] [SBATCH_OPTION...] SCRIPT [SCRIPT_ARG...]
+#
+# --dry-run (or PRETOK_DRY_RUN=1): submit nothing (no sbatch needed); print the full sbatch command line, then as
+# comments the environment the job gets and the launch prefix its steps run under (slurm/common.sh).
 #
 # #SBATCH lines cannot read an env file, so account, partition, time, ... are passed as sbatch options here;
 # options given before SCRIPT come last and win (e.g. --array=3, --dependency=afterok:123, --time=02:00:00).
@@ -13,15 +16,23 @@ export PRETOK_ROOT
 # shellcheck source=cluster.env
 source "$PRETOK_ROOT/slurm/cluster.env"
 
+dry=${PRETOK_DRY_RUN:-}
 user=()
-while [ $# -gt 0 ] && [[ $1 == -* ]]; do user+=("$1"); shift; done
+while [ $# -gt 0 ] && [[ $1 == -* ]]; do
+    if [ "$1" = --dry-run ]; then dry=1; else user+=("$1"); fi
+    shift
+done
 if [ $# -eq 0 ]; then
-    echo "usage: slurm/submit.sh [SBATCH_OPTION...] SCRIPT [SCRIPT_ARG...]" >&2
+    echo "usage: slurm/submit.sh [--dry-run] [SBATCH_OPTION...] SCRIPT [SCRIPT_ARG...]" >&2
     exit 2
 fi
 script=$1; shift
 [ -f "$script" ] || { echo "submit.sh: error: $script: no such script (give sbatch options as --name=value)" >&2; exit 2; }
-command -v sbatch >/dev/null || { echo "submit.sh: error: sbatch not found on PATH (not on a SLURM login node?)" >&2; exit 2; }
+[ "$dry" = 1 ] || command -v sbatch >/dev/null || { echo "submit.sh: error: sbatch not found on PATH (not on a SLURM login node?)" >&2; exit 2; }
+case $PRETOK_GPU_REQUEST in
+    gpus-per-node|gres) ;;
+    *) echo "submit.sh: error: PRETOK_GPU_REQUEST=$PRETOK_GPU_REQUEST: choose gpus-per-node or gres" >&2; exit 2 ;;
+esac
 
 opts=(--parsable)
 [ -n "$PRETOK_ACCOUNT" ] && opts+=(--account="$PRETOK_ACCOUNT")
@@ -38,11 +49,23 @@ case $(basename "$script") in
             if [ "${PRETOK_GPUS_PER_NODE:-0}" -gt 0 ]; then procs=$PRETOK_GPUS_PER_NODE; else procs=1; fi
         fi
         opts+=(--nodes="$PRETOK_NODES" --ntasks-per-node="$procs")
-        [ "${PRETOK_GPUS_PER_NODE:-0}" -gt 0 ] && opts+=(--gpus-per-node="$PRETOK_GPUS_PER_NODE")
+        if [ "${PRETOK_GPUS_PER_NODE:-0}" -gt 0 ]; then
+            if [ "$PRETOK_GPU_REQUEST" = gres ]; then opts+=(--gres=gpu:"$PRETOK_GPUS_PER_NODE")
+            else opts+=(--gpus-per-node="$PRETOK_GPUS_PER_NODE"); fi
+        fi
         ;;
 esac
 # shellcheck disable=SC2206  # PRETOK_SBATCH_EXTRA is deliberately word-split
 [ -n "$PRETOK_SBATCH_EXTRA" ] && opts+=($PRETOK_SBATCH_EXTRA)
 
+if [ "$dry" = 1 ]; then
+    # The line as a shell would run it (quoted), then what the job's steps get (slurm/common.sh).
+    line=(sbatch "${opts[@]}" ${user[@]+"${user[@]}"} "$(cd "$(dirname "$script")" && pwd)/$(basename "$script")" "$@")
+    printf '%q ' "${line[@]}" | sed 's/ $//'
+    echo
+    echo "#   job environment: PRETOK_ROOT=$PRETOK_ROOT${PRETOK_SETUP:+ PRETOK_SETUP=\"$PRETOK_SETUP\"}"
+    echo "#   every job step: srun <step flags>${PRETOK_SRUN_EXTRA:+ $PRETOK_SRUN_EXTRA}${PRETOK_CONTAINER:+ $PRETOK_CONTAINER} ${PRETOK_PYTHON:-<python>} ..."
+    exit 0
+fi
 out=$(sbatch "${opts[@]}" ${user[@]+"${user[@]}"} "$script" "$@")
 echo "${out%%;*}"
