@@ -5,7 +5,7 @@
 #   slurm/submit.sh [--dry-run] [SBATCH_OPTION...] SCRIPT [SCRIPT_ARG...]
 #
 # --dry-run (or PRETOK_DRY_RUN=1): submit nothing (no sbatch needed); print the full sbatch command line, then as
-# comments the environment the job gets and the launch prefix its steps run under (slurm/common.sh).
+# comments the script's own #SBATCH options, the job's environment and the launch prefix of its steps (common.sh).
 #
 # #SBATCH lines cannot read an env file, so account, partition, time, ... are passed as sbatch options here;
 # options given before SCRIPT come last and win (e.g. --array=3, --dependency=afterok:123, --time=02:00:00).
@@ -63,8 +63,13 @@ if [ "$dry" = 1 ]; then
     line=(sbatch "${opts[@]}" ${user[@]+"${user[@]}"} "$(cd "$(dirname "$script")" && pwd)/$(basename "$script")" "$@")
     printf '%q ' "${line[@]}" | sed 's/ $//'
     echo
+    echo "#   script's own options: $(sed -n 's/^#SBATCH[[:space:]]*//p' "$script" | tr '\n' ' ' | sed 's/ $//')"
     echo "#   job environment: PRETOK_ROOT=$PRETOK_ROOT${PRETOK_SETUP:+ PRETOK_SETUP=\"$PRETOK_SETUP\"}"
-    echo "#   every job step: srun <step flags>${PRETOK_SRUN_EXTRA:+ $PRETOK_SRUN_EXTRA}${PRETOK_CONTAINER:+ $PRETOK_CONTAINER} ${PRETOK_PYTHON:-<python>} ..."
+    py=$PRETOK_PYTHON  # as slurm/common.sh picks it (before PRETOK_SETUP runs)
+    if [ -z "$py" ]; then
+        if [ -n "$PRETOK_CONTAINER" ] || ! [ -x "$PRETOK_ROOT/.venv/bin/python" ]; then py=python3; else py=$PRETOK_ROOT/.venv/bin/python; fi
+    fi
+    echo "#   every job step: srun <step flags>${PRETOK_SRUN_EXTRA:+ $PRETOK_SRUN_EXTRA}${PRETOK_CONTAINER:+ $PRETOK_CONTAINER} $py ..."
     exit 0
 fi
 out=$(sbatch "${opts[@]}" ${user[@]+"${user[@]}"} "$script" "$@")
