@@ -365,10 +365,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    "slurm: each point's full sbatch line); run or submit nothing")
     p.add_argument("--module", default="pretok_lib.train", help=argparse.SUPPRESS)  # tests use a stand-in trainer
     p.set_defaults(fn=cmd_sweep)
-    p = sub.add_parser("study", help="execute notebooks 01-05 (papermill) and export the HTML report")
+    p = sub.add_parser("study", help="execute notebooks 01-05 (papermill) and export the HTML report; notebooks and "
+                       "configs from the current project (with notebooks/), else those installed with pretok")
     p.add_argument("--profile", default="quick", choices=["quick", "full", "smoke"],
                    help="quick: 2 CPU cores, ~10 min; full: real hardware (GPUs); smoke: ~1 min check")
-    p.add_argument("--out", default=None, help="default: runs/study-<profile>")
+    p.add_argument("--out", default=None, help="the study directory, the only place it writes (default: "
+                   "runs/study-<profile> of the current project, else of the current directory)")
     p.add_argument("--notebooks", nargs="*", default=None, help="a subset, e.g. 01 02 (default: all)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="notebook parameter for every notebook that has it (YAML value)")

@@ -1,4 +1,7 @@
-"""`pretok study`: execute notebooks 01-05 with papermill into the study directory, then export one HTML report."""
+"""`pretok study`: execute notebooks 01-05 with papermill into the study directory, then export one HTML report.
+
+The notebooks and configs come from the study's home (home.py: the current project, else the package data of an
+installed pretok); everything is written under the study directory (`--out`), the notebooks' working directory."""
 
 from __future__ import annotations
 
@@ -14,20 +17,29 @@ from typing import Any
 
 from .. import procs
 from ..errors import PretokError
+from .home import NOTEBOOKS, default_out, is_home, kernel_environment, study_home
 from .kernels import encrypted_kernel_channels
 from .measured import study_measures
 from .profiles import check_parameters, check_runs, profile_parameters
 from .stopping import Stop as _Stop
 from .steps import ROOT, resolve
 
-NOTEBOOK_DIR = ROOT / "notebooks"
-NOTEBOOKS = ("01_pretokenize", "02_loader_benchmark", "03_train", "04_sweep", "05_analysis")
+NOTEBOOK_DIR = ROOT / "notebooks"  # the source tree's; a study runs its home's (notebook_dir)
+_SOURCE_NOTEBOOKS = NOTEBOOK_DIR
 TITLES = {"01_pretokenize": "1. Pretokenize: formats, sizes, tokenization cost",
           "02_loader_benchmark": "2. Loader-only throughput of the five data paths",
           "03_train": "3. One training run", "04_sweep": "4. The sweep",
           "05_analysis": "5. Analysis: is the data path the bottleneck?"}
 KERNEL = "pretok"
 PATH_PARAMETERS = ("corpus", "tokenizer", "config", "target_config")  # made absolute against the caller's cwd
+
+
+def notebook_dir() -> Path:
+    """The notebooks a study runs: its home's (home.study_home), else the source tree's (NOTEBOOK_DIR, which a
+    caller may replace)."""
+    if NOTEBOOK_DIR == _SOURCE_NOTEBOOKS and is_home(home := study_home()):
+        return home / "notebooks"
+    return NOTEBOOK_DIR
 
 
 def select(notebooks: Sequence[str] | None) -> list[str]:
@@ -52,19 +64,19 @@ def declared_parameters(notebook: str | Path) -> set[str]:
 
 def execute(name: str, out_dir: Path, params: dict[str, Any], kernel: str, stream: bool,
             ended: Callable[[], None] = lambda: None) -> float:
-    """Run one notebook with papermill (cwd: the repository root) into `out_dir/notebooks/<name>.ipynb`;
+    """Run one notebook with papermill (cwd: the study directory) into `out_dir/notebooks/<name>.ipynb`;
     `ended()` is called when its execution ends (a cell failed, or the last code cell ran), before papermill shuts
     the kernel down."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
-    src, dst = NOTEBOOK_DIR / f"{name}.ipynb", out_dir / "notebooks" / f"{name}.ipynb"
+    src, dst = notebook_dir() / f"{name}.ipynb", out_dir / "notebooks" / f"{name}.ipynb"
     dst.parent.mkdir(parents=True, exist_ok=True)
     mine = {k: v for k, v in params.items() if k in declared_parameters(src)}
     last = _last_code_cell_id(src)
     t0 = time.monotonic()
     try:
-        papermill.execute_notebook(str(src), str(dst), parameters=mine, kernel_name=kernel, cwd=str(ROOT),
+        papermill.execute_notebook(str(src), str(dst), parameters=mine, kernel_name=kernel, cwd=str(out_dir),
                                    progress_bar=False, stdout_file=sys.stdout if stream else None,
                                    stderr_file=sys.stderr if stream else None,
                                    on_cell_error=lambda **_: ended(),
@@ -86,8 +98,8 @@ def _last_code_cell_id(notebook: Path) -> str | None:
 
 def absolute_paths(parameters: Mapping[str, Any]) -> dict[str, Any]:
     """`parameters` with relative PATH_PARAMETERS made absolute against the current directory (the notebooks run
-    in the repository root). Kept as given where nothing is found there but a path under the repository root
-    (`configs/small.yaml`) or, for a tokenizer, nothing local at all (a hub name)."""
+    in the study directory). Kept as given where nothing is found there but a path under the study's home
+    (`configs/small.yaml`: home.py) or, for a tokenizer, nothing local at all (a hub name)."""
     out = dict(parameters)
     for key in PATH_PARAMETERS:
         value = out.get(key)
@@ -155,17 +167,19 @@ def study_parameters(profile: str, overrides: Mapping[str, Any], names: Sequence
 def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: Sequence[str] | None = None,
               parameters: dict[str, Any] | None = None, kernel: str = KERNEL, report: bool = True,
               stream: bool = True, echo: Callable[[str], None] | None = print,
-              publish: str | Path | None = "figures") -> dict:
+              publish: str | Path | None = None) -> dict:
     """Execute the study notebooks in order with `profile`'s parameters (plus `parameters`), write
     `study.json` and the HTML report (`report_nocode.html` for readers, `report.html` with code); returns the
     study record. The first failing notebook stops the study (its partly executed copy is kept and reported).
-    The figures are also copied to `publish/<study dir name>/` (the project's `figures/`; None: not copied).
+    Notebooks and configs come from the study's home (home.py); everything is written under `out` (the
+    notebooks' working directory; figures in `out/figures`), nothing into the home or the install. `publish`: a
+    directory the figures are also copied to, as `publish/<study dir name>/` (None: not copied).
     A rerun of some notebooks keeps the others' records (`study_parameters` says which parameters it takes)
     and reports every notebook of the study.
 
     Args:
-        profile: a name in study.profiles.PROFILES; out: the study dir (None: runs/study-<profile> in the
-            repository; relative: to the current directory).
+        profile: a name in study.profiles.PROFILES; out: the study dir (None: runs/study-<profile> of the current
+            project, else of the current directory; relative: to the current directory).
         notebooks: the subset to run (None: all, in order); parameters: overrides of the profile's values (relative
             paths in PATH_PARAMETERS: to the current directory).
         kernel: the Jupyter kernel; report: write the HTML reports; stream: print the cells' output as they run.
@@ -175,9 +189,14 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
 
     say = echo or (lambda s: None)
     overrides = absolute_paths(parameters or {})
-    out_dir = Path(out).expanduser().resolve() if out else resolve(f"runs/study-{profile}")
+    out_dir = Path(out).expanduser().resolve() if out else default_out(profile)
     names = select(notebooks)
-    takes = {n: declared_parameters(NOTEBOOK_DIR / f"{n}.ipynb") for n in NOTEBOOKS}
+    home, nb_dir = study_home(), notebook_dir()
+    missing = [n for n in NOTEBOOKS if not (nb_dir / f"{n}.ipynb").is_file()]
+    if missing:
+        raise PretokError(f"no study notebook(s) {', '.join(missing)} here: run pretok study in a pretok project "
+                          "(with notebooks/), or install pretok from a wheel, which ships them", nb_dir)
+    takes = {n: declared_parameters(nb_dir / f"{n}.ipynb") for n in NOTEBOOKS}
     unknown = sorted(set(overrides) - set().union(*takes.values()))
     if unknown:
         raise PretokError(f"no study notebook has parameter(s) {', '.join(unknown)}")
@@ -195,7 +214,8 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
             + "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items()))
     history = [*(previous or {}).get("history", []), {"started": now, "notebooks": names,
                                                       **({"changed": changed} if changed else {})}]
-    record: dict[str, Any] = {"profile": profile, "study_dir": str(out_dir), "parameters": params, "started": now,
+    record: dict[str, Any] = {"profile": profile, "study_dir": str(out_dir), "home": str(home), "parameters": params,
+                              "started": now,
                               "notebooks": {n: _ended(r) for n, r in (previous or {}).get("notebooks", {}).items()
                                             if n in NOTEBOOKS and n not in names},
                               "history": history}
@@ -208,7 +228,7 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     t0, started = time.monotonic(), time.time()
     failure = None
     stop = _Stop()
-    with procs.stop_signals(stop):    # until study.json says where a stop left the study
+    with procs.stop_signals(stop), kernel_environment(home):    # until study.json says where a stop left it
         for name in names:
             stop.done.clear()    # cleared first: a stop that comes now still interrupts this notebook
             if stop.signum:
@@ -255,7 +275,7 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
             executed = [n for n in record["notebooks"] if (out_dir / "notebooks" / f"{n}.ipynb").is_file()]
             record["report"] = {k: str(v) for k, v in write_report(out_dir, executed, record).items()}
         if publish is not None and (out_dir / "figures").is_dir():
-            dest = resolve(publish) / out_dir.name
+            dest = Path(publish).expanduser().resolve() / out_dir.name
             shutil.rmtree(dest, ignore_errors=True)
             shutil.copytree(out_dir / "figures", dest)
             record["published_figures"] = str(dest)

@@ -27,9 +27,12 @@ TRAIN_COMPRESSION = "zstd:3"  # the parquet variant the training runs read
 
 
 def resolve(path: str | os.PathLike) -> Path:
-    """An absolute path; a relative one is taken relative to the repository root (not the notebook's cwd)."""
+    """An absolute path; a relative one is taken relative to the study's home (home.py: the current project, else
+    the installed package's notebooks and configs), not the notebook's cwd (the study directory)."""
+    from .home import study_home
+
     p = Path(path).expanduser()
-    return p if p.is_absolute() else (ROOT / p).resolve()
+    return p if p.is_absolute() else (study_home() / p).resolve()
 
 
 @dataclass(frozen=True)
