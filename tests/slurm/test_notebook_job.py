@@ -1,5 +1,6 @@
 """slurm/notebook.sbatch on a real SLURM: papermill runs a notebook with a parameters YAML in the venv kernel,
-then nbconvert writes the HTML with and without code; a failing notebook fails the job."""
+as a job step (srun) inside PRETOK_CONTAINER, then nbconvert writes the HTML with and without code; a failing
+notebook fails the job."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def make_notebook(path: Path, fail: bool = False) -> None:
                 nbformat.v4.new_code_cell(SECRET_CODE + "\nprint(f'{label}: {answer}')"),
                 nbformat.v4.new_code_cell("import os, sys\nopen('side-effect.txt', 'w').write(os.getcwd())\n"
                                           "print('prefix', sys.prefix)"),
+                nbformat.v4.new_code_cell("print('step', os.environ.get('SLURM_STEP_ID'), "
+                                          "os.environ.get('PRETOK_TEST_CONTAINER'))"),
                 nbformat.v4.new_code_cell("from ipykernel.connect import get_connection_info\n"
                                           "print('connection', sorted(get_connection_info(unpack=True)))")]
     if fail:
@@ -40,7 +43,10 @@ def test_notebook_job_executes_and_exports_html(slurm_cluster, tmp_path):
     make_notebook(tmp_path / "report.ipynb")
     make_notebook(tmp_path / "broken.ipynb", fail=True)
     (tmp_path / "params.yaml").write_text("factor: 21\nlabel: from-yaml\n")
-    ok = slurm.submit(SLURM / "notebook.sbatch", ["report.ipynb", "out", "params.yaml"], cwd=tmp_path)
+    # A "container" that only sets a variable: the kernel must run inside it, in a job step (srun), not the batch step
+    ok = slurm.submit(SLURM / "notebook.sbatch", ["report.ipynb", "out", "params.yaml"], cwd=tmp_path,
+                      env={"PRETOK_CONTAINER": "env PRETOK_TEST_CONTAINER=yes",
+                           "PRETOK_PYTHON": str(ROOT / ".venv" / "bin" / "python")})
     bad = slurm.submit(SLURM / "notebook.sbatch", ["broken.ipynb", "out-broken"], cwd=tmp_path)
     wait_ok([ok], tmp_path)
     assert slurm.wait([bad], timeout=120)[bad] == "FAILED", job_logs(tmp_path)
@@ -48,8 +54,10 @@ def test_notebook_job_executes_and_exports_html(slurm_cluster, tmp_path):
     executed = nbformat.read(tmp_path / "out" / "report.ipynb", as_version=4)
     outputs = [o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert "from-yaml: 42\n" in outputs
+    assert "step 0 yes\n" in outputs, outputs   # papermill ran as the job's first srun step, in the container
     assert any("injected-parameters" in c.metadata.get("tags", []) for c in executed.cells)
-    assert f"prefix {ROOT / '.venv'}\n" in outputs  # the venv's kernel (`pretok`) ran it
+    prefix = [Path(o[len("prefix "):].strip()).resolve() for o in outputs if o.startswith("prefix ")]
+    assert prefix == [(ROOT / ".venv").resolve()], outputs  # the venv's kernel (`pretok`) ran it (a linked venv too)
     # on channels encrypted with CurveZMQ (`--engine pretok`), so ipykernel did not warn of plain TCP
     assert any(o.startswith("connection") and "'curve_secretkey'" in o for o in outputs), outputs
     assert "without encryption" not in job_logs(tmp_path)
