@@ -110,14 +110,19 @@ class Param:
         return " ".join(filter(None, [shapes, str(self.limit), self.text[0] if self.text else ""]))
 
 
-def _codec(text: str) -> bool:
-    from ..formats.parquet import parse_compression
-
+def _accepted(check: Callable[[str], Any], text: str) -> bool:
+    """Whether `check(text)` raises no PretokError."""
     try:
-        parse_compression(text)
+        check(text)
     except PretokError:
         return False
     return True
+
+
+def _codec(text: str) -> bool:
+    from ..formats.parquet import parse_compression
+
+    return _accepted(parse_compression, text)
 
 
 def _counts(text: str) -> bool:
@@ -127,11 +132,7 @@ def _counts(text: str) -> bool:
 def _regex(text: str) -> bool:
     from ..sources import compile_separator
 
-    try:
-        compile_separator(text)
-    except PretokError:
-        return False
-    return True
+    return _accepted(compile_separator, text)
 
 
 def _one_of(*choices: str) -> tuple[str, Callable[[str], bool]]:
