@@ -139,7 +139,8 @@ def test_a_grid_repeats_key_sets_its_points_repeats_and_is_not_an_axis() -> None
     from pretok_lib.study.steps import point_repeats, sweep_points
 
     index = {"tokenizer": "t", "seq_len": 16, "paths": {k: f"/d/{k}" for k in
-                                                       ("padded", "padding-free", "pretok-memmap")}}
+                                                       ("padded", "padding-free", "pretok-memmap")},
+             "eval": {"pretok-memmap": "/h/memmap", "pretok-padded": "/h/padded-zstd3"}}
     grids = [{"data": ["padded", "pretok-memmap"], "world": [1], "repeats": 3}, {"data": ["pretok-memmap"],
                                                                                  "world": [1, 2]}]
     pts = sweep_points(index, grids, {}, "sweep")

@@ -23,7 +23,8 @@ from pretok_lib.study.steps import ROOT, StudyPaths, findings, study_grid
 
 INDEX = {"corpus": "/c.parquet", "tokenizer": "/tok.json", "seq_len": 64,
          "paths": {"padded": "/c.parquet", "padding-free": "/c.parquet", "pretok-padded": "/d/padded-zstd3",
-                   "pretok-token-list": "/d/token-list-zstd3", "pretok-memmap": "/d/memmap"}}
+                   "pretok-token-list": "/d/token-list-zstd3", "pretok-memmap": "/d/memmap"},
+         "eval": {"pretok-memmap": "/h/memmap", "pretok-padded": "/h/padded-zstd3"}}   # the held-out documents
 
 
 def test_profiles_resolve_machine_dependent_values(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,7 +56,7 @@ def test_study_grid_links_each_data_path_to_its_dataset() -> None:
                                           "sweep-pretok-memmap-w2-s64"]
     assert [p.get("data.path") for p in points] == ["/c.parquet"] * 2 + ["/d/memmap"] * 2
     p = points[0]
-    assert p.get("data.tokenizer") == "/tok.json" and p.get("eval.path") == "/d/memmap" and p.get("train.steps") == 5
+    assert p.get("data.tokenizer") == "/tok.json" and p.get("eval.path") == "/h/memmap" and p.get("train.steps") == 5
     one = study_grid(INDEX, {}, {"data.kind": "pretok-token-list"}, "train").points()
     assert [(q.run_id, q.get("data.path")) for q in one] == [("train-pretok-token-list-w1-s64", "/d/token-list-zstd3")]
 
@@ -75,14 +76,14 @@ def test_study_grid_validates_padded_points_on_their_own_layout_too(grid) -> Non
         points = study_grid(INDEX, grid, base).points()
         for p in points:
             padded = not BY_NAME[p.get("data.kind")].packed
-            assert p.get("eval.path") == "/d/memmap"             # the packed split every path shares
-            assert p.get("eval.own_path") == ("/d/padded-zstd3" if padded else None), p.run_id
+            assert p.get("eval.path") == "/h/memmap"             # the packed held-out split every path shares
+            assert p.get("eval.own_path") == ("/h/padded-zstd3" if padded else None), p.run_id
             assert p.get("eval.own_kind") == ("pretok-padded" if padded else None), p.run_id
         plain = expand_grid({**run_overrides(INDEX), "data.kind": "pretok-memmap", **base}, grid,
                             linked={"data": {k: {"data.path": v} for k, v in INDEX["paths"].items()}})
         assert [p.run_id for p in points] == [p.run_id for p in plain]
     ones = [study_grid(INDEX, {}, {"data.kind": k}, "train").points()[0] for k in INDEX["paths"]]   # train_one's
-    assert {p.get("eval.own_path") for p in ones} == {None, "/d/padded-zstd3"}
+    assert {p.get("eval.own_path") for p in ones} == {None, "/h/padded-zstd3"}
     assert all(point_problem(ROOT / "configs" / "tiny.yaml", p) is None for p in ones)   # the trainer takes them
 
 

@@ -18,7 +18,8 @@ from pretok_lib.study.results import SWEEP_RECORD, record_sweep, sweep_runs
 from .analysis.helpers import simple_run
 
 INDEX = {"tokenizer": "tok.json", "seq_len": 64, "paths": {k: f"/d/{k}" for k in
-                                                          ("padded", "pretok-padded", "pretok-memmap")}}
+                                                          ("padded", "pretok-padded", "pretok-memmap")},
+         "eval": {"pretok-memmap": "/h/memmap", "pretok-padded": "/h/padded-zstd3"}}
 
 
 def _study(tmp_path: Path, ids: list[str]) -> steps.StudyPaths:

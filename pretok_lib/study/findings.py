@@ -241,8 +241,9 @@ def study_findings(runs: Sequence[Any], bench: Mapping | None, storage: Sequence
 def measured_text(m: Mapping[str, Any]) -> str:
     """One machine-readable finding as text: the value with its interval and n, then "invalid measurement:
     <reason>" or "not resolved at this noise (±x%) — ~N repeats would resolve it" where it applies."""
-    if m.get("value") is None:
-        return f"{m['question']}: not measured"
+    if m.get("value") is None:   # with the reason it was not, where one is known (a skipped baseline)
+        why = m.get("reason") if m.get("reason") not in (None, "", "not measured") else ""
+        return f"{m['question']}: not measured" + (f" — {why}" if why else "")
     fmt = _pct if m.get("unit") == "fraction" else (lambda v: f"x{v:.3g}") if m.get("unit") == "x" else \
         (lambda v: f"{v:.3g}")
     lo, hi = m.get("interval") or (m["value"], m["value"])
@@ -254,14 +255,38 @@ def measured_text(m: Mapping[str, Any]) -> str:
     return f"{text} — {m['reason']}" if not m.get("resolved") and m.get("reason") else text
 
 
+def failure_html(record: Mapping[str, Any]) -> str:
+    """The first screen's alarm when the study did not finish (a notebook failed, was stopped, or never recorded
+    its end): which notebook, its error, what that leaves out and how to go on; "" when every notebook completed.
+    (Before, the report of a study whose notebook 01 failed opened with "(0 s)" and "not measured" findings, the
+    error far below.)"""
+    bad = {n: r for n, r in (record.get("notebooks") or {}).items() if r.get("status") != "completed"}
+    if not bad:
+        return ""
+    e = html.escape
+    items = "".join(f'<li><a href="#{e(n)}"><b>{e(n)}</b></a> {e(str(r.get("status")))}: '
+                    f'<code>{e(_one_line(r.get("error") or "no error recorded"))}</code></li>' for n, r in bad.items())
+    return ('<div class="study-failed" style="border:2px solid #b30;padding:0.4em 0.8em;margin:0.5em 0">'
+            '<p style="color:#b30;margin:0"><b>This study did not finish.</b> The notebooks after the one that '
+            "failed did not run: the findings below lack what they would have measured (\"not measured\"). Fix "
+            f"the cause and rerun the same command; completed steps are reused.</p><ul>{items}</ul></div>")
+
+
+def _one_line(text: Any, limit: int = 600) -> str:
+    """`text` on one line (an HTML block in a markdown cell ends at a blank line), at most `limit` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
 def findings_html(findings: Sequence[Finding], subtitle: str = "", measured: Sequence[Mapping] = (),
-                  machine: Mapping | None = None, too_short: Sequence[str] = ()) -> str:
+                  machine: Mapping | None = None, too_short: Sequence[str] = (), failure: str = "") -> str:
     """The findings as one HTML block (`<section id="findings">`, no blank lines: it stays one block inside a
     markdown cell): whether the machine was quiet (`machine`, study.json's), then a table of question, this
     study's numbers, the original study, and a link to the figure. `measured` (study.json's `findings`) gives
     each row its values with intervals, in place of the row's summary text (an invalid one says so, never giving
     the number as a finding), and the row's `context` beside them.
-    `too_short`: the ids of runs too short to measure (named, left out of every number)."""
+    `too_short`: the ids of runs too short to measure (named, left out of every number); `failure`: the alarm of
+    a study that did not finish (`failure_html`), first."""
     from ..machine_probe import machine_line
     from .measured import ROW, too_short_text
 
@@ -288,7 +313,7 @@ def findings_html(findings: Sequence[Finding], subtitle: str = "", measured: Seq
         ("Question", "20%"), ("This study", "42%"), ("The original study", "28%"), ("Figure", "10%"))) + "</tr>"
     quiet = (machine or {}).get("quiet")
     color = {True: "#2a6", False: "#b30", None: "#888"}[quiet]
-    return "\n".join(['<section id="findings"><h2>Findings</h2>',
+    return "\n".join(['<section id="findings"><h2>Findings</h2>', failure,
                       f'<p class="machine" data-quiet="{str(quiet).lower()}" style="color:{color}">'
                       f"{e(machine_line(machine))}</p>",
                       f'<p class="too-short" style="color:#b30">{e(too_short_text(too_short))}</p>' if too_short else "",
@@ -338,4 +363,4 @@ def findings_cell(study_dir: str | Path, record: Mapping[str, Any]) -> str:
 
         record = {**record, **study_measures(study_dir, params, runs)}
     return findings_html(findings_of_study(study_dir, params, runs), subtitle, record.get("findings") or (),
-                         record.get("machine"), record.get("too_short") or ())
+                         record.get("machine"), record.get("too_short") or (), failure_html(record))

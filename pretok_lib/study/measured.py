@@ -175,6 +175,12 @@ def bench_isolated(bench: Mapping | None) -> tuple[Estimate | None, list[str]]:
     return estimate([iso["speedup"]] if iso.get("speedup") else []), [str(iso.get("engine"))]
 
 
+def skip_reason(bench: Mapping | None, method: str) -> str:
+    """Why the benchmark left `method` out (its JSON's `skipped`: e.g. the baselines that need a HF tokenizer.json,
+    with a SentencePiece, tiktoken or tekken tokenizer); "" when it did not."""
+    return str(((bench or {}).get("skipped") or {}).get(method) or "")
+
+
 def measured_findings(runs: Sequence[Any], bench: Mapping | None, flagged: Iterable[str] = (),
                       loaders: Mapping | None = None) -> list[dict]:
     """The findings of study.json (`uncertainty.finding` records), from the completed runs and the tokenize and
@@ -190,7 +196,8 @@ def measured_findings(runs: Sequence[Any], bench: Mapping | None, flagged: Itera
         out.append({**f, "runs": ids, "flagged": [i for i in ids if i in noisy]})
     iso, ids = bench_isolated(bench)
     out.append(finding("tokenization.isolated", "Tokenization speedup in isolation (engine vs per-document loop)",
-                       iso, "x", 1.0, check_isolated_speedup(iso.median if iso else None, ids)))
+                       iso, "x", 1.0, check_isolated_speedup(iso.median if iso else None, ids),
+                       note="" if iso else skip_reason(bench, "loop")))
     ceil, name, bad = bench_ceilings(bench)
     if ceil:
         out.append(finding("tokenization.ceiling", f"Tokenizer ceiling scaling: {name}", ceil, "x", 1.0, bad))

@@ -3,7 +3,8 @@
 - quick: this laptop-class machine (2 CPU cores, no GPU), about 11 minutes: embedded 20 MB corpus, tiny model,
   gloo world sizes 1 and 2, every data path (3 interleaved repeats at world size 1), and fp32 vs bf16. Every run stops after the step that passes
   `train.time_budget_s` (45 s for notebook 03's run, 15 s per sweep point), so bf16 on a CPU that emulates it
-  (a step ~12x slower) or a busy machine costs bounded time; tokens/s stay means over the steps measured.
+  (a step ~12x slower) or a busy machine costs bounded time; tokens/s stay means over the steps measured. A
+  vocabulary too large for those budgets gets a smaller model (budget.py, `model_fit`).
 - full: real hardware: 500 MB corpus (or `--set corpus=... tokenizer=...`), the original study's model
   (configs/study.yaml), world sizes 1, 2, 4, ... up to the GPUs present.
 - smoke: the smallest run that exercises every notebook (the notebook tests), about a minute.
@@ -24,12 +25,16 @@ from ..datapaths import KINDS
 from ..errors import PretokError
 from ..sweep import LAUNCHERS
 from ..train.config import _NONNEG, _ONE, _POS, Limit
+from .budget import fit_runs
 
 PATHS = list(KINDS)
 CODECS = ["none", "snappy", "zstd:3", "zstd:22"]
 # The stall prediction of notebook 05: the original study's model at 35-45% MFU, supply as measured here
 STALL = {"target_config": "configs/study.yaml", "target_vocab": 131072, "target_seq_len": None,
          "target_mfu": [0.35, 0.45], "cores_per_rank": None, "target_ranks": 1}
+# How the corpus is read and split (notebook 01; what `pretok tokenize` takes about the data): the study's own
+# documents, so every profile has the same defaults
+DATA = {"text_column": "text", "separator": None, "bos": "auto", "eos": "no", "heldout": 0.02}
 QUIET_RUN = {"checkpoint.every": 0, "log.tensorboard": False}  # checkpoint at the end only, no TensorBoard files
 # Sweep points are measurements: no transformers export (one fp32 copy of the weights per point; notebook 03's run
 # exports, `pretok export runs/<id>` exports any point later).
@@ -38,6 +43,7 @@ NO_EXPORT = {"checkpoint.export": False}
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": {
         "corpus": "", "corpus_mb": 20.0, "tokenizer": "", "vocab_size": 8192, "seq_len": 256,
+        **DATA,
         "compressions": CODECS, "workers": 2, "bench_loop_mb": 2.0, "bench_repeats": 3,
         "micro_batch": 8, "loader_workers": "0,2", "loader_batches": 500, "loader_slow_batches": 40,
         "loader_repeats": 3,
@@ -55,6 +61,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     },
     "full": {
         "corpus": "", "corpus_mb": 500.0, "tokenizer": "", "vocab_size": 32768, "seq_len": 2048,
+        **DATA,
         "compressions": CODECS, "workers": 0, "bench_loop_mb": 20.0, "bench_repeats": 3,  # workers 0: every CPU
         "micro_batch": 4, "loader_workers": "0,2,4", "loader_batches": 500, "loader_slow_batches": 20,
         "loader_repeats": 3,
@@ -70,6 +77,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     },
     "smoke": {
         "corpus": "", "corpus_mb": 2.0, "tokenizer": "", "vocab_size": 1024, "seq_len": 64,
+        **DATA,
         "compressions": ["none", "zstd:3"], "workers": 2, "bench_loop_mb": 0.3, "bench_repeats": 1,
         "micro_batch": 4, "loader_workers": "0", "loader_batches": 20, "loader_slow_batches": 3,
         "loader_repeats": 1,
@@ -102,18 +110,29 @@ class Param:
         return " ".join(filter(None, [shapes, str(self.limit), self.text[0] if self.text else ""]))
 
 
-def _codec(text: str) -> bool:
-    from ..formats.parquet import parse_compression
-
+def _accepted(check: Callable[[str], Any], text: str) -> bool:
+    """Whether `check(text)` raises no PretokError."""
     try:
-        parse_compression(text)
+        check(text)
     except PretokError:
         return False
     return True
 
 
+def _codec(text: str) -> bool:
+    from ..formats.parquet import parse_compression
+
+    return _accepted(parse_compression, text)
+
+
 def _counts(text: str) -> bool:
     return re.fullmatch(r"\s*[0-9]+\s*(,\s*[0-9]+\s*)*", text) is not None
+
+
+def _regex(text: str) -> bool:
+    from ..sources import compile_separator
+
+    return _accepted(compile_separator, text)
 
 
 def _one_of(*choices: str) -> tuple[str, Callable[[str], bool]]:
@@ -124,7 +143,12 @@ _NAME = ("(letters, digits, . _ + -: the start of run ids)",
          lambda text: re.fullmatch(r"[A-Za-z0-9._+-]*", text) is not None)
 _FILE = ("(a path, not empty)", bool)
 PARAMETERS: dict[str, Param] = {
-    "study_dir": Param(("text",), text=_FILE), "corpus": Param(("text",)),
+    "study_dir": Param(("text",), text=_FILE),
+    "corpus": Param(("text", "list of text")),                            # files or globs; "": the default corpus
+    "text_column": Param(("text",), text=("(a parquet column / JSON key, not empty)", bool)),
+    "separator": Param(("text", None), text=("(a Python regex that matches no empty string: '\\n\\n+')", _regex)),
+    "bos": Param(("text",), text=_one_of("auto", "yes", "no")), "eos": Param(("text",), text=_one_of("yes", "no")),
+    "heldout": Param(("number",), Limit(0, 0.5, lo_open=True)),          # fraction of documents held out
     "corpus_mb": Param(("number",), _POS), "tokenizer": Param(("text",)),
     "vocab_size": Param(("count",), Limit(256 + len(SPECIAL_TOKENS))),   # the bytes and the special tokens
     "seq_len": Param(("count",), _ONE),
@@ -184,11 +208,12 @@ def check_runs(params: dict[str, Any], notebooks: Sequence[str]) -> None:
     `sweep.check_points`) with stand-ins for what notebook 01 makes (dataset paths, tokenizer): one line naming the
     notebook and run, before any notebook runs."""
     from ..sweep import point_problem
+    from .datasets import HELDOUT_FORMATS
     from .steps import resolve, sweep_points, train_points
 
     made = "<made by notebook 01>"
     index = {"tokenizer": params["tokenizer"] or made, "seq_len": params["seq_len"],
-             "paths": dict.fromkeys(KINDS, made)}
+             "paths": dict.fromkeys(KINDS, made), "eval": dict.fromkeys(HELDOUT_FORMATS, made)}
     runs = resolve(params["study_dir"]) / "runs"
     planned = {"03_train": lambda: train_points(index, params["train_data_kind"], params["train_world"],
                                                 params["train_overrides"]),
@@ -226,7 +251,8 @@ def world_sizes(n: int) -> list[int]:
 
 
 def profile_parameters(profile: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The parameters of `profile` with `overrides`, machine-dependent values resolved ("gpus", "max", 0)."""
+    """The parameters of `profile` with `overrides`, machine-dependent values resolved ("gpus", "max", 0), and
+    the runs' model fitted to their time budgets (`budget.fit_runs`; recorded as `model_fit`)."""
     if profile not in PROFILES:
         raise ValueError(f"unknown study profile '{profile}' (choose from {', '.join(PROFILES)})")
     p = copy.deepcopy(PROFILES[profile])
@@ -242,4 +268,6 @@ def profile_parameters(profile: str, overrides: dict[str, Any] | None = None) ->
             g["world"] = worlds
         elif g.get("world") == "max":
             g["world"] = [worlds[-1]]
+    if fitted := fit_runs(p):   # a model that fits the runs' time budgets with this vocabulary (budget.py)
+        p["model_fit"] = fitted
     return p

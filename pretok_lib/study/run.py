@@ -20,6 +20,7 @@ from ..errors import PretokError
 from .home import NOTEBOOKS, default_out, is_home, kernel_environment, study_home
 from .kernels import encrypted_kernel_channels
 from .measured import study_measures
+from .budget import refit
 from .profiles import check_parameters, check_runs, profile_parameters
 from .stopping import Stop as _Stop
 from .steps import ROOT, resolve
@@ -103,12 +104,20 @@ def absolute_paths(parameters: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(parameters)
     for key in PATH_PARAMETERS:
         value = out.get(key)
-        if not isinstance(value, (str, os.PathLike)) or not str(value):
-            continue
-        here = Path(value).expanduser().resolve()
-        if here.exists() or not (key == "tokenizer" or resolve(Path(value).expanduser()).exists()):
-            out[key] = str(here)
+        if isinstance(value, list):   # corpus: several inputs (files, globs)
+            out[key] = [_absolute(key, v) for v in value]
+        elif isinstance(value, (str, os.PathLike)) and str(value):
+            out[key] = _absolute(key, value)
     return out
+
+
+def _absolute(key: str, value: Any) -> Any:
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        return value
+    here = Path(value).expanduser().resolve()
+    if here.exists() or not (key == "tokenizer" or resolve(Path(value).expanduser()).exists()):
+        return str(here)
+    return value
 
 
 def read_record(out_dir: Path) -> dict | None:
@@ -205,7 +214,10 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     check_parameters(overrides)
     previous = read_record(out_dir)
     params, changed = study_parameters(profile, overrides, names, previous, out_dir, takes)
+    fitted = refit(params)         # study/budget.py: the runs' model sized for their time budgets
     check_runs(params, names)      # the training runs of notebooks 03 and 04: refused now, not in a cell later
+    if fitted:
+        say(f"== {fitted}")
     out_dir.mkdir(parents=True, exist_ok=True)
     ensure_kernel(kernel)
     now = _now()

@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write_text
-from ..datapaths import BY_NAME, KIND_OF_FORMAT, ON_THE_FLY
+from ..datapaths import BY_NAME
 from ..errors import PretokError
+from .datasets import (FORMATS, HELDOUT_FORMATS, KIND_OF, TRAIN_COMPRESSION, bench_tokenize, data_paths, eval_path,
+                       hf_baselines_skipped, prepare_corpus, pretokenize_all, variant_name)
 from .results import bench_figures, findings, png_available, read_bench, record_sweep, select_runs, sweep_runs
 
 ROOT = Path(__file__).resolve().parents[2]
-FORMATS = ("memmap", "token-list", "padded")
-KIND_OF = KIND_OF_FORMAT
-TRAIN_COMPRESSION = "zstd:3"  # the parquet variant the training runs read
 
 
 def resolve(path: str | os.PathLike) -> Path:
@@ -89,101 +87,7 @@ def notebook_setup(study_dir: str | os.PathLike) -> StudyPaths:
 
 
 # ---------------------------------------------------------------- 01: corpus, tokenizer, pretokenized datasets
-
-
-def prepare_corpus(paths: StudyPaths, corpus: str = "", corpus_mb: float = 20.0, tokenizer: str = "",
-                   vocab_size: int = 8192) -> dict:
-    """The corpus and tokenizer of the study. Default: the embedded corpus (Python sources of this install,
-    `corpus_mb` MB) and a byte-level BPE of `vocab_size` trained on it, built once and reused. A given parquet
-    corpus without a tokenizer gets a BPE trained on it; a tokenizer is a path (relative: to the repository)
-    or a hub name."""
-    from ..corpus import (
-        default_corpus_and_tokenizer,
-        read_corpus_info,
-        train_default_tokenizer,
-    )
-
-    info: dict[str, Any] = {}
-    if corpus:
-        corpus_path = str(resolve(corpus))
-        if not Path(corpus_path).exists():
-            raise PretokError("corpus not found", corpus_path)
-        try:
-            info = read_corpus_info(corpus_path).to_dict()
-        except PretokError:
-            info = {"path": corpus_path, "file_bytes": Path(corpus_path).stat().st_size}
-        tok = None
-        if not tokenizer:
-            if not corpus_path.endswith(".parquet"):
-                raise PretokError("give a tokenizer for a non-parquet corpus (a BPE is trained only on parquet)",
-                                  corpus_path)
-            tok = train_default_tokenizer(corpus_path, paths.data / "tokenizer", vocab_size, max_train_mb=corpus_mb)
-    else:
-        default, tok = default_corpus_and_tokenizer(paths.data / "default", max_mb=corpus_mb, vocab_size=vocab_size)
-        corpus_path, info = default.path, default.to_dict()
-    if tokenizer:
-        tok_path = str(resolve(tokenizer)) if resolve(tokenizer).exists() else tokenizer
-    else:
-        tok_path = str(tok)
-    return {"corpus": corpus_path, "tokenizer": tok_path, "corpus_info": info}
-
-
-def variant_name(fmt: str, compression: str | None) -> str:
-    """Directory name of one format x codec (memmap has no codec), as `pretok bench loaders` names them."""
-    from ..bench.loaders import variant_dir
-
-    return variant_dir(fmt, compression or "none")
-
-
-def pretokenize_all(paths: StudyPaths, corpus: str, tokenizer: str, seq_len: int,
-                    compressions: Sequence[str] = ("none", "snappy", "zstd:3", "zstd:22"), workers: int = 2,
-                    echo: Callable[[str], None] | None = print) -> dict:
-    """Every format (parquet ones with each codec, plus zstd:3 which training reads) into
-    `data/pretok-s<seq_len>/<variant>`; finished outputs of the same config are reused. Writes and returns the
-    dataset index `data/datasets.json`: corpus, tokenizer, seq_len, variants, and the path of each data path."""
-    import time
-
-    from ..pretokenize import TokenizeConfig, run_tokenize
-
-    base = paths.data / f"pretok-s{seq_len}"
-    comps = list(dict.fromkeys([*compressions, TRAIN_COMPRESSION]))
-    variants: dict[str, dict] = {}
-    for fmt in FORMATS:
-        for comp in ([None] if fmt == "memmap" else comps):
-            name = variant_name(fmt, comp)
-            out = base / name
-            cfg = TokenizeConfig(inputs=[corpus], out=str(out), tokenizer=tokenizer, format=fmt, seq_len=seq_len,
-                                 workers=workers, compression=comp or "zstd:3", progress=False,
-                                 command=["pretok", "study", "pretokenize"])
-            t0 = time.perf_counter()
-            try:
-                m = run_tokenize(cfg)
-            except PretokError as e:  # another config in the way (e.g. a changed corpus): rebuild it
-                if "different config" not in str(e):
-                    raise
-                cfg.overwrite = True
-                m = run_tokenize(cfg)
-            secs = time.perf_counter() - t0
-            variants[name] = {"path": str(out), "format": fmt, "compression": comp,
-                              "documents": m["counts"]["documents"], "tokens": m["counts"]["tokens"],
-                              "disk_bytes": sum(f["size"] for f in m["files"]), "seconds": round(secs, 2)}
-            if echo:
-                echo(f"{name:18s} {m['counts']['documents']:>8,} docs {m['counts']['tokens']:>12,} tokens "
-                     f"{variants[name]['disk_bytes'] / 1e6:8.2f} MB  ({secs:.1f} s)")
-    index = {"corpus": corpus, "tokenizer": tokenizer, "seq_len": seq_len, "variants": variants,
-             "paths": data_paths(corpus, {n: v["path"] for n, v in variants.items()})}
-    paths.datasets_json.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(paths.datasets_json, json.dumps(index, indent=2) + "\n")
-    return index
-
-
-def data_paths(corpus: str, variants: Mapping[str, str]) -> dict[str, str]:
-    """`data.path` of each of the five data paths: the text corpus for the on-the-fly baselines, the zstd:3
-    variant (or memmap) for the pretokenized ones."""
-    out = dict.fromkeys(ON_THE_FLY, corpus)
-    for fmt, kind in KIND_OF.items():
-        out[kind] = variants[variant_name(fmt, None if fmt == "memmap" else TRAIN_COMPRESSION)]
-    return out
+# prepare_corpus, pretokenize_all, bench_tokenize, ...: datasets.py (imported above)
 
 
 def load_datasets(paths: StudyPaths) -> dict:
@@ -216,27 +120,15 @@ def storage_table(index: Mapping) -> list[dict]:
     return rows
 
 
-def bench_tokenize(paths: StudyPaths, index: Mapping, workers: int = 2, loop_mb: float = 2.0,
-                   formats: Sequence[str] = FORMATS, skip: Sequence[str] = ("rss-scan",), repeat: int = 1) -> dict:
-    """`pretok bench tokenize` on the study corpus and tokenizer: per-document loop and datasets.map (the
-    on-the-fly cost, on the first `loop_mb` MB) vs the in-memory ceiling vs the engine; JSON in
-    `bench/tokenize.json`."""
-    from ..bench.tokenize import TokenizeBench, run
-
-    return run(TokenizeBench(corpus=index["corpus"], tokenizer=index["tokenizer"],
-                             workdir=str(paths.bench / "tokenize"), workers=workers, loop_mb=loop_mb, rss_scan="",
-                             formats=list(formats), skip=list(skip), repeat=repeat,
-                             json=str(paths.bench / "tokenize.json")))
-
-
 # ---------------------------------------------------------------- 02: loaders
 
 
 def bench_loaders(paths: StudyPaths, index: Mapping, micro_batch: int = 8, workers: str = "0,2", batches: int = 200,
                   slow_batches: int = 20, repeats: int = 1, compressions: Sequence[str] | None = None) -> dict:
-    """`pretok bench loaders` on the study's datasets (reused from notebook 01: same directory layout): the five
-    data paths at each DataLoader worker count vs the raw-memmap ceiling, then the parquet codecs; JSON in
-    `bench/loaders.json`.
+    """`pretok bench loaders` on the study's datasets (reused from notebook 01: same directory layout; in
+    `bench/loaders-data/` where notebook 01's BOS/EOS policy is not the benchmark's, auto/no, which would otherwise
+    rebuild the datasets the runs train on): the five data paths at each DataLoader worker count vs the raw-memmap
+    ceiling, then the parquet codecs; JSON in `bench/loaders.json`.
 
     Args:
         paths, index: the study's directories and notebook 01's dataset index.
@@ -245,24 +137,29 @@ def bench_loaders(paths: StudyPaths, index: Mapping, micro_batch: int = 8, worke
         compressions: parquet codecs compared (None: those notebook 01 wrote).
     """
     from ..bench.loaders import LoadersBench, run
+    from .selfcheck import quiet_targets
 
     comps = [v["compression"] for v in index["variants"].values() if v["compression"]]
     comps = list(dict.fromkeys(comps)) if compressions is None else list(compressions)
-    return run(LoadersBench(corpus=index["corpus"], tokenizer=index["tokenizer"], workdir=str(paths.data),
-                            seq_len=index["seq_len"], micro_batch=micro_batch, workers=workers, batches=batches,
-                            slow_batches=slow_batches, repeats=repeats, read_repeats=max(1, repeats),
-                            compressions=",".join(comps), json=str(paths.bench / "loaders.json")))
+    own = (index.get("bos", "auto"), index.get("eos", "no")) == ("auto", "no")
+    with quiet_targets():   # pretok's own targets, not about the data: notebook 02 shows them folded
+        return run(LoadersBench(corpus=index["corpus"], tokenizer=index["tokenizer"],
+                                workdir=str(paths.data if own else paths.bench / "loaders-data"),
+                                seq_len=index["seq_len"], micro_batch=micro_batch, workers=workers,
+                                batches=batches, slow_batches=slow_batches, repeats=repeats,
+                                read_repeats=max(1, repeats), compressions=",".join(comps),
+                                json=str(paths.bench / "loaders.json")))
 
 
 # ---------------------------------------------------------------- 03, 04: training runs
 
 
 def run_overrides(index: Mapping, eval_batches: int | None = None) -> dict[str, Any]:
-    """Overrides every study run shares: tokenizer, sequence length, validation on the memmap dataset (the same
-    held-out reader for every data path, so losses compare; the padded paths also on their own layout: `study_grid`
-    links `own_eval_overrides` to the data path)."""
+    """Overrides every study run shares: tokenizer, sequence length, validation on the held-out documents' memmap
+    dataset (`datasets.eval_path`: never trained on; the same reader for every data path, so losses compare; the
+    padded paths also on their own layout: `study_grid` links `own_eval_overrides` to the data path)."""
     over: dict[str, Any] = {"data.tokenizer": index["tokenizer"], "data.seq_len": index["seq_len"],
-                            "eval.kind": "pretok-memmap", "eval.path": index["paths"]["pretok-memmap"]}
+                            "eval.kind": "pretok-memmap", "eval.path": eval_path(index, "pretok-memmap")}
     if eval_batches is not None:
         over["eval.batches"] = eval_batches
     return over
@@ -270,12 +167,11 @@ def run_overrides(index: Mapping, eval_batches: int | None = None) -> dict[str, 
 
 def own_eval_overrides(index: Mapping, kind: str) -> dict[str, Any]:
     """The second validation of a data path that is not packed (padded, pretok-padded: one document per row): on
-    the study's pretok-padded dataset, its own layout (`val_loss_own`, beside `val_loss` on packed windows, which
-    alone compares a padded run unfairly); none for the packed paths."""
-    own = index["paths"].get("pretok-padded")
-    if kind not in BY_NAME or BY_NAME[kind].packed or not own:
+    the held-out documents' pretok-padded dataset, its own layout (`val_loss_own`, beside `val_loss` on packed
+    windows, which alone compares a padded run unfairly); none for the packed paths."""
+    if kind not in BY_NAME or BY_NAME[kind].packed:
         return {}
-    return {"eval.own_kind": "pretok-padded", "eval.own_path": own}
+    return {"eval.own_kind": "pretok-padded", "eval.own_path": eval_path(index, "pretok-padded")}
 
 
 def study_grid(index: Mapping, axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any] | None = None,
@@ -402,8 +298,9 @@ def require_completed(results: Sequence[tuple[Any, str]], paths: StudyPaths) -> 
         raise PretokError(f"{len(bad)} run(s) failed: {', '.join(p.run_id for p in bad)}\n{logs}")
 
 
-__all__ = ["ROOT", "StudyPaths", "bench_figures", "bench_loaders", "bench_tokenize", "data_paths", "dataset_dirs",
-           "findings", "grid_axes", "inspect_all", "load_datasets", "notebook_setup", "own_eval_overrides",
+__all__ = ["FORMATS", "HELDOUT_FORMATS", "KIND_OF", "ROOT", "TRAIN_COMPRESSION", "StudyPaths", "bench_figures",
+           "bench_loaders", "bench_tokenize", "data_paths", "dataset_dirs", "eval_path", "findings", "grid_axes",
+           "hf_baselines_skipped", "inspect_all", "load_datasets", "notebook_setup", "own_eval_overrides",
            "png_available", "point_repeats", "prepare_corpus", "pretokenize_all", "read_bench", "require_completed",
            "resolve", "run_overrides", "run_study_sweep", "record_sweep", "repeated_points", "select_runs",
            "storage_table", "study_grid", "study_paths", "sweep_points", "sweep_runs", "train_one", "train_points",

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import yaml
 
 from pretok_lib.procs import stop_tree
 from pretok_lib.study import NOTEBOOKS, run_study
@@ -76,6 +77,14 @@ def test_smoke_study_executes_every_notebook(smoke) -> None:
     assert set(index["paths"]) == {"padded", "padding-free", "pretok-padded", "pretok-token-list", "pretok-memmap"}
     assert set(index["variants"]) == {"memmap", "token-list-none", "token-list-zstd3", "padded-none", "padded-zstd3"}
     assert all((Path(v["path"]) / "manifest.json").is_file() for v in index["variants"].values())
+    assert set(index["eval"]) == {"pretok-memmap", "pretok-padded"}   # the held-out documents (issue 36)
+    for d in (out / "runs").iterdir():   # every run validates on them, none trains on them
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        assert cfg["eval"]["path"] == index["eval"]["pretok-memmap"] != cfg["data"]["path"], d.name
+        assert cfg["eval"].get("own_path") in (None, index["eval"]["pretok-padded"]), d.name
+    printed = "".join(o.get("text", "") for n in NOTEBOOKS for c in nbformat.read(
+        str(out / "notebooks" / f"{n}.ipynb"), as_version=4).cells if c.cell_type == "code" for o in c.outputs)
+    assert not re.search(r"\[(PASS|FAIL)\] ", printed)   # pretok's own targets: not in the user's output
     tok = json.loads((out / "bench" / "tokenize.json").read_text())
     assert any(k.startswith("(a)") for k in tok["methods"]) and any(k.startswith("(d)") for k in tok["methods"])
     loaders = json.loads((out / "bench" / "loaders.json").read_text())
