@@ -126,8 +126,8 @@ def hub_config_source(tok: object) -> list[Source]:
 def transformers_added_source(tok: object) -> Source:
     """Special added tokens of a transformers tokenizer named for a role (`by_name`)."""
     decoder = getattr(tok, "added_tokens_decoder", None) or {}
-    tokens = sorted((str(t), i) for i, t in decoder.items() if getattr(t, "special", False))
-    return ("added_tokens", by_name(sorted(tokens, key=lambda t: t[1])))
+    return ("added_tokens", by_name((str(decoder[i]), i) for i in sorted(decoder)
+                                    if getattr(decoder[i], "special", False)))
 
 
 def template_roles(pp: object, path: Path) -> dict[str, int]:
