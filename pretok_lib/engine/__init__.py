@@ -7,6 +7,7 @@
     zygote.py         the process that builds the encoder once and forks CPU-pinned workers
     memmap_append.py  in-order, checksummed appending of memmap parts
     outdir.py         the output directory: lock, config check, resume state
+    boundaries.py     document boundaries: separator / truncated share in the manifest, their warnings, empty shards
     progress.py       the progress bar: MB/s, docs/s, tokens/s, ETA
     merge.py          `pretok merge`: join shard outputs
     verify.py         `pretok inspect` and `pretok verify`

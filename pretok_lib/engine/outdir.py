@@ -3,7 +3,10 @@
 The lock is a file *beside* the output, `<parent>/.<name>.lock` (flock, else lockf), taken before anything under the
 output is read or changed and held until the run ends. Being outside the directory, it outlives `--overwrite`'s
 replacement of the directory, so two writers never interleave (a lock inside the directory would be deleted with
-it). A second writer gets one line and exit 1; the lock file itself stays (removing a lock file races).
+it). A second writer gets one line and exit 1. The holder removes the file when it ends, however it ends (an
+error, Ctrl-C, SIGTERM), while it still holds the lock; a taker checks that the file it locked is still the one
+at the path (else it was removed under it, and it starts over), so removal never lets two writers in. A lock file
+left by a killed run (SIGKILL, a node lost) is locked by nobody: the next run takes it over and says so.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import stat
 import sys
 from contextlib import contextmanager
@@ -53,31 +57,87 @@ def lock_path(out: Path) -> Path:
 
 @contextmanager
 def output_lock(out: Path) -> Iterator[None]:
-    """Hold the output's lock (beside it) for the block; a second holder gets one line. `out` as `resolve_output`
-    returns it. On a read-only file system a *finished* output is still readable without the lock."""
+    """Hold the output's lock (beside it) for the block, and remove the lock file when the block ends (any way
+    but SIGKILL); a second holder gets one line. `out` as `resolve_output` returns it. On a read-only file
+    system a *finished* output is still readable without the lock."""
     lock = lock_path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        fd = _take_lock(lock, out)
     except OSError as e:
         if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and (out / "manifest.json").is_file():
             yield  # nothing will be written; a rerun of a finished output is a no-op
             return
         raise os_error(e, lock if e.filename is None else None, "cannot create the output's lock file") from None
     try:
-        lock_or_say_why_not(fd, lock, out)
         yield
     finally:
-        os.close(fd)
+        try:
+            if _is_at(fd, lock):  # still ours (held): remove it before letting go
+                lock.unlink()
+        except OSError:
+            pass  # a lock file that cannot be removed is taken over by the next run
+        finally:
+            os.close(fd)
+
+
+def _is_at(fd: int, path: Path) -> bool:
+    """Whether the open file `fd` is the file now at `path` (not removed or replaced since it was opened)."""
+    try:
+        st, now = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
+
+
+def _take_lock(lock: Path, out: Path) -> int:
+    """Open and lock `lock`, record this process in it; the fd. Starts over when the file was removed or
+    replaced between opening and locking it (its holder ended meanwhile). A lock file that already held a
+    holder's record and is locked by nobody was left by a killed run: taken over with one line."""
+    for _ in range(1000):
+        try:
+            fd, created = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644), True
+        except FileExistsError:
+            try:
+                fd, created = os.open(lock, os.O_RDWR), False
+            except FileNotFoundError:
+                continue  # removed by its holder in between
+        try:
+            locked = lock_or_say_why_not(fd, lock, out)
+            if locked and not _is_at(fd, lock):
+                os.close(fd)
+                continue
+            left = b"" if created else os.pread(fd, 256, 0).strip()
+            _record_holder(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if locked and left:
+            print(f"pretok: note: {lock}: took over a stale lock left by a run that was killed "
+                  f"({left.decode(errors='replace')}); its output is resumed or replaced as usual",
+                  file=sys.stderr, flush=True)
+        return fd
+    raise PretokError("the lock file keeps being replaced while this run takes it; is something else deleting it?",
+                      lock)
+
+
+def _record_holder(fd: int) -> None:
+    """Write who holds the lock into it (read when a killed run left it behind); best effort."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    except OSError:
+        pass
 
 
 # What a file system without locks answers (Lustre mounted without flock/localflock, some FUSE and NFS set-ups).
 NO_LOCKS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK, errno.EINVAL})
 
 
-def lock_or_say_why_not(fd: int, lock: Path, out: Path, busy: str | None = None) -> None:
+def lock_or_say_why_not(fd: int, lock: Path, out: Path, busy: str | None = None) -> bool:
     """flock, else a POSIX record lock (NFS through lockd, Lustre with localflock); where the file system has
-    neither, the run goes on unlocked and says so in one line (a second writer would then not be detected).
+    neither, the run goes on unlocked and says so in one line (a second writer would then not be detected):
+    False then, True when locked.
     `busy`: the error when another process holds it (default: another pretok process writes into `out`)."""
     busy = PretokError(busy or f"another pretok process is writing into this output (it holds {lock})", out)
     refusals = []
@@ -85,7 +145,7 @@ def lock_or_say_why_not(fd: int, lock: Path, out: Path, busy: str | None = None)
                  lambda: fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)):
         try:
             take()
-            return
+            return True
         except OSError as e:
             if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):  # held (lockf may say EACCES)
                 raise busy from None
@@ -94,6 +154,7 @@ def lock_or_say_why_not(fd: int, lock: Path, out: Path, busy: str | None = None)
             refusals.append(os.strerror(e.errno))
     print(f"pretok: warning: {lock}: the file system cannot lock ({'; '.join(refusals)}); writing without the "
           f"lock, so make sure no other process writes into {out}", file=sys.stderr, flush=True)
+    return False
 
 
 def _only_scaffolding(out: Path) -> bool:

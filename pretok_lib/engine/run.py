@@ -33,6 +33,7 @@ from ..remote import is_url, retries, schemes
 from ..sources import (InputFile, SourceOptions, Unit, check_stamps, estimate_text_bytes, expand_inputs, plan_units,
                        sample_texts, shard_units)
 from ..tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
+from .boundaries import boundary_warnings, document_boundaries, empty_shards_warning
 from .config import TokenizeConfig
 from .memmap_append import MemmapAppender
 from .outdir import committed_parts, output_lock, prepare_output, refuse_overlap, remove_output, resolve_output
@@ -241,8 +242,11 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
     first = bar.first_update or last_record[0]
     timeline = {"startup_seconds": round(first - t0, 3), "tokenize_seconds": round(last_record[0] - first, 3),
                 "finish_seconds": round(time.time() - last_record[0], 3)}
-    _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hasher.hashes, len(units), t0, files,
-              timeline)
+    manifest = _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hasher.hashes, len(units), t0,
+                         files, timeline)
+    for line in filter(None, [empty_shards_warning(str(out), units, cfg.num_shards),
+                              *boundary_warnings(str(out), manifest)]):
+        print(line, file=sys.stderr, flush=True)
     return None
 
 
@@ -420,6 +424,7 @@ def build_manifest(fmt: str, tokenizer: dict, policy: Policy, compression: str, 
     return {"format": fmt, "format_version": FORMAT_VERSIONS[fmt], "dtype": policy["dtype"], "policy": policy,
             "compression": compression if fmt != "memmap" else None, "tokenizer": tokenizer, "counts": counts,
             "files": files, "parts": parts, "shard": shard, "source": source,
+            "boundaries": document_boundaries(fmt, policy, counts),
             "inputs": [dict(i, checksum=hashes.get(i["path"])) for i in inputs],
             "tool": {"name": "pretok", "version": __version__}, "created": datetime.now(timezone.utc).isoformat(),
             "command": command, "run": run, "environment": environment()}

@@ -2,6 +2,7 @@
 
 - `files.py`: what a tokenizer is (`load_tokenizer`, `identify` -> `TokenizerInfo`: kind, fingerprint, vocab,
   special ids), read from tokenizer.json, a SentencePiece .model, a .tiktoken, a tekken JSON or transformers;
+- `specials.py`: where BOS/EOS/PAD are found (`resolve`: ordered sources, the first declaring a role wins);
 - `backends.py`: its candidate backends, fastest first (`backends_for`), each built by `make_encoder` as an
   `Encoder` that never adds special tokens and reads special strings in text as ordinary text;
 - `select.py`: `select_backend`, the first candidate whose ids equal the reference's on samples and probes.

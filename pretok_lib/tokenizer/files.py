@@ -15,18 +15,15 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import PretokError
+from .specials import (WELL_KNOWN, Source, added_special_tokens, by_name, config_source, hub_config_source, resolve,
+                       template_roles, transformers_added_source, well_known)
 
 TIKTOKEN_STEMS = ("r50k_base", "p50k_base", "cl100k_base", "o200k_base")
-_KNOWN = {  # well-known special strings, tried in order when nothing else names the role
-    "bos": ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "<|endoftext|>"),
-    "eos": ("<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>"),
-    "pad": ("<pad>", "<|pad|>", "[PAD]"),
-}
 _HUB_ID = re.compile(r"^\w[\w.-]*(/\w[\w.-]*)?$")
 _FILE_SUFFIXES = (".json", ".model", ".tiktoken", ".txt", ".v3")
 
@@ -42,6 +39,8 @@ class TokenizerInfo:
     bos_id: int | None
     eos_id: int | None
     pad_id: int | None
+    # {role: the source that decided bos/eos/pad (`specials.py`), None when none declares it}; empty from `identify`
+    special_sources: dict[str, str | None] = field(default_factory=dict, hash=False)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -130,55 +129,6 @@ def _sha(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def _config(directory: Path) -> dict:
-    """special_tokens_map.json overlaid by tokenizer_config.json (empty when neither exists)."""
-    out: dict = {}
-    for name in ("special_tokens_map.json", "tokenizer_config.json"):
-        if (directory / name).is_file():
-            obj = _parse_json(_read_bytes(directory / name), directory / name)
-            obj = obj if isinstance(obj, dict) else {}
-            for role in _KNOWN:
-                tok = obj.get(f"{role}_token")
-                if not (tok is None or isinstance(tok, str) or isinstance(tok, dict)
-                        and isinstance(tok.get("content"), (str, type(None)))):
-                    raise PretokError(f"{role}_token must be a string, null or {{\"content\": string}} "
-                                      f"(got {json.dumps(tok)[:60]})", directory / name)
-            out.update(obj)
-    return out
-
-
-def _special_ids(lookup: Callable[[str], int | None], config: dict, own: dict[str, int | None]) -> list[int | None]:
-    """bos/eos/pad ids: tokenizer_config.json first (an explicit null means none), then the tokenizer's own
-    definitions, then well-known special strings present in the vocab."""
-    out = []
-    for role, known in _KNOWN.items():
-        if f"{role}_token" in config:
-            tok = config[f"{role}_token"]
-            tok = tok.get("content") if isinstance(tok, dict) else tok
-            out.append(lookup(tok) if tok else None)
-        elif own.get(role) is not None:
-            out.append(own[role])
-        else:
-            out.append(next((i for s in known if (i := lookup(s)) is not None), None))
-    return out
-
-
-def _template_roles(pp: dict | None, path: Path) -> dict[str, int]:
-    """bos/eos ids a HF TemplateProcessing post-processor puts before/after a single sequence."""
-    if not isinstance(pp, dict) or pp.get("type") != "TemplateProcessing":
-        return {}
-    try:
-        items = pp.get("single", [])
-        seq = next((i for i, item in enumerate(items) if "Sequence" in item), 0)
-        ids = [pp["special_tokens"][item["SpecialToken"]["id"]]["ids"][0] for item in items if "SpecialToken" in item]
-        if not all(type(i) is int for i in ids):
-            raise ValueError("a special token id is not an integer")
-    except (KeyError, IndexError, TypeError, ValueError) as e:
-        raise PretokError(f"not a valid HF tokenizer.json: its TemplateProcessing post_processor: {e!r}", path) from None
-    before = sum("SpecialToken" in item for item in items[:seq])
-    return {**({"bos": ids[0]} if before else {}), **({"eos": ids[-1]} if len(ids) > before else {})}
-
-
 def _hf_from_str(text: str, where: str | Path) -> Any:
     """HF `tokenizers.Tokenizer` from tokenizer.json text, reading special-token strings as text."""
     try:
@@ -225,8 +175,10 @@ def json_vocab(obj: dict, path: Path) -> dict[str, int]:
 
 def _info_hf_json(spec: str, path: Path, data: bytes, obj: dict) -> TokenizerInfo:
     vocab = json_vocab(obj, path)
-    ids = _special_ids(vocab.get, _config(path.parent), _template_roles(obj.get("post_processor"), path))
-    return TokenizerInfo(spec, "hf-json", _sha(data), max(vocab.values()) + 1, *ids)
+    ids, where = resolve([*config_source(path.parent, vocab.get),
+                          ("post_processor", template_roles(obj.get("post_processor"), path)),
+                          ("added_tokens", by_name(added_special_tokens(obj))), (WELL_KNOWN, well_known(vocab.get))])
+    return TokenizerInfo(spec, "hf-json", _sha(data), max(vocab.values()) + 1, *ids, where)
 
 
 def _auto_load(spec: str) -> tuple[Any, str]:
@@ -249,18 +201,19 @@ def _auto_load(spec: str) -> tuple[Any, str]:
 def _info_hf_auto(spec: str) -> TokenizerInfo:
     tok, fingerprint = _auto_load(spec)
     vocab = tok.get_vocab()
-    config = _config(Path(spec)) if Path(spec).is_dir() else {  # a hub config's explicit nulls are not visible
-        f"{r}_token": getattr(tok, f"{r}_token") for r in _KNOWN if getattr(tok, f"{r}_token", None)}
-    ids = _special_ids(vocab.get, config, {})
-    return TokenizerInfo(spec, "hf-auto", fingerprint, max(vocab.values()) + 1, *ids)
+    config = config_source(Path(spec), vocab.get) if Path(spec).is_dir() else hub_config_source(tok)
+    ids, where = resolve([*config, transformers_added_source(tok), (WELL_KNOWN, well_known(vocab.get))])
+    return TokenizerInfo(spec, "hf-auto", fingerprint, max(vocab.values()) + 1, *ids, where)
 
 
 def _info_sentencepiece(spec: str, path: Path, data: bytes, obj: None) -> TokenizerInfo:
     sp = _sp_from_bytes(data, path)
     own = {"bos": sp.bos_id(), "eos": sp.eos_id(), "pad": sp.pad_id()}
     lookup = lambda s: (i if sp.id_to_piece(i := sp.piece_to_id(s)) == s else None)  # noqa: E731
-    ids = _special_ids(lookup, _config(path.parent), {k: (v if v >= 0 else None) for k, v in own.items()})
-    return TokenizerInfo(spec, "sentencepiece", _sha(data), sp.get_piece_size(), *ids)
+    ids, where = resolve([*config_source(path.parent, lookup),
+                          ("sentencepiece model", {k: v for k, v in own.items() if v >= 0}),
+                          (WELL_KNOWN, well_known(lookup))])
+    return TokenizerInfo(spec, "sentencepiece", _sha(data), sp.get_piece_size(), *ids, where)
 
 
 def _sp_from_bytes(data: bytes, path: Path) -> Any:
@@ -309,8 +262,9 @@ def _info_tiktoken(spec: str, path: Path, data: bytes, obj: None) -> TokenizerIn
     _pattern, specials = _tiktoken_constants(path)
     ranks = _parse_tiktoken(data, path)
     lookup = lambda s: specials.get(s, ranks.get(s.encode()))  # noqa: E731
-    ids = _special_ids(lookup, {}, {})
-    return TokenizerInfo(spec, "tiktoken", _sha(data), max([*ranks.values(), *specials.values()]) + 1, *ids)
+    named: Source = ("tiktoken special_tokens", by_name(sorted(specials.items(), key=lambda t: t[1])))
+    ids, where = resolve([named, (WELL_KNOWN, well_known(lookup))])
+    return TokenizerInfo(spec, "tiktoken", _sha(data), max([*ranks.values(), *specials.values()]) + 1, *ids, where)
 
 
 def _tekken_parts(obj: dict, path: Path) -> tuple[str, list[dict], list[str]]:
@@ -334,5 +288,6 @@ def _tekken_parts(obj: dict, path: Path) -> tuple[str, list[dict], list[str]]:
 
 def _info_tekken(spec: str, path: Path, data: bytes, obj: dict) -> TokenizerInfo:
     _pattern, _kept, names = _tekken_parts(obj, path)
-    ids = [names.index(s) if s in names else None for s in ("<s>", "</s>", "<pad>")]  # as Tekkenizer.bos_id...
-    return TokenizerInfo(spec, "tekken", _sha(data), obj["config"]["default_vocab_size"], *ids)
+    own = {r: names.index(s) for r, s in zip(("bos", "eos", "pad"), ("<s>", "</s>", "<pad>")) if s in names}
+    ids, where = resolve([("tekken special_tokens", own)])  # as Tekkenizer.bos_id...
+    return TokenizerInfo(spec, "tekken", _sha(data), obj["config"]["default_vocab_size"], *ids, where)
