@@ -223,6 +223,60 @@ def test_a_second_stop_signal_stops_at_once_in_one_line_and_study_json_says_stop
     assert not (tmp_path / "ran-02").exists()
 
 
+HANGS_AFTER_STOP = """
+import pathlib, signal, subprocess, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)      # as a kernel that lost its cell's reply: it never ends the cell
+child = subprocess.Popen(["sleep", "{child_s}"]) if {child_s} else None
+pathlib.Path({started!r}).write_text("")
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("child_s", [0, 6])
+def test_a_kernel_that_never_ends_its_notebook_after_a_stop_is_cut(tmp_path: Path, child_s: int) -> None:
+    """Seen once in CI: SIGTERM to the study, the sweep stopped its runs, then a repeated SIGINT landed in
+    ipykernel's handler outside the cell ("KeyboardInterrupt caught in kernel"), the cell's reply was lost and the
+    study waited for it for ever. Injected here as a kernel that takes no SIGINT: once it has no child process left
+    (a run still stopping is waited for) for CUT_AFTER_S, the study cuts the notebook: exit 3 in one line,
+    `stopped` with the reason in study.json, no process left, the next notebook never run."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import nbformat
+    import psutil
+
+    d, started = tmp_path / "nb", tmp_path / "started"
+    d.mkdir()
+    cell = HANGS_AFTER_STOP.format(child_s=child_s, started=str(started))
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)]), str(d / "01_sweep.ipynb"))
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        f"open({str(tmp_path / 'ran-02')!r}, 'w').close()")]), str(d / "02_never.ipynb"))
+    script = "import pretok_lib.study.stopping as s; s.CUT_AFTER_S = 2.0\n" + STUDY_SCRIPT
+    proc = subprocess.Popen([sys.executable, "-c", script, str(d), str(tmp_path / "study")],
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 300           # only catches a hang: the kernel starts in seconds
+    while not started.is_file():
+        assert proc.poll() is None and time.monotonic() < end, proc.communicate()
+        time.sleep(0.05)
+    family = psutil.Process(proc.pid).children(recursive=True)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    took = time.monotonic() - t0
+    assert proc.returncode == 3 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "study stopped by SIGTERM during 01_sweep" in err, err
+    assert took >= 2.0 + (child_s - 1 if child_s else 0), took   # not before the child ended (its start: < 1 s)
+    _, alive = psutil.wait_procs(family, timeout=120)
+    assert not alive, f"left running: {[p.cmdline() for p in alive]}"
+    record = json.loads((tmp_path / "study" / "study.json").read_text())
+    assert list(record["notebooks"]) == ["01_sweep"] and record["notebooks"]["01_sweep"]["status"] == "stopped"
+    assert "had no process left" in record["notebooks"]["01_sweep"]["cut"]
+    assert not (tmp_path / "ran-02").exists()
+
+
 @pytest.mark.parametrize("turned_into", [RuntimeError, ImportError, OSError, PretokError])
 def test_a_stop_signal_turned_into_another_error_still_stops_the_study(tmp_path: Path, monkeypatch, capsys,
                                                                        turned_into: type) -> None:

@@ -262,7 +262,8 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
                 stop.notebook_ended()
                 failure = procs.Stopped(f"study stopped by {stop.name} during {name}: the runs it had started "
                                         f"checkpointed and stopped; rerun the same command to continue", out_dir)
-                record["notebooks"][name] = {"status": "stopped", "error": str(failure), "run": now}
+                record["notebooks"][name] = {"status": "stopped", "error": str(failure), "run": now,
+                                             **({"cut": stop.cut} if stop.cut else {})}
                 break
             if failure is not None:
                 record["notebooks"][name] = {"status": "failed", "error": str(failure), "run": now}
