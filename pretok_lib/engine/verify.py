@@ -122,6 +122,7 @@ def format_inspect(report: dict) -> str:
              f"backend {backend.get('backend', 'unrecorded')})",
              f"policy      bos={pol['bos_id']} eos={pol['eos_id']}"
              + (f" pad={pol['pad_id']} seq_len={pol['seq_len']}" if m["format"] == "padded" else ""),
+             *_boundary_lines(m),
              f"documents   {c['documents']:,}  tokens {c['tokens']:,}  skipped {c.get('skipped') or 0}",
              f"doc tokens  mean {s['doc_tokens']['mean']:.1f}  p50 {s['doc_tokens']['p50']:.0f}  "
              f"p99 {s['doc_tokens']['p99']:.0f}  max {s['doc_tokens']['max']:,}",
@@ -141,6 +142,21 @@ def format_inspect(report: dict) -> str:
                      f"{run['startup_seconds']:.2f} s, tokenizing {secs:.2f} s ({rate}), "
                      f"finish {run['finish_seconds']:.2f} s; worker peak RSS {run['worker_peak_rss_mb']:.0f} MB")
     return "\n".join(lines)
+
+
+def _boundary_lines(m: dict) -> list[str]:
+    """What lies between documents and where the tokenizer's specials were found (absent from older outputs)."""
+    t, lines = m["tokenizer"], []
+    sep = (m.get("boundaries") or {}).get("separator", "") if isinstance(m.get("boundaries"), dict) else ""
+    if sep != "":
+        lines.append("separator   " + {"row": "none needed: one document a row",
+                                       None: "NONE: packed documents run together"}.get(sep, f"{sep} between documents"))
+    sources = t.get("special_sources") if isinstance(t.get("special_sources"), dict) else {}
+    found = [f"{r}={t.get(f'{r}_id')} ({sources.get(r) or 'not found'})" for r in ("bos", "eos", "pad")
+             if (r in sources and r != "pad") or t.get(f"{r}_id") is not None]   # pad: shown where found
+    if sources and found:
+        lines.append("specials    " + " ".join(found) + " in the tokenizer")
+    return lines
 
 
 @dataclass

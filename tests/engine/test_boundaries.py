@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from pretok_lib.cli import main
 from pretok_lib.engine.boundaries import TRUNCATION_WARN, empty_shards
+from pretok_lib.engine.verify import format_inspect, inspect
 from pretok_lib.formats.manifest import read_manifest
 from pretok_lib.sources import Unit, shard_units
 
@@ -58,6 +59,19 @@ def test_packed_output_without_a_separator_warns_once(tok, tmp_path, capsys, fmt
         assert str(tmp_path / "o") in lines[0] and "no separator" in lines[0] and "--eos yes" in lines[0]
     else:
         assert lines == []
+    shown = {ln[:12].strip(): ln[12:] for ln in format_inspect(inspect(tmp_path / "o")).splitlines()}
+    assert shown["separator"] == {"row": "none needed: one document a row", None: "NONE: packed documents run "
+                                  "together"}.get(want, f"{want} between documents")
+    assert shown["specials"] == "bos=0 (added_tokens) eos=1 (added_tokens) in the tokenizer"
+
+
+def test_inspect_of_an_output_older_than_its_boundaries_and_sources_shows_neither(tok, tmp_path, capsys):
+    """Manifests written before `boundaries` and `special_sources` existed still inspect, without those lines."""
+    run(capsys, [jsonl(tmp_path / "d.jsonl", ["a b", "c"])], tmp_path / "o", tok, "--format", "memmap")
+    report = inspect(tmp_path / "o")
+    del report["manifest"]["boundaries"], report["manifest"]["tokenizer"]["special_sources"]
+    text = format_inspect(report)
+    assert "separator" not in text and "specials" not in text and "policy      bos=0" in text
 
 
 def test_a_tokenizer_without_bos_and_eos_is_told_where_to_name_them(tmp_path, capsys):
