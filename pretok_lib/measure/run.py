@@ -97,8 +97,9 @@ class Run:
             the global batch's: equal batches per rank assumed). skip_steps: warm-up records the means skip.
         target_loss: summary.json's time to target. flops_per_token, peak_flops: give MFU when both are known.
         log_every: a record every N steps (each record holds its own step's numbers).
-        tracking: trackers mirroring every record, as the trainer's `log.tracking` (["mlflow"]; mlflow_uri:
-            default a file store beside the run directory, experiment: its name).
+        tracking: trackers mirroring every record, as the trainer's `log.tracking` ("mlflow", "wandb"; mlflow_uri:
+            default a file store beside the run directory; wandb_mode: offline, online or disabled; experiment: the
+            MLflow experiment / W&B project).
     """
 
     def __init__(self, run_dir: str | os.PathLike, config: Mapping[str, Any] | None = None, *,
@@ -106,7 +107,8 @@ class Run:
                  world_size: int | None = None, rank: int | None = None, skip_steps: int = 2,
                  target_loss: float | None = None, flops_per_token: float | None = None,
                  peak_flops: float | None = None, log_every: int = 1, overwrite: bool = False,
-                 tracking: Sequence[str] = (), mlflow_uri: str | None = None, experiment: str = "pretok") -> None:
+                 tracking: Sequence[str] = (), mlflow_uri: str | None = None, experiment: str = "pretok",
+                 wandb_mode: str = "offline") -> None:
         self.dir = Path(run_dir)
         self.run_id = self.dir.name
         self.world_size = int(world_size if world_size is not None else os.environ.get("WORLD_SIZE", 1))
@@ -122,11 +124,11 @@ class Run:
         self.skip_steps, self.target_loss, self.log_every = skip_steps, target_loss, log_every
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.overwrite = overwrite
-        self.tracking = (list(tracking), mlflow_uri, experiment)
+        self.tracking = (list(tracking), mlflow_uri, experiment, wandb_mode)
         if tracking:
             from ..train.tracking import check_tracking
 
-            if why := check_tracking(list(tracking)):
+            if why := check_tracking(list(tracking), wandb_mode):
                 raise PretokError(why, self.dir)
         self._trackers: list[Any] = []
         self.status: str | None = None
@@ -169,7 +171,7 @@ class Run:
                 from ..train.tracking import open_trackers
 
                 self._trackers = open_trackers(self.tracking[0], self.dir, self.run_id, self.config,
-                                               self.tracking[1], self.tracking[2])
+                                               self.tracking[1], self.tracking[2], wandb_mode=self.tracking[3])
             atomic_write_json(self.dir / "run.json", self._info("running"))
             self._fh = open(self.dir / "metrics.jsonl", "w")
         self.status = "running"

@@ -60,6 +60,9 @@ class DataConfig:
     num_workers: int = 0            # DataLoader workers (0 is fastest for pretokenized paths: docs/BENCHMARKS.md)
     shuffle: bool = True
     text_column: str = "text"
+    bos: str = "auto"               # on-the-fly baselines: BOS/EOS/separator as `pretok tokenize --bos/--eos/
+    eos: str = "no"                 #   --separator` (auto|yes|no; yes|no; a regex splitting .txt inputs);
+    separator: str | None = None    #   pretokenized data carries its own policy (manifest)
     verify_on_open: bool = False    # pretokenized data: check files against manifest checksums at open
     mixture: list[MixtureEntry] = field(default_factory=list)  # instead of path: weighted pretokenized datasets
     mixture_exhausted: str = "epoch"   # a mixture's dataset that runs out: epoch (wraps it) | stop (ends the epoch)
@@ -104,14 +107,18 @@ class EvalConfig:
     own_path: str | None = None     # one document per row); its loss is val_loss_own beside val_loss. None: none
 
 
+YES_NO_KEYS = ("bos", "eos")   # str settings of auto|yes|no that YAML may read as booleans
+
+
 @dataclass
 class LogConfig:
     every: int = 1
     tensorboard: bool = True
     skip_steps: int = 2             # first steps left out of the summary means (compile, warm caches)
-    tracking: list[str] = field(default_factory=list)  # trackers beside TensorBoard: [mlflow] (train/tracking.py)
+    tracking: list[str] = field(default_factory=list)  # trackers beside TensorBoard: mlflow, wandb (train/tracking.py)
     mlflow_uri: str | None = None   # default: a file store in <run.dir>/mlruns
-    experiment: str | None = None   # the tracker's experiment; default: the config's name
+    wandb_mode: str = "offline"     # offline (written under the run: `wandb sync` it), online, disabled
+    experiment: str | None = None   # MLflow experiment / W&B project; default: the config's name
 
 
 @dataclass
@@ -174,6 +181,8 @@ def _check_value(where: str, value, tp, source: str):
         if not isinstance(value, list):
             raise PretokError(f"{where}: expected a list, got {type(value).__name__} {value!r}", source)
         return [_check_value(f"{where}[{i}]", v, item, source) for i, v in enumerate(value)]
+    if tp is str and isinstance(value, bool) and where.rsplit(".", 1)[-1] in YES_NO_KEYS:
+        return "yes" if value else "no"          # YAML 1.1 reads `bos: yes` as true
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is float and isinstance(value, str):   # YAML 1.1 reads 1e-3 as a string
@@ -285,12 +294,15 @@ def validate(cfg: Config, source: str = "config") -> None:
             bad(f"{key} '{kind}' tokenizes on the fly: set data.tokenizer")
     if cfg.eval.own_path and not cfg.eval.path:
         bad("eval.own_path is set but eval.path is empty: the own-layout loss is logged beside val_loss")
+    if cfg.data.bos not in ("auto", "yes", "no") or cfg.data.eos not in ("yes", "no"):
+        bad(f"data.bos '{cfg.data.bos}' / data.eos '{cfg.data.eos}': bos is auto, yes or no; eos yes or no "
+            "(as pretok tokenize --bos/--eos)")
     if cfg.train.precision not in PRECISIONS:
         bad(f"train.precision '{cfg.train.precision}' is not one of {', '.join(PRECISIONS)}")
     if cfg.log.tracking:
         from .tracking import check_tracking
 
-        if why := check_tracking(cfg.log.tracking):
+        if why := check_tracking(cfg.log.tracking, cfg.log.wandb_mode):
             bad(why)
     if cfg.data.order not in (None, "exact", "block"):
         bad(f"data.order '{cfg.data.order}' is not exact or block")

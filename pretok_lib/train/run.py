@@ -68,7 +68,7 @@ def _trackers(cfg: Config, run_dir: Path, resumed: bool) -> list:
     from .tracking import open_trackers
 
     return open_trackers(cfg.log.tracking, run_dir, run_dir.name, cfg.to_dict(), cfg.log.mlflow_uri,
-                         cfg.log.experiment or cfg.name, resume=resumed)
+                         cfg.log.experiment or cfg.name, resume=resumed, wandb_mode=cfg.log.wandb_mode)
 
 
 def write_status(run_dir: Path, info: dict) -> str | None:

@@ -1,16 +1,20 @@
 """Experiment trackers beside TensorBoard (`log.tracking`, docs/TRAINING.md): every metrics.jsonl record mirrored to
-MLflow (a local file store by default: no server, no network). metrics.jsonl stays the record the analysis reads;
-a tracker is a copy for the tools a team already uses.
+MLflow (a local file store by default: no server, no network) and/or Weights & Biases (offline by default: written
+under the run, `wandb sync` uploads it later, e.g. from a login node of a cluster whose compute nodes have no
+internet). metrics.jsonl stays the record the analysis reads; a tracker is a copy for the tools a team already uses.
 
     log:
-      tracking: [mlflow]          # pip install 'pretok[tracking]'
+      tracking: [mlflow, wandb]   # pip install 'pretok[tracking]'
       mlflow_uri: null            # default: file store <run.dir>/mlruns (`mlflow ui --backend-store-uri` it;
                                   #   MLflow 3 wants MLFLOW_ALLOW_FILE_STORE=true for it, set here for file: URIs);
                                   #   sqlite:///mlflow.db needs the full `mlflow` package
-      experiment: null            # default: the config's name
+      wandb_mode: offline         # offline (<run>/wandb/offline-run-*: `wandb sync` them), online (needs
+                                  #   WANDB_API_KEY and network), disabled
+      experiment: null            # MLflow experiment / W&B project; default: the config's name
 
-A resumed run continues its MLflow run (the id is kept in `<run>/tracking.json`); the MLflow run ends FINISHED,
-KILLED (interrupted) or FAILED with the pretok run.
+A resumed run continues its tracker runs (ids kept in `<run>/tracking.json`); the MLflow run ends FINISHED, KILLED
+(interrupted) or FAILED with the pretok run; the W&B run gets summary `pretok/status` and exit code 0, 3 (interrupted:
+marked preempting, as W&B names a run that will resume) or 1.
 """
 
 from __future__ import annotations
@@ -28,14 +32,19 @@ from ..atomic import atomic_write_json
 from ..errors import PretokError
 from ..run_record import flatten
 
-TRACKERS = {"mlflow": "mlflow"}          # log.tracking name -> the module it needs
+TRACKERS = {"mlflow": "mlflow", "wandb": "wandb"}          # log.tracking name -> the module it needs
+WANDB_MODES = ("offline", "online", "disabled")
+EXIT_CODES = {"completed": 0, "interrupted": 3}          # W&B exit codes by pretok status (others: 1)
 EXTRA = "pip install 'pretok[tracking]'"
 STATE_FILE = "tracking.json"
 MLFLOW_STATUS = {"completed": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}
 
 
-def check_tracking(names: Sequence[str]) -> str | None:
-    """Why `log.tracking` cannot be used (an unknown tracker, or its package not installed), None if it can."""
+def check_tracking(names: Sequence[str], wandb_mode: str = "offline") -> str | None:
+    """Why `log.tracking` cannot be used (an unknown tracker, its package not installed, an unknown W&B mode),
+    None if it can."""
+    if "wandb" in names and wandb_mode not in WANDB_MODES:
+        return f"log.wandb_mode '{wandb_mode}' is not one of {', '.join(WANDB_MODES)}"
     for name in names:
         if name not in TRACKERS:
             return f"log.tracking '{name}' is not one of {', '.join(TRACKERS)}"
@@ -101,6 +110,35 @@ class MLflowTracker:
         self.client.set_terminated(self.id, MLFLOW_STATUS.get(status, "FAILED"))
 
 
+class WandbTracker:
+    """One W&B run per pretok run, written under `<run>/wandb` (its id kept for a resume). The console is left
+    alone (`console="off"`): pretok's own output and logs stay as they are."""
+
+    def __init__(self, run_dir: Path, run_id: str, config: Mapping[str, Any], mode: str, project: str,
+                 resume: bool = False) -> None:
+        import wandb
+
+        self.run_dir = Path(run_dir)
+        state = _read_state(self.run_dir).get("wandb") or {}
+        known = state.get("run_id") if resume else None     # None: W&B makes a new id
+        self.run = wandb.init(project=project, name=run_id, id=known, dir=str(self.run_dir), mode=mode,
+                              config=flatten(dict(config)), resume="allow" if resume else None, reinit="create_new",
+                              settings=wandb.Settings(console="off", silent=True))
+        self.id = self.run.id
+        _write_state(self.run_dir, {"wandb": {"run_id": self.id, "mode": mode, "project": project}})
+
+    def log(self, record: Mapping[str, Any]) -> None:
+        values = scalars(record)
+        if values:
+            self.run.log(values, step=int(record.get("step", 0)))
+
+    def close(self, status: str) -> None:
+        self.run.summary["pretok/status"] = status
+        if status == "interrupted":
+            self.run.mark_preempting()
+        self.run.finish(exit_code=EXIT_CODES.get(status, 1))
+
+
 def _read_state(run_dir: Path) -> dict[str, Any]:
     try:
         d = json.loads((run_dir / STATE_FILE).read_text())
@@ -114,9 +152,11 @@ def _write_state(run_dir: Path, update: Mapping[str, Any]) -> None:
 
 
 def open_trackers(names: Sequence[str], run_dir: Path, run_id: str, config: Mapping[str, Any],
-                  mlflow_uri: str | None = None, experiment: str = "pretok", resume: bool = False) -> list[Any]:
+                  mlflow_uri: str | None = None, experiment: str = "pretok", resume: bool = False,
+                  wandb_mode: str = "offline") -> list[Any]:
     """The trackers `names` asks for, started (a PretokError if one cannot be used). `resume`: a run resumed
     from a checkpoint continues its tracker run; else a new one starts (a run started over gets a new one)."""
-    if why := check_tracking(names):
+    if why := check_tracking(names, wandb_mode):
         raise PretokError(why, run_dir)
-    return [MLflowTracker(run_dir, run_id, config, mlflow_uri, experiment, resume) for n in names if n == "mlflow"]
+    return [MLflowTracker(run_dir, run_id, config, mlflow_uri, experiment, resume) if n == "mlflow"
+            else WandbTracker(run_dir, run_id, config, wandb_mode, experiment, resume) for n in dict.fromkeys(names)]
