@@ -25,7 +25,7 @@ from .pretokenized import BLOCK_GROUPS, CACHE_MB, MemmapPacked, PaddedRows, Toke
 def make_source(kind: str, path: str | os.PathLike | Sequence[str], seq_len: int, *, tokenizer: str | None = None,
                 seed: int = 0, shuffle: bool = True, text_column: str = "text", backend: str | None = None,
                 verify_on_open: bool = False, order: str | None = None, block_groups: int = BLOCK_GROUPS,
-                cache_mb: float = CACHE_MB):
+                cache_mb: float = CACHE_MB, bos: str = "auto", eos: str = "no", separator: str | None = None):
     """The sample source of one data path. Baselines read text (`path`: inputs) and need `tokenizer`;
     pretokenized paths read a `pretok tokenize` output dir and check it against `tokenizer` if given, and with
     `verify_on_open` check its data files against the manifest's checksums before serving anything.
@@ -37,6 +37,8 @@ def make_source(kind: str, path: str | os.PathLike | Sequence[str], seq_len: int
         kind: a data path of datapaths.REGISTRY; path: its input files (baselines) or dataset dir (pretokenized).
         seq_len: tokens per training sample; tokenizer: the tokenizer spec (baselines: required).
         seed, shuffle: the global order; text_column: the baselines' text column; backend: a forced encoder.
+        bos, eos, separator: the baselines' `pretok tokenize --bos/--eos/--separator` (pretokenized data carries
+            its own, in its manifest).
         verify_on_open: check data files against the manifest first; order, block_groups, cache_mb: parquet paths.
     """
     if kind not in KINDS:
@@ -51,7 +53,8 @@ def make_source(kind: str, path: str | os.PathLike | Sequence[str], seq_len: int
             raise PretokError(f"data path '{kind}' tokenizes on the fly: give a tokenizer")
         inputs = [str(path)] if isinstance(path, (str, os.PathLike)) else [str(p) for p in path]
         cls = PaddedText if kind == "padded" else PaddingFreeStream
-        return cls(inputs, seq_len, tokenizer, seed=seed, shuffle=shuffle, text_column=text_column, backend=backend)
+        return cls(inputs, seq_len, tokenizer, seed=seed, shuffle=shuffle, text_column=text_column, backend=backend,
+                   bos=bos, eos=eos, separator=separator)
     fingerprint = None
     if tokenizer is not None:
         from ..tokenizer import load_tokenizer

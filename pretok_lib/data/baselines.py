@@ -22,6 +22,7 @@ from ..engine.parts import add_special
 from ..formats import checksum
 from ..sources import SourceOptions, expand_inputs, plan_units, read_unit
 from ..tokenizer import backends_for, load_tokenizer, make_encoder
+from ..tokenizer.specials import policy_id
 from .order import epoch_permutation
 from .packing import Sample
 from .source import EXACT
@@ -39,8 +40,7 @@ class _TextDocs:
                       for t in b.texts]
         self.info = load_tokenizer(tokenizer)
         self.backend = backend or backends_for(self.info)[-1]  # default: the reference implementation
-        self.bos = None if bos == "no" else self.info.bos_id
-        self.eos = self.info.eos_id if eos == "yes" else None
+        self.bos, self.eos = policy_id(self.info, "bos", bos), policy_id(self.info, "eos", eos)  # as pretok tokenize
         pad = self.info.pad_id if self.info.pad_id is not None else self.info.eos_id
         self.pad = pad if pad is not None else 0
         self._encoder = None

@@ -33,6 +33,7 @@ from ..remote import is_url, retries, schemes
 from ..sources import (InputFile, SourceOptions, Unit, check_stamps, estimate_text_bytes, expand_inputs, plan_units,
                        sample_texts, shard_units)
 from ..tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
+from ..tokenizer.specials import policy_id
 from .boundaries import boundary_warnings, document_boundaries, empty_shards_warning
 from .config import TokenizeConfig
 from .memmap_append import MemmapAppender
@@ -47,14 +48,7 @@ MEMMAP_PREFIX = "data"
 def resolve_policy(info: TokenizerInfo, cfg: TokenizeConfig) -> Policy:
     """The explicit BOS/EOS/padding/dtype policy recorded in the manifest and the output key; `seq_len` and
     `row_length` only for `padded`, the one format whose bytes depend on them."""
-    def pick(flag: str, tok_id: int | None, name: str) -> int | None:
-        if flag == "no":
-            return None
-        if tok_id is None and flag == "yes":
-            raise PretokError(f"--{name} yes, but tokenizer {info.spec} defines no {name.upper()} token")
-        return tok_id
-
-    bos, eos = pick(cfg.bos, info.bos_id, "bos"), pick(cfg.eos, info.eos_id, "eos")
+    bos, eos = policy_id(info, "bos", cfg.bos), policy_id(info, "eos", cfg.eos)
     needed = id_dtype_for(info.vocab_size)
     dtype = needed if cfg.dtype == "auto" else cfg.dtype
     if dtype not in ("uint16", "int32"):

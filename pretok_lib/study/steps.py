@@ -155,10 +155,12 @@ def bench_loaders(paths: StudyPaths, index: Mapping, micro_batch: int = 8, worke
 
 
 def run_overrides(index: Mapping, eval_batches: int | None = None) -> dict[str, Any]:
-    """Overrides every study run shares: tokenizer, sequence length, validation on the held-out documents' memmap
-    dataset (`datasets.eval_path`: never trained on; the same reader for every data path, so losses compare; the
-    padded paths also on their own layout: `study_grid` links `own_eval_overrides` to the data path)."""
+    """Overrides every study run shares: tokenizer, sequence length, the datasets' BOS/EOS policy (for the on-the-fly
+    paths, which tokenize as notebook 01 did), validation on the held-out documents' memmap dataset
+    (`datasets.eval_path`: never trained on; the same reader for every data path, so losses compare; the padded
+    paths also on their own layout: `study_grid` links `own_eval_overrides` to the data path)."""
     over: dict[str, Any] = {"data.tokenizer": index["tokenizer"], "data.seq_len": index["seq_len"],
+                            "data.bos": index.get("bos", "auto"), "data.eos": index.get("eos", "no"),
                             "eval.kind": "pretok-memmap", "eval.path": eval_path(index, "pretok-memmap")}
     if eval_batches is not None:
         over["eval.batches"] = eval_batches

@@ -17,9 +17,12 @@ from __future__ import annotations
 import json
 import unicodedata
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from ..errors import PretokError
+
+if TYPE_CHECKING:
+    from .files import TokenizerInfo
 
 ROLES = ("bos", "eos", "pad")
 KNOWN = {  # well-known special strings, tried in order when nothing else names the role
@@ -159,3 +162,16 @@ def added_special_tokens(obj: dict) -> list[tuple[str, int]]:
     found = [(t["content"], t["id"]) for t in tokens or [] if isinstance(t, dict) and t.get("special")
              and isinstance(t.get("content"), str) and type(t.get("id")) is int] if isinstance(tokens, list) else []
     return sorted(found, key=lambda t: t[1])
+
+
+def policy_id(info: "TokenizerInfo", role: str, flag: str) -> int | None:
+    """The id written for `role` ("bos", "eos") under `--bos/--eos` `flag`: "no" none, "auto" the tokenizer's
+    (None if it has none), "yes" the tokenizer's or a PretokError. The on-the-fly baselines use it too."""
+    if flag not in ("auto", "yes", "no"):
+        raise PretokError(f"--{role} '{flag}' is not one of auto, yes, no")
+    tok_id = getattr(info, f"{role}_id")
+    if flag == "no":
+        return None
+    if tok_id is None and flag == "yes":
+        raise PretokError(f"--{role} yes, but tokenizer {info.spec} defines no {role.upper()} token")
+    return tok_id

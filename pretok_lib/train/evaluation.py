@@ -75,7 +75,9 @@ def held_out_splits(cfg: Config, d: Dist, fingerprint: str) -> list[HeldOut]:
         tok = cfg.data.tokenizer if kind in ON_THE_FLY else None
         ds = make_dataset(kind, path, cfg.data.seq_len, micro_batch=cfg.data.micro_batch, rank=d.rank,
                           world=d.world, seed=cfg.run.seed, shuffle=False, tokenizer=tok,
-                          verify_on_open=cfg.data.verify_on_open, cache_mb=cfg.data.cache_mb)
+                          verify_on_open=cfg.data.verify_on_open, cache_mb=cfg.data.cache_mb,
+                          text_column=cfg.data.text_column, bos=cfg.data.bos, eos=cfg.data.eos,
+                          separator=cfg.data.separator)
         if source_tokenizer(ds.source)[1] != fingerprint:
             raise PretokError(f"{key}: the data was tokenized with another tokenizer than the training data", path)
         out.append(HeldOut(suffix, key, path, ds))

@@ -128,12 +128,14 @@ class Trainer:
         self.precision = broadcast_object(resolve_precision(c.train.precision, d.device))
         c.train.precision = self.precision.used
         torch.manual_seed(c.run.seed)
-        src_kw = dict(seed=c.run.seed, shuffle=c.data.shuffle, text_column=c.data.text_column,
+        src_kw = dict(seed=c.run.seed, shuffle=c.data.shuffle, text_column=c.data.text_column, bos=c.data.bos,
+                      eos=c.data.eos, separator=c.data.separator,   # on-the-fly baselines only
                       tokenizer=c.data.tokenizer,   # baselines need it; pretokenized data is checked against it
                       verify_on_open=c.data.verify_on_open, order=c.data.order, block_groups=c.data.block_groups,
                       cache_mb=c.data.cache_mb)
         if c.data.mixture:
-            del src_kw["text_column"]
+            for k in ("text_column", "bos", "eos", "separator"):   # a mixture is of pretokenized datasets
+                del src_kw[k]
             mix = open_mixture([(e.path, e.weight) for e in c.data.mixture], c.data.seq_len,
                                exhausted=c.data.mixture_exhausted, **src_kw)
             self.dataset = ShardedBatches(mix, c.data.micro_batch, d.rank, d.world)
