@@ -19,6 +19,19 @@ PEAK = 4.4e11   # FLOP/s: a 2-vCPU machine's measured matmul peak (fixed here, s
 TINY = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
 
 
+def like_zen4(model, **sizes) -> float:
+    """A stand-in for `measure_step` shaped as measured on AMD EPYC Zen 4: the FLOP estimate plus a part that
+    grows with tokens x vocabulary and not with the hidden size (logits, softmax, cross-entropy)."""
+    p = budget.plan(model, **{k: v for k, v in sizes.items() if k != "precision"})
+    return 0.9 * p.step_s + 8.7e-9 * p.tokens_per_step * sizes["vocab"]
+
+
+@pytest.fixture(autouse=True)
+def no_timing(monkeypatch):
+    """`pretok study` times candidate models' steps (budget.MEASURE); here the stand-in does."""
+    monkeypatch.setattr(budget, "MEASURE", like_zen4)
+
+
 @settings(max_examples=200, deadline=None)
 @given(vocab=st.integers(300, 300_000), budget_s=st.floats(1, 120), seq_len=st.sampled_from([64, 256, 1024]),
        micro=st.sampled_from([1, 4, 8]))
@@ -92,7 +105,9 @@ def test_the_study_says_and_records_the_fitted_model_before_any_notebook_runs(mo
     monkeypatch.setattr("pretok_lib.analysis.report.ensure_kernel", lambda kernel: kernel)
     run_study("quick", out=tmp_path / "s", parameters={"vocab_size": 131072}, stream=False, echo=lines.append,
               publish=None)
-    assert any(line.startswith("== model made smaller") for line in lines[:2]), lines
+    timing = [ln for ln in lines if ln.startswith("== timing a training step")]
+    assert timing and lines[:len(timing)] == timing, lines         # said before the wait, before anything else
+    assert any(line.startswith("== model made smaller") for line in lines[len(timing):len(timing) + 2]), lines
     record = json.loads((tmp_path / "s" / "study.json").read_text())
     changed = record["parameters"]["model_fit"]["changed"]
     assert changed and all(seen["04_sweep"]["sweep_base"][k] == v for k, v in changed.items())
@@ -119,3 +134,46 @@ def test_a_partial_rerun_fits_its_new_overrides_to_the_recorded_vocabulary(monke
     assert name == "04_sweep" and params["sweep_base"]["train.steps"] == 30
     assert params["sweep_base"]["model.hidden_size"] == hidden < 128
     assert again["parameters"]["sweep_base"]["model.hidden_size"] == hidden
+
+
+@pytest.mark.parametrize("vocab", [8192, 32768, 128815])
+def test_a_measured_step_decides_where_the_estimate_leaves_the_fit_open(vocab) -> None:
+    """The FLOP estimate misses the per-token x vocabulary work: fitted by it, 04's points would need more than
+    their budget. With the step timed (only for candidates the estimate does not rule out), the fitted model's
+    measured time fits or the model is as small as it goes, and no candidate the estimate rules out is timed."""
+    sizes = {"vocab": vocab, "seq_len": 256, "micro_batch": 8, "peak": PEAK}
+    timed: list[int] = []
+
+    def measure(model, **sz):
+        timed.append(model["hidden_size"])
+        return like_zen4(model, **sz)
+
+    changed, after = budget.fit(TINY, 15.0, measure=measure, **sizes)
+    hidden = changed.get("model.hidden_size", 128)
+    assert after.measured_step_s == pytest.approx(like_zen4({**TINY, "hidden_size": hidden}, **sizes))
+    assert after.needed_s <= 15.0 or hidden // 2 < TINY["num_heads"] * budget.MIN_HEAD_DIM
+    for h in timed:
+        assert budget.plan({**TINY, "hidden_size": h}, **sizes).needed_s <= 15.0 * budget.MAX_OVERESTIMATE
+    analytic = budget.fit(TINY, 15.0, **sizes)
+    assert hidden <= analytic[0].get("model.hidden_size", 128)
+    if vocab == 128815:      # the case of issue 36: the estimate alone fits a model whose real step does not
+        assert analytic[1].needed_s <= 15.0 < budget.replace(
+            analytic[1], measured_step_s=like_zen4({**TINY, "hidden_size": analytic[0]["model.hidden_size"]},
+                                                   **sizes)).needed_s
+
+
+def test_the_study_records_the_measured_step_of_the_model_it_fitted(monkeypatch) -> None:
+    monkeypatch.setattr(budget, "machine_peak", lambda: PEAK)
+    p = profile_parameters("quick", {"vocab_size": 131072})
+    budget.refit(p)
+    for key in budget.RUN_KEYS:
+        r = p["model_fit"]["runs"][key]
+        model = {**TINY, "hidden_size": p[key].get("model.hidden_size", 128), "tie_embeddings": True}
+        assert r["measured_step_s"] == pytest.approx(like_zen4(model, vocab=131072, seq_len=256, micro_batch=8,
+                                                               peak=PEAK), rel=1e-3)
+
+
+def test_measure_step_times_a_real_step() -> None:
+    """The real timer (not the stand-in): a finite positive time for a tiny model, in the run's precision."""
+    t = budget.measure_step({**TINY, "hidden_size": 32}, vocab=512, seq_len=32, micro_batch=2, precision="fp32")
+    assert 0 < t < 60

@@ -8,18 +8,26 @@ machine's measured matmul peak, `train.hardware.peak_flops`, at `EFFICIENCY` of 
 needs do not fit its budget the model is made smaller (hidden size halved, embeddings tied) until they do: the
 change is applied to the runs' overrides and recorded in study.json (`parameters.model_fit`). A model size the
 researcher set (`model.hidden_size` in the overrides) is kept, and the record says it does not fit.
+
+FLOPs alone miss what grows with the vocabulary but is not a matmul (logits, softmax and cross-entropy over
+tokens x vocab in fp32, the optimizer over the embedding): measured on AMD EPYC Zen 4 (2 vCPUs), the FLOP estimate
+was 0.79-0.94 of a real step with hidden size 128 and 0.36-0.41 of it with hidden 32 (vocab 8k-129k). So `pretok
+study` (`refit`) also times the candidate model's training step on this machine (`measure_step`: build it, one
+warm-up step, the median of two) wherever the estimate does not already rule the candidate out, and fits by the
+measured step (`measured_step_s` in the record).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 # share of the measured matmul peak a tiny model's CPU training step reaches: the quick demo's 42.7 GFLOP/s
 # (4,524 tokens/s x 9.44 MFLOP/token) is ~10% of the 438 GFLOP/s `peak_flops` measures on its 2-vCPU machine
 EFFICIENCY = 0.1
+MAX_OVERESTIMATE = 1.35  # the estimate was at most 1/0.79 of a measured step: above budget x this, none is timed
 MIN_HEAD_DIM = 8         # the smallest hidden size per attention head the fit goes down to
 RUN_KEYS = ("train_overrides", "sweep_base")   # notebook 03's run, notebook 04's points
 
@@ -34,14 +42,17 @@ class Plan:
     steps: int
     eval_tokens: int
     peak: float
+    measured_step_s: float | None = None   # a training step timed on this machine (`measure_step`), if any
 
     @property
     def step_s(self) -> float:
+        if self.measured_step_s is not None:
+            return self.measured_step_s
         return self.flops_per_token * self.tokens_per_step / (self.peak * EFFICIENCY)
 
     @property
-    def eval_s(self) -> float:   # forward only: a third of the training FLOPs
-        return self.flops_per_token / 3 * self.eval_tokens / (self.peak * EFFICIENCY)
+    def eval_s(self) -> float:   # forward only: a third of a training step's time per token
+        return self.step_s / 3 * self.eval_tokens / self.tokens_per_step
 
     @property
     def needed_s(self) -> float:
@@ -58,11 +69,22 @@ def plan(model: Mapping[str, Any], vocab: int, seq_len: int, micro_batch: int, g
                 skip_steps + MIN_MEASURED_STEPS + 1, eval_batches * micro_batch * seq_len * grad_accum, peak)
 
 
-def fit(model: Mapping[str, Any], budget_s: float, fixed: bool = False, **sizes: Any) -> tuple[dict, Plan]:
+Measure = Callable[..., float]   # (model, **sizes) -> seconds of one training step (`measure_step`)
+
+
+def fit(model: Mapping[str, Any], budget_s: float, fixed: bool = False, measure: Measure | None = None,
+        **sizes: Any) -> tuple[dict, Plan]:
     """(the model changes that make a run fit `budget_s`, its `Plan` after them): none when it fits; else
     embeddings tied and the hidden size halved (down to MIN_HEAD_DIM per head) until it fits. `fixed`: the
-    researcher set the hidden size, so nothing changes. `sizes`: `plan`'s other arguments."""
-    now = plan(model, **sizes)
+    researcher set the hidden size, so nothing changes. `measure`: times a candidate's step, which then decides
+    (not called where the estimate rules the candidate out). `sizes`: `plan`'s other arguments."""
+    def judged(m: Mapping[str, Any]) -> Plan:
+        p = plan(m, **sizes)
+        if measure is None or p.needed_s > budget_s * MAX_OVERESTIMATE:
+            return p
+        return replace(p, measured_step_s=measure(m, **sizes))
+
+    now = judged(model)
     if fixed or now.needed_s <= budget_s:
         return {}, now
     heads, hidden = int(model.get("num_heads", 4)), int(model.get("hidden_size", 128))
@@ -70,8 +92,47 @@ def fit(model: Mapping[str, Any], budget_s: float, fixed: bool = False, **sizes:
     while now.needed_s > budget_s and hidden // 2 >= heads * MIN_HEAD_DIM and (hidden // 2) % heads == 0:
         hidden //= 2
         changed["model.hidden_size"] = hidden
-        now = plan({**model, "hidden_size": hidden}, **sizes)
+        now = judged({**model, "hidden_size": hidden, "tie_embeddings": True})
     return changed, now
+
+
+def measure_step(model: Mapping[str, Any], vocab: int, seq_len: int, micro_batch: int, grad_accum: int = 1,
+                 precision: str = "auto", **_: Any) -> float:
+    """Seconds of one training step (forward, backward, AdamW; `grad_accum` micro-batches) of `model` (keys of
+    train.config.ModelConfig) on random tokens, on this machine's first GPU or its CPU, in the run's precision:
+    the median of 2 after a warm-up step (so the compiled kernels and allocator caches are warm, as in a run)."""
+    import contextlib
+    import statistics
+    import time
+
+    import torch
+
+    from ..train.config import ModelConfig
+    from ..train.hardware import resolve_precision
+    from ..train.model import build_model, vocab_size_for
+
+    cfg = ModelConfig(**{k: v for k, v in model.items() if k in ModelConfig.__dataclass_fields__})
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    used = resolve_precision(precision, device).used
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(used)
+    v = vocab_size_for(cfg, vocab)
+    net = build_model(cfg, v, seq_len, 0, device)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    x = torch.randint(0, vocab, (micro_batch, seq_len), device=device)
+    cast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(grad_accum):
+            with cast():
+                loss = net(input_ids=x, labels=x).loss
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[1:])
 
 
 def tokenizer_vocab(params: Mapping[str, Any]) -> int | None:
@@ -100,12 +161,13 @@ def _config(path: Any, overrides: Mapping[str, Any], seq_len: int):
         return None   # check_runs names the problem
 
 
-def fit_runs(params: dict[str, Any], peak: float | None = None) -> dict[str, Any] | None:
+def fit_runs(params: dict[str, Any], peak: float | None = None, measure: Measure | None = None
+             ) -> dict[str, Any] | None:
     """Fit the runs of notebooks 03 and 04 (`RUN_KEYS`) that have a `train.time_budget_s` to it: the model
     changes (one model for both: the smaller) are added to each overrides mapping of `params` that does not set
     them (those of an earlier fit, `params["model_fit"]`, are taken back first, so a rerun's merged parameters are
     fitted afresh); returns the record for study.json (None when no run has a budget or nothing is known to size
-    it by)."""
+    it by). `measure`: times candidate models' steps (`fit`); each model and size is timed once."""
     from dataclasses import asdict
 
     from .steps import resolve
@@ -119,6 +181,15 @@ def fit_runs(params: dict[str, Any], peak: float | None = None) -> dict[str, Any
     peak = peak or machine_peak()
     sized: dict[str, tuple[dict, dict, bool]] = {}    # run: (its model, plan's sizes, model size set by the researcher)
     changes: list[dict] = []
+    timed: dict[str, float] = {}
+
+    def once(m: Mapping[str, Any], **sz: Any) -> float:   # 03's and 04's runs share a model: timed once
+        key = json.dumps([m, sz], sort_keys=True, default=str)
+        if key not in timed:
+            timed[key] = measure(m, **sz)
+        return timed[key]
+
+    precisions: dict[str, str] = {}
     for key, over in runs.items():
         cfg = _config(config, over, int(params.get("seq_len") or 256))
         if cfg is None:
@@ -127,7 +198,10 @@ def fit_runs(params: dict[str, Any], peak: float | None = None) -> dict[str, Any
                                           "micro_batch": cfg.data.micro_batch, "grad_accum": cfg.train.grad_accum,
                                           "eval_batches": cfg.eval.batches, "skip_steps": cfg.log.skip_steps,
                                           "peak": peak}, "model.hidden_size" in over)
-        changes.append(fit(sized[key][0], float(over["train.time_budget_s"]), sized[key][2], **sized[key][1])[0])
+        precisions[key] = cfg.train.precision
+        timer = (lambda m, _p=cfg.train.precision, **sz: once(m, precision=_p, **sz)) if measure else None
+        changes.append(fit(sized[key][0], float(over["train.time_budget_s"]), sized[key][2], timer,
+                           **sized[key][1])[0])
     halved = [c["model.hidden_size"] for c in changes if "model.hidden_size" in c]
     change = {} if not any(changes) else {"model.tie_embeddings": True,   # one model for both notebooks: the smaller
                                           **({"model.hidden_size": min(halved)} if halved else {})}
@@ -136,22 +210,39 @@ def fit_runs(params: dict[str, Any], peak: float | None = None) -> dict[str, Any
         mine = {} if fixed else {k: v for k, v in change.items() if k not in runs[key]}
         params[key] = {**runs[key], **mine}
         before = plan(model, **sizes)
-        after = plan({**model, **{k.removeprefix("model."): v for k, v in mine.items()}}, **sizes)
+        final = {**model, **{k.removeprefix("model."): v for k, v in mine.items()}}
+        after = plan(final, **sizes)
+        step = timed.get(json.dumps([final, {"precision": precisions[key], **sizes}], sort_keys=True, default=str))
+        if step is None and measure is not None:    # the one model of both runs, not timed for this run's budget
+            step = once(final, precision=precisions[key], **sizes)
+        if step is not None:
+            after = replace(after, measured_step_s=step)
         record[key] = {"budget_s": runs[key]["train.time_budget_s"], "steps_needed": before.steps,
                        "estimated_s_before": round(before.needed_s, 2), "estimated_s": round(after.needed_s, 2),
                        "fits": after.needed_s <= runs[key]["train.time_budget_s"],
+                       **({"measured_step_s": round(step, 3)} if step is not None else {}),
                        **({"kept": "model.hidden_size set in the overrides"} if fixed else {})}
     return {"vocab": vocab, "peak_flops": peak, "efficiency": EFFICIENCY, "changed": change, "runs": record}
 
 
-def refit(params: dict[str, Any]) -> str:
+def refit(params: dict[str, Any], echo: Callable[[str], None] | None = None) -> str:
     """`fit_runs` on the parameters a study runs with (a partial rerun's: the recorded ones with `--set`), its
-    record in `params["model_fit"]`; the line that says what it changed or found ("" when nothing)."""
-    if fitted := fit_runs(params):
+    record in `params["model_fit"]`; the line that says what it changed or found ("" when nothing). `echo`: a line
+    before each step timed (a large vocabulary's take seconds each)."""
+    def measure(model: Mapping[str, Any], **sizes: Any) -> float:
+        if echo:
+            echo(f"== timing a training step of the runs' model (hidden {model.get('hidden_size')}, vocabulary "
+                 f"{sizes.get('vocab'):,}) against their time budgets")
+        return MEASURE(model, **sizes)
+
+    if fitted := fit_runs(params, measure=measure):
         params["model_fit"] = fitted
     else:
         params.pop("model_fit", None)
     return fit_text(fitted)
+
+
+MEASURE: Measure = measure_step   # what `refit` times steps with (tests put a stand-in here)
 
 
 def fit_text(record: Mapping[str, Any] | None) -> str:

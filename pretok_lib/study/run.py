@@ -214,7 +214,7 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     check_parameters(overrides)
     previous = read_record(out_dir)
     params, changed = study_parameters(profile, overrides, names, previous, out_dir, takes)
-    fitted = refit(params)         # study/budget.py: the runs' model sized for their time budgets
+    fitted = refit(params, say)    # study/budget.py: the runs' model sized for their time budgets
     check_runs(params, names)      # the training runs of notebooks 03 and 04: refused now, not in a cell later
     if fitted:
         say(f"== {fitted}")
