@@ -197,9 +197,10 @@ def _build(out: Path, max_mb: float, packages: Sequence[str] | None, row_group_m
     buf_bytes = 0
     schema = pa.schema([("text", pa.string()), ("source", pa.string()), ("path", pa.string())],
                        metadata={PARAMS_KEY: json.dumps(params, sort_keys=True)})
-    writer = pq.ParquetWriter(tmp, schema, compression="zstd", use_dictionary=["source"],
-                              write_statistics=["source", "path"])
-    try:
+    writer = None
+    try:   # the writer is made inside: a stop signal landing in its constructor (the file exists) removes the file
+        writer = pq.ParquetWriter(tmp, schema, compression="zstd", use_dictionary=["source"],
+                                  write_statistics=["source", "path"])
 
         def flush() -> None:
             nonlocal buf_bytes
@@ -244,8 +245,11 @@ def _build(out: Path, max_mb: float, packages: Sequence[str] | None, row_group_m
         os.replace(tmp, out)
         return info
     finally:
-        writer.close()  # no-op if already closed
-        tmp.unlink(missing_ok=True)
+        try:
+            if writer is not None:
+                writer.close()  # no-op if already closed
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def read_corpus_info(path: str | os.PathLike) -> CorpusInfo:
@@ -264,8 +268,11 @@ def read_corpus_info(path: str | os.PathLike) -> CorpusInfo:
 
 def _write_atomic(path: Path, data: str | bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    finally:   # after a failure or a stop signal: no temp file left (after the rename there is none)
+        tmp.unlink(missing_ok=True)
 
 
 def train_default_tokenizer(
@@ -322,26 +329,41 @@ def train_default_tokenizer(
     return tok_path
 
 
-def default_corpus_and_tokenizer(
-    cache_dir: str | os.PathLike, max_mb: float = 20.0, vocab_size: int = 8192
-) -> tuple[CorpusInfo, Path]:
-    """Build (once) `cache_dir/corpus.parquet` and `cache_dir/tokenizer/tokenizer.json`; reuse them when
-    present, complete and built with the same parameters."""
-    cache = Path(cache_dir)
-    corpus, tok_dir = cache / "corpus.parquet", cache / "tokenizer"
+def default_corpus(cache_dir: str | os.PathLike, max_mb: float = 20.0) -> CorpusInfo:
+    """Build (once) `cache_dir/corpus.parquet`; reuse it when present, complete and built with the same
+    parameters."""
+    corpus = Path(cache_dir) / "corpus.parquet"
     try:
         info: CorpusInfo | None = read_corpus_info(corpus) if corpus.is_file() else None
     except PretokError:  # not ours or unreadable: rebuild
         info = None
     if info is None or info.params != _params(max_mb):
         info = build_corpus(corpus, max_mb=max_mb, replace=True)  # our cache: a damaged one is rebuilt
-    tok_path, marker = tok_dir / "tokenizer.json", tok_dir / "pretok_default.json"
+    return info
+
+
+def trained_tokenizer(corpus: str | os.PathLike, out_dir: str | os.PathLike, vocab_size: int = 8192,
+                      max_train_mb: float = 20.0) -> Path:
+    """`train_default_tokenizer`, unless `out_dir` holds one trained on these bytes with these settings (its
+    `pretok_default.json` says so, and the tokenizer's own checksum holds): then that one."""
+    out_dir = Path(out_dir)
+    tok_path, marker = out_dir / "tokenizer.json", out_dir / "pretok_default.json"
     try:
         rec = json.loads(marker.read_text())
-        ok = (rec["corpus_sha256"] == info.sha256 and rec["vocab_size"] == vocab_size
-              and rec["max_train_mb"] == max_mb and tok_path.is_file() and _sha256(tok_path) == rec["tokenizer_sha256"])
+        ok = (rec["corpus_sha256"] == _sha256(Path(corpus)) and rec["vocab_size"] == vocab_size
+              and rec["max_train_mb"] == max_train_mb and tok_path.is_file()
+              and _sha256(tok_path) == rec["tokenizer_sha256"])
     except (OSError, KeyError, ValueError):
         ok = False
-    if not ok:
-        train_default_tokenizer(corpus, tok_dir, vocab_size=vocab_size, max_train_mb=max_mb)
-    return info, tok_path
+    return tok_path if ok else train_default_tokenizer(corpus, out_dir, vocab_size=vocab_size,
+                                                       max_train_mb=max_train_mb)
+
+
+def default_corpus_and_tokenizer(
+    cache_dir: str | os.PathLike, max_mb: float = 20.0, vocab_size: int = 8192
+) -> tuple[CorpusInfo, Path]:
+    """Build (once) `cache_dir/corpus.parquet` and `cache_dir/tokenizer/tokenizer.json` (trained on the whole
+    corpus: `pretok demo`'s; the study trains its own on its training split); reuse them when present, complete
+    and built with the same parameters."""
+    info = default_corpus(cache_dir, max_mb)
+    return info, trained_tokenizer(info.path, Path(cache_dir) / "tokenizer", vocab_size, max_mb)

@@ -266,3 +266,50 @@ def test_a_corpus_it_wrote_is_replaced(tmp_path):
     assert build_corpus(out, max_mb=2e-6).documents >= 1
     out.write_bytes(b"a damaged cached corpus")
     assert read_corpus_info(build_corpus(out, max_mb=1e-6, replace=True).path).documents >= 1
+
+
+class _Stop(KeyboardInterrupt):
+    """A stop signal's exception (SIGTERM becomes one in `pretok`), raised at an injected point."""
+
+
+STOP_POINTS = ["writer-created", "write_table", "add_key_value_metadata", "close", "_sha256", "os.replace"]
+
+
+@pytest.mark.parametrize("point", STOP_POINTS)
+def test_a_stop_anywhere_in_the_write_path_leaves_no_temp_file_and_no_torn_output(tmp_path, monkeypatch, point):
+    """CI once found `.c.parquet.tmp-PID` left after a SIGTERM: the signal landed in the ParquetWriter's constructor,
+    after it made the file and before the `try` that removes it. Each call of the write path is stopped in turn
+    (after its effect: the file made, the bytes written, the rename done): the directory then holds nothing, or the
+    whole output when the rename had happened, never a temp file."""
+    import pyarrow.parquet as pq_mod
+
+    import pretok_lib.corpus as corpus_mod
+
+    real_writer, real_replace, real_sha = pq_mod.ParquetWriter, corpus_mod.os.replace, corpus_mod._sha256
+
+    def after(fn, name):
+        def wrapped(*a, **kw):
+            out = fn(*a, **kw)
+            if name == point:
+                raise _Stop(name)
+            return out
+        return wrapped
+
+    class Writer(real_writer):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            if point == "writer-created":
+                raise _Stop(point)
+
+    for method in ("write_table", "add_key_value_metadata", "close"):
+        setattr(Writer, method, after(getattr(real_writer, method), method))
+    monkeypatch.setattr(pq_mod, "ParquetWriter", Writer)
+    monkeypatch.setattr(corpus_mod.os, "replace", after(real_replace, "os.replace"))
+    monkeypatch.setattr(corpus_mod, "_sha256", after(real_sha, "_sha256"))
+    out = tmp_path / "c.parquet"
+    with pytest.raises(_Stop):
+        build_corpus(out, max_mb=0.5, row_group_mb=0.1)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == (["c.parquet"] if point == "os.replace" else []), left
+    if left:
+        assert read_corpus_info(out).documents > 0

@@ -119,10 +119,12 @@ def _write_split(docs: Iterator[str], threshold: int, out: Path) -> tuple[int, i
     schema = pa.schema([("text", pa.string())])
     names = ("train.parquet", "heldout.parquet")
     tmps = [out / f".{n}.tmp" for n in names]
-    writers = [pq.ParquetWriter(str(t), schema, compression="zstd") for t in tmps]
+    writers: list = []
     pending: list[list[str]] = [[], []]
     size, counts = [0, 0], [0, 0]
-    try:
+    try:   # the writers are made inside: a stop landing in a constructor (its file made) removes the files too
+        for t in tmps:
+            writers.append(pq.ParquetWriter(str(t), schema, compression="zstd"))
         for text in docs:
             side = int(doc_hash(text) <= threshold)
             pending[side].append(text)
@@ -139,9 +141,10 @@ def _write_split(docs: Iterator[str], threshold: int, out: Path) -> tuple[int, i
         for t, n in zip(tmps, names):
             os.replace(t, out / n)
     except BaseException:
-        for w, t in zip(writers, tmps):
+        for i, t in enumerate(tmps):
             try:
-                w.close()
+                if i < len(writers):
+                    writers[i].close()
             finally:
                 t.unlink(missing_ok=True)
         raise
