@@ -189,3 +189,61 @@ def test_iter_documents_reads_like_pretok_tokenize(tmp_path_factory, parts: list
 def test_doc_hash_is_stable() -> None:
     """The split must not move between machines or Python runs (no salted hash())."""
     assert doc_hash("hello") == 0xA7B6EDA801E5347D   # blake2b-64 of the UTF-8 text
+
+
+@pytest.mark.parametrize("stop_at", [1, 2, 3])
+def test_a_stop_while_the_split_opens_or_writes_its_files_leaves_none(tmp_path: Path, monkeypatch, stop_at) -> None:
+    """A stop signal (KeyboardInterrupt) landing right after the k-th parquet call of the split (a writer made, so
+    its file exists; a table written): no temp file and no split file are left, and the next run makes the split."""
+    import pyarrow.parquet as pq
+
+    real, calls = pq.ParquetWriter, [0]
+
+    class Writer(real):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            calls[0] += 1
+            if calls[0] == stop_at:
+                raise KeyboardInterrupt
+
+        def write_table(self, *a, **kw):
+            super().write_table(*a, **kw)
+            calls[0] += 1
+            if calls[0] == stop_at:
+                raise KeyboardInterrupt
+
+    src = tmp_path / "book.txt"
+    src.write_text("\n\n".join(f"document {i} " * 5 for i in range(200)))
+    monkeypatch.setattr(pq, "ParquetWriter", Writer)
+    with pytest.raises(KeyboardInterrupt):
+        split_corpus([str(src)], tmp_path / "out", 0.1, separator=r"\n\n+")
+    assert [p.name for p in (tmp_path / "out").iterdir() if "parquet" in p.name] == []
+    monkeypatch.setattr(pq, "ParquetWriter", real)
+    assert Path(split_corpus([str(src)], tmp_path / "out", 0.1, separator=r"\n\n+").train).is_file()
+
+
+def test_the_default_bpe_is_trained_on_the_training_split_only_and_reused(tmp_path: Path) -> None:
+    """The study's BPE (no tokenizer given) never saw a held-out document: it is trained on `train.parquet` of the
+    split (its record names those bytes), is reused while they are the same, and retrained when they change."""
+    import hashlib
+
+    from pretok_lib.corpus import trained_tokenizer
+    from pretok_lib.study.datasets import prepare_corpus
+    from pretok_lib.study.steps import StudyPaths
+
+    paths = StudyPaths(tmp_path / "s")
+    got = prepare_corpus(paths, corpus_mb=1.0, vocab_size=300, heldout=0.1)
+    rec = json.loads((Path(got["tokenizer"]).parent / "pretok_default.json").read_text())
+    assert rec["corpus"] == "train.parquet" and got["corpus"].endswith("train.parquet")
+    assert rec["corpus_sha256"] == hashlib.sha256(Path(got["corpus"]).read_bytes()).hexdigest()
+    assert rec["train_documents"] <= got["split"]["train_documents"]
+    stamp = Path(got["tokenizer"]).stat().st_mtime_ns
+    assert prepare_corpus(paths, corpus_mb=1.0, vocab_size=300, heldout=0.1)["tokenizer"] == got["tokenizer"]
+    assert Path(got["tokenizer"]).stat().st_mtime_ns == stamp                       # reused, not retrained
+    other = tmp_path / "other.parquet"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["some other text " * 20] * 30}), other)
+    trained_tokenizer(other, Path(got["tokenizer"]).parent, 300, 1.0)
+    assert json.loads((Path(got["tokenizer"]).parent / "pretok_default.json").read_text())["corpus"] == "other.parquet"

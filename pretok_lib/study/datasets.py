@@ -33,18 +33,13 @@ def prepare_corpus(paths: StudyPaths, corpus: str | Sequence[str] = "", corpus_m
     `text_column` and `separator` as `pretok tokenize` reads them; empty: the embedded default corpus (Python
     sources of this install, `corpus_mb` MB). Its documents are split by `split.split_corpus` (`heldout`: the
     fraction held out for validation). Without a tokenizer, a byte-level BPE of `vocab_size` is trained on the
-    training documents (the default corpus: on the whole default corpus, once); a tokenizer is a path or a hub
-    name."""
-    from ..corpus import (
-        default_corpus_and_tokenizer,
-        read_corpus_info,
-        train_default_tokenizer,
-    )
+    training documents only (never on the held-out ones; reused while they are the same bytes); a tokenizer is a
+    path or a hub name."""
+    from ..corpus import default_corpus, read_corpus_info, trained_tokenizer
     from .split import split_corpus
     from .steps import resolve
 
     info: dict[str, Any] = {}
-    tok = None
     if corpus:
         inputs = [str(resolve(c)) for c in ([corpus] if isinstance(corpus, str) else corpus)]
         if len(inputs) == 1 and inputs[0].endswith(".parquet") and Path(inputs[0]).is_file():
@@ -54,14 +49,13 @@ def prepare_corpus(paths: StudyPaths, corpus: str | Sequence[str] = "", corpus_m
                 pass
         info = info or {"inputs": inputs}
     else:
-        default, tok = default_corpus_and_tokenizer(paths.data / "default", max_mb=corpus_mb, vocab_size=vocab_size)
+        default = default_corpus(paths.data / "default", max_mb=corpus_mb)
         inputs, info = [default.path], default.to_dict()
     split = split_corpus(inputs, paths.data / "corpus", heldout, text_column, separator)
     if tokenizer:
         tok_path = str(resolve(tokenizer)) if resolve(tokenizer).exists() else tokenizer
     else:
-        tok = tok or train_default_tokenizer(split.train, paths.data / "tokenizer", vocab_size, max_train_mb=corpus_mb)
-        tok_path = str(tok)
+        tok_path = str(trained_tokenizer(split.train, paths.data / "tokenizer", vocab_size, max_train_mb=corpus_mb))
     return {"corpus": split.train, "heldout": split.heldout, "tokenizer": tok_path, "corpus_info": info,
             "split": {"train_documents": split.train_docs, "heldout_documents": split.heldout_docs,
                       "heldout_fraction": heldout}}
