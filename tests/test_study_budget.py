@@ -22,7 +22,7 @@ TINY = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
 def like_zen4(model, **sizes) -> float:
     """A stand-in for `measure_step` shaped as measured on AMD EPYC Zen 4: the FLOP estimate plus a part that
     grows with tokens x vocabulary and not with the hidden size (logits, softmax, cross-entropy)."""
-    p = budget.plan(model, **{k: v for k, v in sizes.items() if k != "precision"})
+    p = budget.plan(model, **{k: v for k, v in sizes.items() if k not in ("precision", "threads")})
     return 0.9 * p.step_s + 8.7e-9 * p.tokens_per_step * sizes["vocab"]
 
 
@@ -169,11 +169,63 @@ def test_the_study_records_the_measured_step_of_the_model_it_fitted(monkeypatch)
     for key in budget.RUN_KEYS:
         r = p["model_fit"]["runs"][key]
         model = {**TINY, "hidden_size": p[key].get("model.hidden_size", 128), "tie_embeddings": True}
-        assert r["measured_step_s"] == pytest.approx(like_zen4(model, vocab=131072, seq_len=256, micro_batch=8,
-                                                               peak=PEAK), rel=1e-3)
+        assert r["measured_step_s"] == pytest.approx(like_zen4(model, vocab=131072, seq_len=256, peak=PEAK,
+                                                               micro_batch=p[key].get("data.micro_batch", 8)),
+                                                     rel=1e-3)
 
 
-def test_measure_step_times_a_real_step() -> None:
-    """The real timer (not the stand-in): a finite positive time for a tiny model, in the run's precision."""
-    t = budget.measure_step({**TINY, "hidden_size": 32}, vocab=512, seq_len=32, micro_batch=2, precision="fp32")
-    assert 0 < t < 60
+@pytest.mark.parametrize("slower", [1.0, 10.0])
+def test_when_the_smallest_model_does_not_fit_fewer_samples_then_more_time_and_a_rerun_keeps_it(monkeypatch, slower):
+    """The DeepSeek-V3 quick study (128,815 tokens, 2 vCPUs): hidden 32 still needed ~26 s of a point's 15 s, every
+    point stopped after 2 measured steps and the findings had no training numbers. Now the run's micro-batch is
+    halved until its steps fit, else (`slower`: a 10x slower machine) its budget is raised to what they need; either
+    way the record says so, the line names it, and a rerun of the fitted parameters fits to the same."""
+    monkeypatch.setattr(budget, "machine_peak", lambda: PEAK)
+    monkeypatch.setattr(budget, "MEASURE", lambda m, **kw: slower * like_zen4(m, **kw))
+    p = profile_parameters("quick", {"vocab_size": 131072})
+    line = budget.refit(p)
+    r = p["model_fit"]["runs"]["sweep_base"]
+    assert r["fits"] and r["changed"] and {k: p["sweep_base"][k] for k in r["changed"]} == r["changed"]
+    if slower == 1.0:
+        assert r["changed"] == {"data.micro_batch": 4} and r["estimated_s"] <= 15
+    else:
+        assert r["changed"]["data.micro_batch"] == 1 and r["changed"]["train.time_budget_s"] >= r["estimated_s"] > 15
+    assert "the smallest model still needed more than the time budget" in line and "sweep_base: data.micro_batch=" in line
+    again = json.loads(json.dumps(p))
+    budget.refit(again)
+    assert again["model_fit"] == p["model_fit"] and again["sweep_base"] == p["sweep_base"]
+    q = profile_parameters("quick", {"vocab_size": 131072, "sweep_base": {**PROFILES["quick"]["sweep_base"],
+                                                                          "data.micro_batch": 8}})
+    budget.refit(q)
+    assert q["sweep_base"]["data.micro_batch"] == 8       # the researcher's micro-batch is kept
+
+
+def test_measure_step_times_a_real_step_with_the_runs_threads() -> None:
+    """The real timer (not the stand-in): a finite positive time for a tiny model, in the run's precision, with
+    the rank's torch threads while timing and this process's restored after."""
+    import torch
+
+    before, seen = torch.get_num_threads(), []
+    real = torch.set_num_threads
+    try:
+        torch.set_num_threads = lambda n: (seen.append(n), real(n))
+        t = budget.measure_step({**TINY, "hidden_size": 32}, vocab=512, seq_len=32, micro_batch=2, precision="fp32",
+                                threads=1)
+    finally:
+        torch.set_num_threads = real
+    assert 0 < t < 60 and seen == [1, before] and torch.get_num_threads() == before
+
+
+def test_the_runs_are_timed_with_the_threads_their_ranks_get(monkeypatch) -> None:
+    """Notebook 04's points share the cores by the sweep's largest world (a w1 point of quick ran 1 thread on 2
+    cores, 1.5x slower than the 2 threads the study process timed with), notebook 03's run by its own world."""
+    monkeypatch.setattr("pretok_lib.cpu_affinity.usable_cpus", lambda: 16)
+    q = PROFILES["quick"]
+    assert budget.run_threads(q, "sweep_base") == 8 and budget.run_threads(q, "train_overrides") == 16
+    assert budget.run_threads({"sweep_grids": [{"data": ["x"]}]}, "sweep_base") == 16
+    assert budget.run_threads({"sweep_grids": [{"world": [1, 4]}], "train_world": 0}, "sweep_base") == 4
+    seen = []
+    monkeypatch.setattr(budget, "MEASURE", lambda m, **kw: seen.append(kw["threads"]) or like_zen4(m, **kw))
+    monkeypatch.setattr(budget, "machine_peak", lambda: PEAK)
+    budget.refit(profile_parameters("quick", {"vocab_size": 131072}))
+    assert set(seen) <= {8, 16} and 8 in seen

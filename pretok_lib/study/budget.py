@@ -96,11 +96,27 @@ def fit(model: Mapping[str, Any], budget_s: float, fixed: bool = False, measure:
     return changed, now
 
 
+def run_threads(params: Mapping[str, Any], key: str) -> int:
+    """Torch threads of one rank of the run `key` on this machine's CPU, as the trainer sets them: notebook 04's
+    points share the cores by the sweep's largest world size (`sweep.sweep_threads`), notebook 03's run by its own
+    (`train_world`; 0: one rank per GPU, one here)."""
+    from ..cpu_affinity import usable_cpus
+
+    if key == "sweep_base":
+        worlds = [w for g in params.get("sweep_grids") or [] if isinstance(g, Mapping)
+                  for w in (g.get("world") if isinstance(g.get("world"), list) else [1]) if isinstance(w, int)]
+        world = max(worlds, default=1)
+    else:
+        world = int(params.get("train_world") or 1)
+    return max(1, usable_cpus() // max(1, world))
+
+
 def measure_step(model: Mapping[str, Any], vocab: int, seq_len: int, micro_batch: int, grad_accum: int = 1,
-                 precision: str = "auto", **_: Any) -> float:
+                 precision: str = "auto", threads: int | None = None, **_: Any) -> float:
     """Seconds of one training step (forward, backward, AdamW; `grad_accum` micro-batches) of `model` (keys of
     train.config.ModelConfig) on random tokens, on this machine's first GPU or its CPU, in the run's precision:
-    the median of 2 after a warm-up step (so the compiled kernels and allocator caches are warm, as in a run)."""
+    the median of 2 after a warm-up step (so the compiled kernels and allocator caches are warm, as in a run).
+    `threads`: torch's CPU threads while timing (the run's rank has as many; restored after)."""
     import contextlib
     import statistics
     import time
@@ -120,18 +136,23 @@ def measure_step(model: Mapping[str, Any], vocab: int, seq_len: int, micro_batch
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
     x = torch.randint(0, vocab, (micro_batch, seq_len), device=device)
     cast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
-    times = []
-    for _ in range(3):
-        t = time.perf_counter()
-        for _ in range(grad_accum):
-            with cast():
-                loss = net(input_ids=x, labels=x).loss
-            loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
+    times, before = [], torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        for _ in range(3):
+            t = time.perf_counter()
+            for _ in range(grad_accum):
+                with cast():
+                    loss = net(input_ids=x, labels=x).loss
+                loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(before)
     return statistics.median(times[1:])
 
 
@@ -172,8 +193,10 @@ def fit_runs(params: dict[str, Any], peak: float | None = None, measure: Measure
 
     from .steps import resolve
 
-    prior = (params.get("model_fit") or {}).get("changed") or {}   # a fit made before (a rerun's record): redone
-    runs = {k: {o: v for o, v in params[k].items() if o not in prior or prior[o] != v} for k in RUN_KEYS
+    before = params.get("model_fit") or {}     # a fit made before (a rerun's record): taken back, redone
+    prior = {k: {**(before.get("changed") or {}), **((before.get("runs") or {}).get(k, {}).get("changed") or {})}
+             for k in RUN_KEYS}
+    runs = {k: _taken_back(params[k], prior[k], (before.get("runs") or {}).get(k)) for k in RUN_KEYS
             if isinstance(params.get(k), dict) and isinstance(params[k].get("train.time_budget_s"), (int, float))}
     config = resolve(params.get("config") or "")
     if not runs or not config.is_file() or not (vocab := tokenizer_vocab(params)):
@@ -189,7 +212,7 @@ def fit_runs(params: dict[str, Any], peak: float | None = None, measure: Measure
             timed[key] = measure(m, **sz)
         return timed[key]
 
-    precisions: dict[str, str] = {}
+    how: dict[str, dict[str, Any]] = {}   # run: the precision and torch threads its step is timed with
     for key, over in runs.items():
         cfg = _config(config, over, int(params.get("seq_len") or 256))
         if cfg is None:
@@ -198,8 +221,8 @@ def fit_runs(params: dict[str, Any], peak: float | None = None, measure: Measure
                                           "micro_batch": cfg.data.micro_batch, "grad_accum": cfg.train.grad_accum,
                                           "eval_batches": cfg.eval.batches, "skip_steps": cfg.log.skip_steps,
                                           "peak": peak}, "model.hidden_size" in over)
-        precisions[key] = cfg.train.precision
-        timer = (lambda m, _p=cfg.train.precision, **sz: once(m, precision=_p, **sz)) if measure else None
+        how[key] = {"precision": cfg.train.precision, "threads": run_threads(params, key)}
+        timer = (lambda m, _h=how[key], **sz: once(m, **_h, **sz)) if measure else None
         changes.append(fit(sized[key][0], float(over["train.time_budget_s"]), sized[key][2], timer,
                            **sized[key][1])[0])
     halved = [c["model.hidden_size"] for c in changes if "model.hidden_size" in c]
@@ -212,17 +235,61 @@ def fit_runs(params: dict[str, Any], peak: float | None = None, measure: Measure
         before = plan(model, **sizes)
         final = {**model, **{k.removeprefix("model."): v for k, v in mine.items()}}
         after = plan(final, **sizes)
-        step = timed.get(json.dumps([final, {"precision": precisions[key], **sizes}], sort_keys=True, default=str))
+        step = timed.get(json.dumps([final, {**how[key], **sizes}], sort_keys=True, default=str))
         if step is None and measure is not None:    # the one model of both runs, not timed for this run's budget
-            step = once(final, precision=precisions[key], **sizes)
+            step = once(final, **how[key], **sizes)
         if step is not None:
             after = replace(after, measured_step_s=step)
+        budget = float(runs[key]["train.time_budget_s"])
+        extra: dict[str, Any] = {}
+        if not fixed and after.needed_s > budget:   # the smallest model does not fit: fewer samples a step, else time
+            after, extra = _fewer_samples_or_more_time(final, budget, sizes, runs[key],
+                                                       (lambda m, _h=how[key], **sz: once(m, **_h, **sz))
+                                                       if measure else None)
+            params[key].update(extra)
+            step = after.measured_step_s
         record[key] = {"budget_s": runs[key]["train.time_budget_s"], "steps_needed": before.steps,
                        "estimated_s_before": round(before.needed_s, 2), "estimated_s": round(after.needed_s, 2),
-                       "fits": after.needed_s <= runs[key]["train.time_budget_s"],
+                       "fits": after.needed_s <= float(extra.get("train.time_budget_s", budget)),
                        **({"measured_step_s": round(step, 3)} if step is not None else {}),
+                       **({"changed": extra} if extra else {}),
                        **({"kept": "model.hidden_size set in the overrides"} if fixed else {})}
     return {"vocab": vocab, "peak_flops": peak, "efficiency": EFFICIENCY, "changed": change, "runs": record}
+
+
+def _taken_back(over: Mapping[str, Any], prior: Mapping[str, Any], record: Mapping[str, Any] | None) -> dict:
+    """A run's overrides without what an earlier fit added (`prior`), its recorded budget restored."""
+    out = {o: v for o, v in over.items() if o not in prior or prior[o] != v}
+    if "train.time_budget_s" in prior and record and over.get("train.time_budget_s") == prior["train.time_budget_s"]:
+        out["train.time_budget_s"] = record["budget_s"]
+    return out
+
+
+def _fewer_samples_or_more_time(model: Mapping[str, Any], budget_s: float, sizes: Mapping[str, Any],
+                                over: Mapping[str, Any], measure: Measure | None) -> tuple[Plan, dict[str, Any]]:
+    """For a run whose smallest model still does not fit `budget_s` (a large vocabulary on a small CPU: the logits
+    of every token over the vocabulary dominate): halve `data.micro_batch` (down to 1, unless the overrides set
+    it) until the steps it needs fit, else raise its `train.time_budget_s` to what they need (x1.2, whole
+    seconds), so its rates rest on the measured steps the findings need rather than on none (a quick study with
+    DeepSeek-V3's 128,815-token vocabulary on 2 vCPUs stopped every sweep point after 2 measured steps: no packing
+    gain, no speedup in training). Returns the run's plan after it and the overrides changed."""
+    import math
+
+    extra: dict[str, Any] = {}
+    mb = int(sizes["micro_batch"])
+
+    def judged(sz: Mapping[str, Any]) -> Plan:
+        p = plan(model, **sz)
+        return replace(p, measured_step_s=measure(model, **sz)) if measure else p
+
+    now = judged(sizes)
+    while now.needed_s > budget_s and mb > 1 and "data.micro_batch" not in over and "micro_batch" not in over:
+        mb //= 2
+        extra["data.micro_batch"] = mb
+        now = judged({**sizes, "micro_batch": mb})
+    if now.needed_s > budget_s:
+        extra["train.time_budget_s"] = math.ceil(now.needed_s * 1.2)
+    return now, extra
 
 
 def refit(params: dict[str, Any], echo: Callable[[str], None] | None = None) -> str:
@@ -251,11 +318,16 @@ def fit_text(record: Mapping[str, Any] | None) -> str:
         return ""
     late = [f"{k} needs ~{r['estimated_s']:.0f} s of its {r['budget_s']:g} s" for k, r in record["runs"].items()
             if not r["fits"]]
+    more = [f"{k}: " + ", ".join(f"{o}={v}" for o, v in r["changed"].items()) for k, r in record["runs"].items()
+            if r.get("changed")]
     parts = []
     if record["changed"]:
         changed = ", ".join(f"{k}={v}" for k, v in record["changed"].items())
         parts.append(f"model made smaller to fit the runs' time budgets with a {record['vocab']:,}-token vocabulary: "
                      + changed)
+    if more:
+        parts.append("the smallest model still needed more than the time budget, so (for rates over at least "
+                     "3 measured steps) " + "; ".join(more))
     if late:
         parts.append("does not fit its time budget (rates rest on few steps; raise train.time_budget_s or lower "
                      "seq_len / micro_batch): " + "; ".join(late))
