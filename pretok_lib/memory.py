@@ -1,4 +1,5 @@
-"""This process's peak resident memory: one reader for the engine's workers, training and the benchmarks."""
+"""This process's peak resident memory and CPU time: one reader for the engine's workers, training and the
+benchmarks."""
 
 from __future__ import annotations
 
@@ -18,3 +19,9 @@ def peak_rss_mb() -> float:
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) this process has used, all its threads together (children not counted)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime

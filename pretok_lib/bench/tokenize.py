@@ -20,6 +20,7 @@ from .common import (GPT2_REL, BenchConfig, add_common_args, add_output_args, at
 from .tokenize_methods import (ChildRss, ceiling_parallel, child_ceiling, child_datasets, child_loop, hf_tokenizer,
                                in_child, iter_docs, run_engine, same_as_engine, scan_corpus)
 from .repeats import probed, rotated
+from .scaling import scaling, scaling_lines
 from .tokenize_report import (CEIL, LOOP, MAP, add_intervals, ceil_name, fastest, paired_ratio, phase_name,
                               print_repeats, rates, repeat_summary, table, targets)
 
@@ -117,9 +118,11 @@ def run(cfg: TokenizeBench) -> dict:
     print(f"\nCPU: {env['cpu_model']}, {env['cpus']} usable; tokenizer: {tok} (vocab {info.vocab_size})")
     _print_results(methods, cinfo, n, scan, tg)
     print_repeats(repeated)
+    sc = scaling(runs, rounds, cinfo["text_bytes"], n, phase_name(""))
+    print("\n" + "\n".join(scaling_lines(sc)))
     result = {"repeats": repeated, "machine": repeated["machine"],
               "corpus": cinfo, "tokenizer": {"spec": tok, "info": info.to_dict(), "backends": backends},
-              "workers": n, "methods": methods, "rounds": rounds, "rss_scan": scan, "targets": tg,
+              "workers": n, "methods": methods, "rounds": rounds, "rss_scan": scan, "targets": tg, "scaling": sc,
               "environment": env,
               "env": {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS")},
               "args": cfg.record()}

@@ -240,6 +240,8 @@ def run_engine(corpus: str, tok: str, fmt: str, workers: int, out: Path, part_mb
     specials = (pol["bos_id"] is not None) + (pol["eos_id"] is not None)
     return {"seconds": secs, "manifest_wall_seconds": m["run"]["wall_seconds"], "documents": c["documents"],
             "timeline": {k: m["run"].get(k) for k in ("startup_seconds", "tokenize_seconds", "finish_seconds")},
+            "cpu": {k: m["run"].get(k) for k in ("main_cpu_seconds", "main_cpu_streaming_seconds",
+                                                 "workers_cpu_seconds")},
             # padded: counts.tokens are the kept tokens; the truncated ones are counted apart
             "tokens": c["tokens"] + c.get("truncated", 0) - specials * c["documents"], "engine_tokens": c["tokens"],
             "stored_tokens": c["tokens"], "disk_bytes": sum(f["size"] for f in m["files"]),

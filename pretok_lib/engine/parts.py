@@ -71,6 +71,7 @@ class PartRecord(_PartRecordFields, total=False):
     by the worker, read back on a resume, summed into the manifest."""
 
     part_xxh3_64: list[int]  # memmap only (PART_HASH_KEY): XXH3-64 of the part's .bin and .lens
+    cpu_seconds: float  # CPU the worker (or the main process, with no workers) spent on the part
     remote_retries: int  # remote inputs only: transient errors of the store retried while reading the unit
 
 
@@ -199,7 +200,7 @@ def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int]
 def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int], None], writer) -> PartRecord:
     counts = {"documents": 0, "tokens": 0, "padding": 0, "truncated": 0, "input_bytes": 0}
     skipped: dict[str, int] = {}
-    mark = retries()
+    mark, cpu0 = retries(), memory.cpu_seconds()
     remember(job.objects)
     pol, vocab_size = job.policy, job.tokenizer.vocab_size
     stamps = job.stamps_of(unit)
@@ -237,6 +238,7 @@ def _write_part(unit: Unit, encoder, job: Job, report: Callable[[int, int, int],
                         files=[result] if job.fmt != "memmap" else [], part=part_name(unit.index))
     if job.fmt == "memmap":
         record[PART_HASH_KEY] = writer.hashes()
+    record["cpu_seconds"] = round(memory.cpu_seconds() - cpu0, 4)
     if any(is_url(p) for p in unit.paths):  # transient errors of the store retried while reading this unit
         record["remote_retries"] = take_retries(mark)
     # the commit record; a memmap part is checked by its hashes on a rerun, so neither it nor its data is fsynced

@@ -11,6 +11,8 @@ import time
 
 from tqdm.auto import tqdm
 
+from ..memory import cpu_seconds
+
 
 def _si(x: float) -> str:
     for unit in ("", "k", "M", "G"):
@@ -26,6 +28,7 @@ class Progress:
     def __init__(self, total_bytes: int, desc: str, enabled: bool = True, log_every: float = 30.0):
         self.docs = self.tokens = self.bytes = 0
         self.first_update: float | None = None  # time.time() the first batch was done: when work started flowing
+        self.first_update_cpu: float | None = None  # this process's CPU seconds when it got that first update
         self.total, self.desc, self.enabled, self.log_every = total_bytes, desc, enabled, log_every
         self.t0 = self._last = time.time()
         self.tty = enabled and sys.stderr.isatty()
@@ -41,6 +44,7 @@ class Progress:
         """`at`: when the work was done (a worker's time.time(); a busy main process receives it later)."""
         if self.first_update is None:
             self.first_update = at or time.time()
+            self.first_update_cpu = cpu_seconds()   # the receiving (main) process's CPU then
         self.docs += docs
         self.tokens += tokens
         self.bytes += nbytes

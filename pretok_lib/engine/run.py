@@ -29,6 +29,7 @@ from ..errors import PretokError, os_error
 from ..formats import checksum
 from ..formats.manifest import FORMAT_VERSIONS, Policy, format_policy, write_manifest
 from ..input_checks import check_skipped
+from ..memory import cpu_seconds
 from ..remote import is_url, retries, schemes
 from ..sources import (InputFile, SourceOptions, Unit, check_stamps, estimate_text_bytes, expand_inputs, plan_units,
                        sample_texts, shard_units)
@@ -128,7 +129,7 @@ def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None, _
     if is_url(cfg.out):
         raise PretokError("outputs must be on a POSIX file system (a local or mounted path): runs stay crash-safe "
                           "by atomic renames, which object stores lack", cfg.out)
-    t0 = _t0 or time.time()
+    t0, cpu0 = _t0 or time.time(), cpu_seconds()
     out = resolve_output(cfg.out)
     if cfg.workers > 0 and multiprocessing.current_process().daemon:
         # a Pool or DataLoader worker may not start processes (multiprocessing asserts): the same bytes, inline
@@ -146,7 +147,7 @@ def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None, _
                 start = cfg.workers > 0 and not _complete_already(cfg, out)
                 n = cfg.workers if start else 0
                 with Workers(cfg.tokenizer, cfg.backend, n, schemes(cfg.inputs)) as workers:
-                    restart = _run(cfg, t0, out, workers, rejected)
+                    restart = _run(cfg, (t0, cpu0), out, workers, rejected)
                 if restart is None:
                     return json.loads((out / "manifest.json").read_text())
                 remove_output(out)  # the fast guess failed the check: drop what it made, rerun with the checked one
@@ -161,9 +162,11 @@ def _complete_already(cfg: TokenizeConfig, out: Path) -> bool:
     return not cfg.overwrite and (out / "manifest.json").exists()
 
 
-def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: dict[str, str]):
+def _run(cfg: TokenizeConfig, start: tuple[float, float], out: Path, workers: Workers, rejected: dict[str, str]):
     """Plan, prepare the output, tokenize what is pending and finalize; returns None when the output is complete,
-    else the check's BackendChoice to restart with (it rejected the backend the workers started with)."""
+    else the check's BackendChoice to restart with (it rejected the backend the workers started with). `start`:
+    when the run started (`time.time()`) and this process's CPU seconds then."""
+    t0, cpu0 = start
     files = expand_inputs(cfg.inputs, output=out)
     refuse_overlap(out, [f.path for f in files if not is_url(f.path)], "input")  # before anything is deleted
     sopts = cfg.source_options(estimate_text_bytes(files, cfg.text_column))
@@ -235,7 +238,9 @@ def _run(cfg: TokenizeConfig, t0: float, out: Path, workers: Workers, rejected: 
     # where the wall time went: start-up until the first batch was tokenized, tokenizing, then finishing
     first = bar.first_update or last_record[0]
     timeline = {"startup_seconds": round(first - t0, 3), "tokenize_seconds": round(last_record[0] - first, 3),
-                "finish_seconds": round(time.time() - last_record[0], 3)}
+                "finish_seconds": round(time.time() - last_record[0], 3),
+                **_cpu_accounts(cpu0, bar.first_update_cpu, [records[i] for i in records if i not in done],
+                                inline=workers.n == 0)}
     manifest = _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hasher.hashes, len(units), t0,
                          files, timeline)
     for line in filter(None, [empty_shards_warning(str(out), units, cfg.num_shards),
@@ -322,6 +327,18 @@ def _resume_appends(appender: MemmapAppender, out: Path, done: dict[int, PartRec
             (out / STATE / "parts" / f"{done.pop(i)['part']}.json").unlink()
             for ext in (".bin", ".lens"):
                 prefix.with_name(prefix.name + ext).unlink(missing_ok=True)
+
+
+def _cpu_accounts(cpu0: float, first_cpu: float | None, tokenized: list[PartRecord], inline: bool) -> dict:
+    """Where the CPU went (issue 37): `workers_cpu_seconds` on the parts tokenized by this run, `main_cpu_seconds`
+    of the main process since the run started (planning, input checksums, the memmap appends, index, manifest)
+    and `main_cpu_streaming_seconds` of it from the first batch on (its per-byte share). With no workers
+    (`inline`) the parts were tokenized in the main process: their CPU is taken out of its accounts."""
+    now, workers_cpu = cpu_seconds(), sum(float(r.get("cpu_seconds", 0.0)) for r in tokenized)
+    own = workers_cpu if inline else 0.0
+    return {"workers_cpu_seconds": round(workers_cpu, 3), "main_cpu_seconds": round(max(0.0, now - cpu0 - own), 3),
+            "main_cpu_streaming_seconds": round(max(0.0, now - (first_cpu if first_cpu is not None else cpu0) - own),
+                                                3)}
 
 
 def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: TokenizerInfo, choice, policy: Policy,

@@ -15,7 +15,7 @@ from pretok_lib.formats.memmap import MemmapDataset
 GPT2_EOT = 50256
 
 
-def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path) -> None:
+def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path, capsys) -> None:
     out, work = tmp_path / "b.json", tmp_path / "w"
     args = build_parser().parse_args(
         ["bench", "tokenize", "--mb", "1", "--loop-mb", "0.25", "--rss-scan", "0.25,0.5,2", "--workers", "2",
@@ -55,6 +55,10 @@ def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path) -> None:
     assert rep["rounds"] == 2 and all(e["n"] == 2 for e in rep["mb_per_s"].values())
     for e in [*rep["mb_per_s"].values(), *rep["ratios"].values()]:
         assert e["interval"][0] <= e["median"] <= e["interval"][1]
+    sc = res["scaling"]      # issue 37: where the CPU goes and the predictions at 16, 72, 288 cores
+    assert sc["method"] == e2 and sc["n"] == 2 and sc["workers_s_per_gb"] > 0 and 0 < sc["serial_fraction"] < 1
+    assert set(sc["predicted_gb_per_s"]) == {"16", "72", "288"} and sc["fitted_rounds"] == 2
+    assert "predicted throughput, GB/s" in capsys.readouterr().out
     iso = rep["ratios"][f"isolated tokenization speedup: {e2} / {LOOP}"]
     assert iso["median"] == pytest.approx(statistics.median(
         (corpus["text_bytes"] / r[e2]) / (corpus["prefix_bytes"] / r[LOOP]) for r in rounds))

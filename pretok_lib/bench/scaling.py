@@ -1,0 +1,94 @@
+"""Where the engine's CPU goes, and what that predicts on many cores (issue 37): `pretok bench tokenize` reports the
+main process's CPU per GB of input beside the workers', the serial fraction, and Amdahl's throughput at 16, 72 and
+288 cores with its assumptions.
+
+The engine records its CPU in the manifest (`run.main_cpu_seconds`, `main_cpu_streaming_seconds` from the first
+batch on, `workers_cpu_seconds`: engine/run.py). Per GB of input text, S = the main process's streaming CPU (the
+work it does per byte, in order: today the memmap appends with their hashes and the input checksums) and W = the
+workers' CPU. One worker per core and the main process on its own: T(n) = S + W/n per GB, so the serial fraction is
+s = S / (S + W) and the throughput on n cores 1 / (S + W / min(n, units)) GB/s, where `units` caps the busy workers
+(the plan cuts an input into units; a worker takes one at a time). The fraction fitted from the tokenizing phase's
+wall time at 1 and N workers, s = (N·T(N)/T(1) − 1)/(N − 1), is shown beside it as a check: on a 2-core machine the
+main process shares a core with a worker, so that fit counts its CPU twice over and noise moves it by ±0.1.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+
+CORES = (16, 72, 288)
+CPU_KEYS = ("main_cpu_seconds", "main_cpu_streaming_seconds", "workers_cpu_seconds")
+ASSUMPTIONS = ("one core per worker and one for the main process; each worker as fast as this machine's; the "
+               "per-byte CPU of the main process in series with the workers; no limit of memory bandwidth, disk or "
+               "page cache")
+
+
+def cpu_per_gb(runs: Sequence[Mapping], text_bytes: int) -> dict | None:
+    """Medians over one engine method's `runs` (`run_engine` results with `cpu`) of the main process's streaming
+    and total CPU and the workers' CPU, in seconds per GB of input text; None without CPU records."""
+    rows = [r["cpu"] for r in runs if isinstance(r.get("cpu"), Mapping)
+            and all(isinstance(r["cpu"].get(k), (int, float)) for k in CPU_KEYS)]
+    if not rows or text_bytes <= 0:
+        return None
+    gb = text_bytes / 1e9
+    return {"main_streaming_s_per_gb": statistics.median(x["main_cpu_streaming_seconds"] for x in rows) / gb,
+            "main_s_per_gb": statistics.median(x["main_cpu_seconds"] for x in rows) / gb,
+            "workers_s_per_gb": statistics.median(x["workers_cpu_seconds"] for x in rows) / gb, "n": len(rows)}
+
+
+def serial_fraction(main_s: float, workers_s: float) -> float | None:
+    """s = S / (S + W): the share of the per-byte CPU that runs in series (the main process's)."""
+    total = main_s + workers_s
+    return main_s / total if total > 0 else None
+
+
+def fitted_serial_fraction(t1: float, tn: float, n: int) -> float | None:
+    """Amdahl's s from wall times at 1 and n workers, T(n) = T(1)·(s + (1 − s)/n); unbounded (noise can put it
+    below 0 or above 1); None for n < 2 or no time."""
+    if n < 2 or t1 <= 0:
+        return None
+    return (tn / t1 - 1 / n) / (1 - 1 / n)
+
+
+def predicted_gb_per_s(main_s: float, workers_s: float, cores: int, units: int | None = None) -> float:
+    """1 / (S + W / busy) GB/s with busy = min(cores, units) workers (`units` None: as many as the cores)."""
+    busy = max(1, cores if units is None else min(cores, units))
+    return 1.0 / (main_s + workers_s / busy)
+
+
+def scaling(runs: Mapping[str, Sequence[Mapping]], rounds: Sequence[Mapping[str, float]], text_bytes: int, n: int,
+            phase: str = " tokenizing phase") -> dict | None:
+    """The scaling record of the memmap engine at N = `n` workers: CPU per GB, both serial fractions, the
+    predictions at CORES (this input's units, and an input with enough units) and the assumptions."""
+    name, one = f"(d) engine memmap w{n}", "(d) engine memmap w1"
+    cpu = cpu_per_gb(runs.get(name, ()), text_bytes)
+    if cpu is None:
+        return None
+    s_main, w = cpu["main_streaming_s_per_gb"], cpu["workers_s_per_gb"]
+    fits = [f for r in rounds if (t1 := r.get(one + phase)) and (tn := r.get(name + phase))
+            and (f := fitted_serial_fraction(t1, tn, n)) is not None]
+    units = runs[name][0].get("units")
+    return {"method": name, **cpu, "serial_fraction": serial_fraction(s_main, w),
+            "fitted_serial_fraction": statistics.median(fits) if fits else None, "fitted_rounds": len(fits),
+            "units": units, "assumptions": ASSUMPTIONS,
+            "predicted_gb_per_s": {str(c): {"this_input": predicted_gb_per_s(s_main, w, c, units),
+                                            "enough_units": predicted_gb_per_s(s_main, w, c)} for c in CORES}}
+
+
+def scaling_lines(sc: Mapping | None) -> list[str]:
+    """What the bench prints about `scaling`'s record."""
+    if not sc:
+        return ["(no CPU records in the engine's manifests: no scaling prediction)"]
+    fit = sc["fitted_serial_fraction"]
+    lines = [f"Where the CPU goes ({sc['method']}, median of {sc['n']} runs), per GB of input text: main process "
+             f"{sc['main_streaming_s_per_gb']:.2f} CPU-s from the first batch on ({sc['main_s_per_gb']:.2f} with "
+             f"planning and start-up), workers {sc['workers_s_per_gb']:.2f} CPU-s",
+             f"serial fraction {sc['serial_fraction']:.3f} (main per-byte CPU / all per-byte CPU); fitted from the "
+             "tokenizing phase at 1 and N workers: "
+             + (f"{fit:.3f} (median of {sc['fitted_rounds']} rounds)" if fit is not None else "not measured"),
+             f"predicted throughput, GB/s of input text ({sc['assumptions']}):",
+             f"  {'cores':>6}  {'this input (%s units)' % sc['units']:>24}  {'enough units':>13}"]
+    for c, p in sc["predicted_gb_per_s"].items():
+        lines.append(f"  {c:>6}  {p['this_input']:>24.2f}  {p['enough_units']:>13.2f}")
+    return lines

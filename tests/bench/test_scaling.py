@@ -1,0 +1,64 @@
+"""Where the engine's CPU goes and what it predicts on many cores (issue 37): the serial fraction from CPU records
+and from wall times, Amdahl's predictions, and the engine's own CPU accounts in the manifest."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pretok_lib.bench.scaling import (cpu_per_gb, fitted_serial_fraction, predicted_gb_per_s, scaling,
+                                      scaling_lines, serial_fraction)
+from pretok_lib.memory import cpu_seconds
+from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
+
+from ..test_tokenizer_specials import tiny_bpe
+
+
+@given(s=st.floats(0, 1), t1=st.floats(0.1, 1e4), n=st.integers(2, 512))
+def test_the_fitted_fraction_recovers_amdahls_from_its_times(s, t1, n):
+    assert fitted_serial_fraction(t1, t1 * (s + (1 - s) / n), n) == pytest.approx(s, abs=1e-9)
+
+
+@given(main=st.floats(0.001, 10), work=st.floats(0.001, 100), units=st.integers(1, 1000))
+def test_predictions_are_amdahls_capped_by_the_units(main, work, units):
+    got = [predicted_gb_per_s(main, work, c, units) for c in (1, 2, 16, 72, 288)]
+    assert got == sorted(got) and got[0] == pytest.approx(1 / (main + work))
+    assert predicted_gb_per_s(main, work, 288, units) == pytest.approx(1 / (main + work / min(288, units)))
+    assert predicted_gb_per_s(main, work, 10**9) < 1 / main        # never past the serial part's own rate
+    assert serial_fraction(main, work) == pytest.approx(main / (main + work))
+
+
+def test_the_issue_37_numbers_give_its_predictions():
+    """The issue measured ~1.0 main CPU-s per GB against 5.3 worker CPU-s: s ~ 0.16, about 1 GB/s on 288 cores."""
+    runs = {f"(d) engine memmap w{w}": [{"units": 32, "cpu": {"main_cpu_seconds": 1.2, "main_cpu_streaming_seconds":
+                                                              1.0, "workers_cpu_seconds": 5.3}}] for w in (1, 2)}
+    rounds = [{"(d) engine memmap w1 tokenizing phase": 10.0, "(d) engine memmap w2 tokenizing phase": 5.8}]
+    sc = scaling(runs, rounds, int(1e9), 2)
+    assert sc["serial_fraction"] == pytest.approx(1.0 / 6.3) and sc["fitted_serial_fraction"] == pytest.approx(0.16)
+    assert sc["predicted_gb_per_s"]["288"]["enough_units"] == pytest.approx(1 / (1.0 + 5.3 / 288))
+    assert sc["predicted_gb_per_s"]["288"]["this_input"] == pytest.approx(1 / (1.0 + 5.3 / 32))
+    text = "\n".join(scaling_lines(sc))
+    assert "1.00 CPU-s from the first batch on" in text and "this input (32 units)" in text
+    assert cpu_per_gb([{"cpu": {"main_cpu_seconds": None}}], 10) is None and scaling({}, [], 10, 2) is None
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_manifest_accounts_for_the_runs_cpu(tmp_path, workers):
+    """Every part records its CPU; the manifest sums the workers' and gives the main process's own: with no workers
+    the parts' CPU is the main process's and is not counted twice (main + workers = the process's CPU)."""
+    tok = tiny_bpe(tmp_path / "t" / "tokenizer.json")
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": f"doc {i} " * 200}) + "\n" for i in range(400)))
+    before = cpu_seconds()
+    m = run_tokenize(TokenizeConfig(inputs=[str(tmp_path / "d.jsonl")], out=str(tmp_path / "o"), tokenizer=str(tok),
+                                    format="memmap", workers=workers, progress=False, part_mb=0.05))
+    spent, run = cpu_seconds() - before, m["run"]
+    parts = [json.loads(p.read_text()) for p in (tmp_path / "o" / ".pretok" / "parts").glob("*.json")]
+    assert run["workers_cpu_seconds"] > 0 and 0 <= run["main_cpu_streaming_seconds"] <= run["main_cpu_seconds"]
+    if workers == 0:
+        assert run["main_cpu_seconds"] + run["workers_cpu_seconds"] == pytest.approx(spent, abs=0.1)
+        assert run["main_cpu_seconds"] < spent
+    assert len(parts) == len(m["parts"]) > 1 and all(isinstance(p["cpu_seconds"], float) for p in parts)
+    assert sum(p["cpu_seconds"] for p in parts) == pytest.approx(run["workers_cpu_seconds"], abs=0.01)
