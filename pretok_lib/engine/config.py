@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 FORMATS = ("padded", "token-list", "memmap")
 
 
+PARTS_MEMMAP = 1024   # memmap: parts per input (before the 1 MB floor); ~3.5 per worker on a 288-core node
+PARTS_PARQUET = 32    # token-list, padded: each part is an output file
+
+
 @dataclass
 class TokenizeConfig:
     """Everything `pretok tokenize` takes; the fields in `output_key` determine the output bytes."""
@@ -76,11 +80,14 @@ class TokenizeConfig:
             parse_compression(self.compression)
 
     def part_bytes(self, text_bytes: int) -> int:
-        """Text bytes per part: as given, or about 1/32 of the input's text, clamped to [1 MB, 64 MB] — small
-        inputs still spread over the workers, large ones resume at 64 MB granularity. Depends on the inputs only."""
+        """Text bytes per part: as given, or a share of the input's text clamped to [1 MB, 64 MB]: 1/PARTS_MEMMAP
+        for memmap, whose parts become one file (enough units to keep 288 workers busy from ~1 GB on; large inputs
+        resume at 64 MB granularity), 1/PARTS_PARQUET for the parquet formats, where each part is a file of the
+        output. Depends on the inputs and the format only (never on the workers: the bytes must not)."""
         if self.part_mb is not None:
             return max(1, int(self.part_mb * 1e6))
-        return int(min(64e6, max(1e6, text_bytes / 32)))
+        share = PARTS_MEMMAP if self.format == "memmap" else PARTS_PARQUET
+        return int(min(64e6, max(1e6, text_bytes / share)))
 
     def source_options(self, text_bytes: int) -> SourceOptions:
         from ..sources import SourceOptions
