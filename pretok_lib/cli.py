@@ -422,8 +422,20 @@ class Terminated(BaseException):
 _sigterm_seen = False  # set by _on_sigterm: whatever the command fails with afterwards is the termination
 
 
+IMPORT_MACHINERY = "<frozen importlib"   # the import system's own frames (module locks, finders, loaders)
+DEFER_S = 0.02
+
+
 def _on_sigterm(signum, frame) -> None:
+    """Raise Terminated where the command is; but not inside the import system's own frames, where the exception
+    escaped through C code that printed its traceback above the one line (seen once in `make test`: raised in
+    importlib's `_lock_unlock_module`). There the signal is sent again DEFER_S later, to land past the import."""
     global _sigterm_seen
+    if frame is not None and frame.f_code.co_filename.startswith(IMPORT_MACHINERY):
+        timer = threading.Timer(DEFER_S, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.daemon = True
+        timer.start()
+        return
     _sigterm_seen = True
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
     raise Terminated()
