@@ -10,6 +10,9 @@ s = S / (S + W) and the throughput on n cores 1 / (S + W / min(n, units)) GB/s, 
 (the plan cuts an input into units; a worker takes one at a time). The fraction fitted from the tokenizing phase's
 wall time at 1 and N workers, s = (N·T(N)/T(1) − 1)/(N − 1), is shown beside it as a check: on a 2-core machine the
 main process shares a core with a worker, so that fit counts its CPU twice over and noise moves it by ±0.1.
+S also holds per-run constants (the backend check tokenizes a sample in a thread of the main process): on 100 MB
+they dominate (5.7 CPU-s/GB measured here against the ~1 per extra GB of issue 37), so S and s are upper bounds;
+the per-byte share is the slope of S over input sizes (not fitted yet).
 """
 
 from __future__ import annotations
@@ -84,8 +87,9 @@ def scaling_lines(sc: Mapping | None) -> list[str]:
     lines = [f"Where the CPU goes ({sc['method']}, median of {sc['n']} runs), per GB of input text: main process "
              f"{sc['main_streaming_s_per_gb']:.2f} CPU-s from the first batch on ({sc['main_s_per_gb']:.2f} with "
              f"planning and start-up), workers {sc['workers_s_per_gb']:.2f} CPU-s",
-             f"serial fraction {sc['serial_fraction']:.3f} (main per-byte CPU / all per-byte CPU); fitted from the "
-             "tokenizing phase at 1 and N workers: "
+             f"serial fraction {sc['serial_fraction']:.3f} (main CPU from the first batch on / it + workers' CPU; "
+             "it holds per-run constants too, such as the backend check's sample, which dominate small inputs: an "
+             "upper bound of the per-byte share); fitted from the tokenizing phase at 1 and N workers: "
              + (f"{fit:.3f} (median of {sc['fitted_rounds']} rounds)" if fit is not None else "not measured"),
              f"predicted throughput, GB/s of input text ({sc['assumptions']}):",
              f"  {'cores':>6}  {'this input (%s units)' % sc['units']:>24}  {'enough units':>13}"]
