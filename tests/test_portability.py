@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pretok_lib import cpu_affinity, memory
-from pretok_lib.engine import memmap_append
-from pretok_lib.engine.memmap_append import NO_KERNEL_COPY, append_bytes
+from pretok_lib.engine import memmap_place
+from pretok_lib.engine.memmap_place import NO_KERNEL_COPY, append_bytes
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
 from .conftest import GPT2_JSON, ROOT, WIKI_EN, tiny_memmap
@@ -180,14 +180,16 @@ def test_training_off_linux_runs_and_records_its_environment(tmp_path):
     assert run["status"] == "completed" and run["cpus"] == os.cpu_count()
 
 
-def test_background_sync_without_fdatasync(tmp_path, monkeypatch):
+def test_placing_syncs_without_fdatasync(tmp_path, monkeypatch):
+    """Where the OS has fsync only (macOS), a placement told to sync the `.bin` calls it, on the target file."""
     synced = []
     monkeypatch.delattr(os, "fdatasync", raising=False)
-    monkeypatch.setattr(os, "fsync", synced.append)
-    with open(tmp_path / "f", "wb") as f:
-        f.write(b"z" * 10)
-        f.flush()
-        sync = memmap_append._BackgroundSync(f.fileno(), every=1)
-        sync.appended(10)
-        sync.join()
-        assert synced == [f.fileno()]
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")))
+    (tmp_path / "p.bin").write_bytes(b"z" * 10)
+    (tmp_path / "p.lens").write_bytes(b"\x0a\0\0\0")
+    for name in ("data.bin", "data.lens"):
+        (tmp_path / name).write_bytes(b"")
+    memmap_place.place_part(memmap_place.Placement(0, str(tmp_path / "p"), (
+        (".bin", str(tmp_path / "data.bin"), 0, 10), (".lens", str(tmp_path / "data.lens"), 0, 4)), sync=True))
+    assert synced == [str(tmp_path / "data.bin")] and (tmp_path / "data.bin").read_bytes() == b"z" * 10
+    assert not (tmp_path / "p.bin").exists() and (tmp_path / "data.lens").read_bytes() == b"\x0a\0\0\0"

@@ -3,16 +3,17 @@ main process's CPU per GB of input beside the workers', the serial fraction, and
 288 cores with its assumptions.
 
 The engine records its CPU in the manifest (`run.main_cpu_seconds`, `main_cpu_streaming_seconds` from the first
-batch on, `workers_cpu_seconds`: engine/run.py). Per GB of input text, S = the main process's streaming CPU (the
-work it does per byte, in order: today the memmap appends with their hashes and the input checksums) and W = the
-workers' CPU. One worker per core and the main process on its own: T(n) = S + W/n per GB, so the serial fraction is
+batch on, `workers_cpu_seconds`: engine/run.py). Per GB of input text, S = the main process's streaming CPU (what
+it does while the workers run: handing out tasks and offsets, progress, the backend check) and W = the workers'
+CPU. One worker per core and the main process on its own: T(n) = S + W/n per GB, so the serial fraction is
 s = S / (S + W) and the throughput on n cores 1 / (S + W / min(n, units)) GB/s, where `units` caps the busy workers
 (the plan cuts an input into units; a worker takes one at a time). The fraction fitted from the tokenizing phase's
 wall time at 1 and N workers, s = (N·T(N)/T(1) − 1)/(N − 1), is shown beside it as a check: on a 2-core machine the
 main process shares a core with a worker, so that fit counts its CPU twice over and noise moves it by ±0.1.
-S also holds per-run constants (the backend check tokenizes a sample in a thread of the main process): on 100 MB
-they dominate (5.7 CPU-s/GB measured here against the ~1 per extra GB of issue 37), so S and s are upper bounds;
-the per-byte share is the slope of S over input sizes (not fitted yet).
+S at one size also holds per-run constants (the backend check tokenizes a sample in a thread of the main
+process), which dominate small inputs: an upper bound. The per-byte shares are the slopes of S and W over the
+RSS scan's input sizes (`per_byte`: least squares, CPU-s per GB, with the per-run constant as intercept); the
+predictions are made from them when the scan has two sizes or more.
 """
 
 from __future__ import annotations
@@ -60,19 +61,47 @@ def predicted_gb_per_s(main_s: float, workers_s: float, cores: int, units: int |
     return 1.0 / (main_s + workers_s / busy)
 
 
+def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares slope and intercept of ys over xs."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return slope, my - slope * mx
+
+
+def per_byte(scan: Sequence[Mapping]) -> dict | None:
+    """The main process's streaming CPU and the workers' CPU as lines over input size (runs of the RSS scan with
+    `input_bytes` and `cpu`): slopes in CPU-s per GB, intercepts in CPU-s per run. None with fewer than two sizes."""
+    rows = [r for r in scan if isinstance(r.get("cpu"), Mapping) and r.get("input_bytes")
+            and all(isinstance(r["cpu"].get(k), (int, float)) for k in CPU_KEYS)]
+    if len({r["input_bytes"] for r in rows}) < 2:
+        return None
+    gb = [r["input_bytes"] / 1e9 for r in rows]
+    main = _line(gb, [r["cpu"]["main_cpu_streaming_seconds"] for r in rows])
+    total = _line(gb, [r["cpu"]["main_cpu_seconds"] for r in rows])
+    work = _line(gb, [r["cpu"]["workers_cpu_seconds"] for r in rows])
+    return {"main_streaming_s_per_gb": main[0], "main_streaming_constant_s": main[1], "main_s_per_gb": total[0],
+            "main_constant_s": total[1], "workers_s_per_gb": work[0], "workers_constant_s": work[1],
+            "sizes_gb": sorted(set(gb)), "n": len(rows)}
+
+
 def scaling(runs: Mapping[str, Sequence[Mapping]], rounds: Sequence[Mapping[str, float]], text_bytes: int, n: int,
-            phase: str = " tokenizing phase") -> dict | None:
+            phase: str = " tokenizing phase", scan: Sequence[Mapping] = ()) -> dict | None:
     """The scaling record of the memmap engine at N = `n` workers: CPU per GB, both serial fractions, the
-    predictions at CORES (this input's units, and an input with enough units) and the assumptions."""
+    predictions at CORES (this input's units, and an input with enough units) and the assumptions. With a `scan`
+    of two sizes or more, the serial fraction and predictions come from the per-byte slopes (`per_byte`)."""
     name, one = f"(d) engine memmap w{n}", "(d) engine memmap w1"
     cpu = cpu_per_gb(runs.get(name, ()), text_bytes)
     if cpu is None:
         return None
-    s_main, w = cpu["main_streaming_s_per_gb"], cpu["workers_s_per_gb"]
+    slopes = per_byte(scan)
+    s_main, w = ((slopes["main_streaming_s_per_gb"], slopes["workers_s_per_gb"]) if slopes
+                 else (cpu["main_streaming_s_per_gb"], cpu["workers_s_per_gb"]))
+    s_main = max(s_main, 0.0)  # a slope of noise around a constant can come out below 0
     fits = [f for r in rounds if (t1 := r.get(one + phase)) and (tn := r.get(name + phase))
             and (f := fitted_serial_fraction(t1, tn, n)) is not None]
     units = runs[name][0].get("units")
-    return {"method": name, **cpu, "serial_fraction": serial_fraction(s_main, w),
+    return {"method": name, **cpu, "per_byte": slopes, "serial_fraction": serial_fraction(s_main, w),
             "fitted_serial_fraction": statistics.median(fits) if fits else None, "fitted_rounds": len(fits),
             "units": units, "assumptions": ASSUMPTIONS,
             "predicted_gb_per_s": {str(c): {"this_input": predicted_gb_per_s(s_main, w, c, units),
@@ -84,13 +113,21 @@ def scaling_lines(sc: Mapping | None) -> list[str]:
     if not sc:
         return ["(no CPU records in the engine's manifests: no scaling prediction)"]
     fit = sc["fitted_serial_fraction"]
+    pb = sc.get("per_byte")
     lines = [f"Where the CPU goes ({sc['method']}, median of {sc['n']} runs), per GB of input text: main process "
              f"{sc['main_streaming_s_per_gb']:.2f} CPU-s from the first batch on ({sc['main_s_per_gb']:.2f} with "
-             f"planning and start-up), workers {sc['workers_s_per_gb']:.2f} CPU-s",
-             f"serial fraction {sc['serial_fraction']:.3f} (main CPU from the first batch on / it + workers' CPU; "
-             "it holds per-run constants too, such as the backend check's sample, which dominate small inputs: an "
-             "upper bound of the per-byte share); fitted from the tokenizing phase at 1 and N workers: "
-             + (f"{fit:.3f} (median of {sc['fitted_rounds']} rounds)" if fit is not None else "not measured"),
+             f"planning and start-up), workers {sc['workers_s_per_gb']:.2f} CPU-s (per-run constants included)"]
+    if pb:
+        lines.append(f"per extra GB (slopes over {len(pb['sizes_gb'])} sizes, {pb['sizes_gb'][0]:.2g}-"
+                     f"{pb['sizes_gb'][-1]:.2g} GB, {pb['n']} runs): main process {pb['main_streaming_s_per_gb']:.3f} "
+                     f"CPU-s from the first batch on ({pb['main_s_per_gb']:.3f} in all; per run "
+                     f"{pb['main_constant_s']:.2f} CPU-s), workers {pb['workers_s_per_gb']:.2f} CPU-s")
+    lines += [f"serial fraction {sc['serial_fraction']:.3f} ("
+              + ("per-byte: the main process's slope / it + the workers' slope" if pb else
+                 "main CPU from the first batch on / it + workers' CPU; it holds per-run constants too, such as the "
+                 "backend check's sample, which dominate small inputs: an upper bound of the per-byte share")
+              + "); fitted from the tokenizing phase at 1 and N workers: "
+              + (f"{fit:.3f} (median of {sc['fitted_rounds']} rounds)" if fit is not None else "not measured"),
              f"predicted throughput, GB/s of input text ({sc['assumptions']}):",
              f"  {'cores':>6}  {'this input (%s units)' % sc['units']:>24}  {'enough units':>13}"]
     for c, p in sc["predicted_gb_per_s"].items():

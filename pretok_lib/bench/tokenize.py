@@ -118,7 +118,7 @@ def run(cfg: TokenizeBench) -> dict:
     print(f"\nCPU: {env['cpu_model']}, {env['cpus']} usable; tokenizer: {tok} (vocab {info.vocab_size})")
     _print_results(methods, cinfo, n, scan, tg)
     print_repeats(repeated)
-    sc = scaling(runs, rounds, cinfo["text_bytes"], n, phase_name(""))
+    sc = scaling(runs, rounds, cinfo["text_bytes"], n, phase_name(""), scan)
     print("\n" + "\n".join(scaling_lines(sc)))
     result = {"repeats": repeated, "machine": repeated["machine"],
               "corpus": cinfo, "tokenizer": {"spec": tok, "info": info.to_dict(), "backends": backends},
@@ -224,7 +224,7 @@ def _rss_scan(cfg: TokenizeBench, tok: str, n: int) -> list[dict]:
         r = run_engine(path, tok, "memmap", n, Path(cfg.workdir) / f"rss-{mb:g}mb", cfg.part_mb, cfg.batch_mb)
         shutil.rmtree(r["out"], ignore_errors=True)
         scan.append({"mb": mb, "mb_per_s": mb / r["seconds"], **{k: r[k] for k in (
-            "peak_rss_mb", "sampled_children_peak_rss_mb", "seconds", "units", "documents")}})
+            "peak_rss_mb", "sampled_children_peak_rss_mb", "seconds", "units", "documents", "cpu", "input_bytes")}})
         print(f"  rss scan {mb:g} MB: worker peak {r['peak_rss_mb']} MB, {mb / r['seconds']:.1f} MB/s", flush=True)
     return scan
 

@@ -239,6 +239,7 @@ def run_engine(corpus: str, tok: str, fmt: str, workers: int, out: Path, part_mb
     c, pol = m["counts"], m["policy"]
     specials = (pol["bos_id"] is not None) + (pol["eos_id"] is not None)
     return {"seconds": secs, "manifest_wall_seconds": m["run"]["wall_seconds"], "documents": c["documents"],
+            "input_bytes": c["input_bytes"],
             "timeline": {k: m["run"].get(k) for k in ("startup_seconds", "tokenize_seconds", "finish_seconds")},
             "cpu": {k: m["run"].get(k) for k in ("main_cpu_seconds", "main_cpu_streaming_seconds",
                                                  "workers_cpu_seconds")},

@@ -90,12 +90,12 @@ def verify_files(path: str | os.PathLike, manifest: dict) -> bool:
     candidates = _stamp_paths(root)
     if any(_stamp_ok(s, root, expected) for s in candidates):
         return False
-    before = {}
+    before, leaves = {}, {f["path"]: f.get("leaves") for f in manifest.get("files", [])}
     for rel, want in expected.items():
         file = root / rel
         try:
             before[rel] = _identity(file)
-            if want and not checksum.matches(file, want):
+            if want and not checksum.matches(file, want, leaves.get(rel)):
                 raise PretokError("checksum differs from manifest.json (corrupted or modified since it was "
                                   "written); `pretok verify` reports every damaged file", file)
         except ValueError:

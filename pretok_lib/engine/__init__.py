@@ -5,7 +5,7 @@
     parts.py          one unit → one committed part (read, tokenize, BOS/EOS policy, write); the part record
     workers.py        the worker pool, main-process side
     zygote.py         the process that builds the encoder once and forks CPU-pinned workers
-    memmap_append.py  in-order, checksummed appending of memmap parts
+    memmap_place.py   memmap parts placed into one `.bin` by the workers at offsets handed out in order
     outdir.py         the output directory: lock, config check, resume state
     boundaries.py     document boundaries: separator / truncated share in the manifest, their warnings, empty shards
     progress.py       the progress bar: MB/s, docs/s, tokens/s, ETA

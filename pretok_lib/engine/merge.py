@@ -25,7 +25,7 @@ from ..formats import parquet as pqf
 from ..formats.manifest import read_manifest, write_manifest
 from .outdir import output_lock, refuse_overlap, remove_output, resolve_output
 from .parts import unit_breaks
-from .run import MEMMAP_PREFIX, build_manifest, sum_skipped
+from .run import MEMMAP_PREFIX, build_manifest, input_checksum, sum_skipped
 
 AGREE = ("format", "format_version", "dtype", "policy", "compression")
 SOURCE_AGREE = ("text_column", "separator", "part_bytes", "batch_bytes")  # bad_docs: in the policy (AGREE)
@@ -62,11 +62,19 @@ def _link_or_copy(src: Path, dst: Path, expect: str | None) -> None:
 def same_inputs(a: list[dict], b: list[dict]) -> bool:
     """The same input paths and sizes, and the same checksum wherever both shards recorded one: a shard hashes only
     the inputs its own units read (the others are None in its manifest), so shards of several inputs, or shards
-    with no units at all, record different subsets."""
+    with no units at all, record different subsets. Checksums by different algorithms (shards of different pretok
+    versions) are each checked against the input where it can be read, else not compared."""
     if [(i["path"], i["size"]) for i in a] != [(i["path"], i["size"]) for i in b]:
         return False
-    return all(x is None or y is None or x == y for x, y in
-               ((checksum.recorded(i), checksum.recorded(j)) for i, j in zip(a, b)))
+    for i, j in zip(a, b):
+        x, y = checksum.recorded(i), checksum.recorded(j)
+        if x is None or y is None or x == y:
+            continue
+        if checksum.algorithm_of(x) == checksum.algorithm_of(y):
+            return False
+        if os.path.exists(i["path"]) and any(input_checksum(i["path"], checksum.algorithm_of(v)) != v for v in (x, y)):
+            return False
+    return True
 
 
 def _check_agreement(shards: list[tuple[Path, dict]]) -> None:
@@ -156,7 +164,9 @@ def _merge(shards: list[tuple[Path, dict]], out: Path, overwrite: bool, t0: floa
     records = [dict(p, files=[{"path": f} for f in p["files"]], skipped={}, padding=0, truncated=0, input_bytes=0)
                for _, m in shards for p in m["parts"]]
     if ref["format"] == "memmap":
-        expect = [{Path(f["path"]).suffix[1:]: checksum.recorded(f) for f in m["files"]} for _, m in shards]
+        expect = [{Path(f["path"]).suffix[1:]: checksum.recorded(f) for f in m["files"]}
+                  | {"bin_leaves": next((f.get("leaves") for f in m["files"] if f["path"].endswith(".bin")), None)}
+                  for _, m in shards]
         res = mm.concat_datasets([d / MEMMAP_PREFIX for d, _ in shards], out / MEMMAP_PREFIX, ref["dtype"],
                                  expect=expect)
         files = res["files"]

@@ -1,7 +1,8 @@
 """One unit of input → one committed part: read, tokenize (with the BOS/EOS policy), write, record.
 
 Runs inside a worker process (or inline). Parquet parts are final data files; memmap parts are streamed to
-`.pretok/parts/part-N.bin/.lens` with the XXH3-64 of each file, for the main process to append in order.
+`.pretok/parts/part-N.bin/.lens` with the XXH3-128 of each file, then placed into `data.bin` by a worker once the
+main process has told where (`memmap_place.place_part`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from ..tokenizer import TokenizerInfo
 
 STATE = ".pretok"
-PART_HASH_KEY = "part_xxh3_64"  # a memmap part record's [XXH3-64 of .bin, of .lens] (int digests)
+PART_HASH_KEY = "part_xxh3_128"  # a memmap part record's [XXH3-128 of .bin, of .lens] (hex digests)
 
 
 @dataclass(frozen=True)
@@ -63,14 +64,14 @@ class _PartRecordFields(TypedDict):
     input_bytes: int  # text bytes read
     skipped: dict[str, int]  # documents skipped, by reason
     peak_rss_mb: float  # of the worker that wrote it
-    files: list[dict]  # parquet: the part's data file record; memmap: none (appended to `data.bin`)
+    files: list[dict]  # parquet: the part's data file record; memmap: none (placed into `data.bin`)
 
 
 class PartRecord(_PartRecordFields, total=False):
     """A committed part's record, `.pretok/parts/part-NNNNNN.json` (JSON; its presence commits the part): written
     by the worker, read back on a resume, summed into the manifest."""
 
-    part_xxh3_64: list[int]  # memmap only (PART_HASH_KEY): XXH3-64 of the part's .bin and .lens
+    part_xxh3_128: list[str]  # memmap only (PART_HASH_KEY): XXH3-128 of the part's .bin and .lens (hex)
     cpu_seconds: float  # CPU the worker (or the main process, with no workers) spent on the part
     remote_retries: int  # remote inputs only: transient errors of the store retried while reading the unit
 
@@ -131,14 +132,14 @@ def part_name(index: int) -> str:
 
 
 class _ChecksummedPart(mm.PartWriter):
-    """A memmap part (`.bin` + `.lens` under .pretok/parts) with the XXH3-64 of each file's bytes (10x faster than
-    zlib's CRC-32 here), checked when a rerun finds the part (or its appended copy) after a crash. Not fsynced:
-    data lost by a power cut fails that check and the part is redone. Takes ids already range-checked and in
-    the part's little-endian dtype (`process_unit` checks them against the vocabulary once)."""
+    """A memmap part (`.bin` + `.lens` under .pretok/parts) with the XXH3-128 of each file's bytes: checked when a
+    rerun finds the part (or its placed copy) after a crash, and the `.bin`'s is its leaf of the `data.bin`
+    checksum. Not fsynced: data lost by a power cut fails that check and the part is redone. Takes ids already
+    range-checked and in the part's little-endian dtype (`process_unit` checks them against the vocabulary once)."""
 
     def __init__(self, prefix: Path, dtype: str):
         super().__init__(prefix, dtype, fsync=False)
-        self._hash_bin, self._hash_lens = xxhash.xxh3_64(), xxhash.xxh3_64()
+        self._hash_bin, self._hash_lens = xxhash.xxh3_128(), xxhash.xxh3_128()
 
     def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
         assert tokens.dtype == self.dtype and tokens.flags.c_contiguous
@@ -147,20 +148,27 @@ class _ChecksummedPart(mm.PartWriter):
         self._hash_lens.update(lens)
         self._append(tokens, lens)
 
-    def hashes(self) -> list[int]:
-        """XXH3-64 of the `.bin` and `.lens` bytes written so far."""
-        return [self._hash_bin.intdigest(), self._hash_lens.intdigest()]
+    def hashes(self) -> list[str]:
+        """XXH3-128 (hex) of the `.bin` and `.lens` bytes written so far."""
+        return [self._hash_bin.hexdigest(), self._hash_lens.hexdigest()]
+
+
+def part_hashes(record: PartRecord) -> list[str] | None:
+    """A memmap part record's [.bin, .lens] hashes, or None (missing, or a record of an earlier version)."""
+    hashes = record.get(PART_HASH_KEY)
+    ok = isinstance(hashes, list) and len(hashes) == 2 and all(isinstance(h, str) for h in hashes)
+    return hashes if ok else None
 
 
 def part_files_intact(prefix: Path, record: PartRecord, itemsize: int) -> bool:
-    """Whether a memmap part's files exist with the sizes and XXH3-64 hashes its record states."""
-    hashes = record.get(PART_HASH_KEY)
-    if not isinstance(hashes, list) or len(hashes) != 2:
+    """Whether a memmap part's files exist with the sizes and XXH3-128 hashes its record states."""
+    hashes = part_hashes(record)
+    if hashes is None:
         return False
     expected = ((".bin", record["tokens"] * itemsize, hashes[0]), (".lens", record["documents"] * 4, hashes[1]))
     for ext, size, h in expected:
         path = prefix.with_name(prefix.name + ext)
-        if not path.is_file() or path.stat().st_size != size or xxhash.xxh3_64_intdigest(path.read_bytes()) != h:
+        if not path.is_file() or path.stat().st_size != size or xxhash.xxh3_128_hexdigest(path.read_bytes()) != h:
             return False
     return True
 
@@ -176,7 +184,7 @@ def _open_part(job: Job, unit: Unit):
 
 def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int], None]) -> PartRecord:
     """Read, tokenize and write one unit as a part, committed by its record (`.pretok/parts/part-N.json`).
-    Memmap parts are then appended in order to the one `.bin` by the main process (`MemmapAppender`). A failure
+    Memmap parts are then placed into the one `.bin` at the offset the main process hands out (`memmap_place`). A failure
     removes the part's temp files; an OSError of the output side (disk full, ...) becomes one line naming it."""
     where = Path(job.out_dir) / (f"{STATE}/parts/{part_name(unit.index)}.bin" if job.fmt == "memmap"
                                  else f"{part_name(unit.index)}.parquet")

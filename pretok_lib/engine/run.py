@@ -31,17 +31,39 @@ from ..formats.manifest import FORMAT_VERSIONS, Policy, format_policy, write_man
 from ..input_checks import check_skipped
 from ..memory import cpu_seconds
 from ..remote import is_url, retries, schemes
-from ..sources import (InputFile, SourceOptions, Unit, check_stamps, estimate_text_bytes, expand_inputs, plan_units,
-                       sample_texts, shard_units)
-from ..tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
+from ..sources import (
+    InputFile,
+    SourceOptions,
+    Unit,
+    check_stamps,
+    estimate_text_bytes,
+    expand_inputs,
+    plan_units,
+    sample_texts,
+    shard_units,
+)
+from ..tokenizer import (
+    TokenizerInfo,
+    backends_for,
+    id_dtype_for,
+    load_tokenizer,
+    select_backend,
+)
 from ..tokenizer.specials import policy_id
 from .boundaries import boundary_warnings, document_boundaries, empty_shards_warning
 from .config import TokenizeConfig
-from .memmap_append import MemmapAppender
-from .outdir import committed_parts, output_lock, prepare_output, refuse_overlap, remove_output, resolve_output
-from .parts import PART_HASH_KEY, STATE, Job, PartRecord, part_files_intact
+from .memmap_place import MemmapAssembler
+from .outdir import (
+    committed_parts,
+    output_lock,
+    prepare_output,
+    refuse_overlap,
+    remove_output,
+    resolve_output,
+)
+from .parts import PART_HASH_KEY, STATE, Job, PartRecord, part_files_intact, part_hashes
 from .progress import Progress
-from .workers import Stopped, Workers
+from .workers import Stopped, Work, Workers
 
 MEMMAP_PREFIX = "data"
 
@@ -82,42 +104,37 @@ def _output_key(cfg: TokenizeConfig, sopts: SourceOptions, info: TokenizerInfo, 
 # ---------------------------------------------------------------- the run
 
 
-def input_checksum(path: str, algorithm: str = checksum.ALGORITHM, stopped: threading.Event | None = None) -> str:
-    """The checksum a manifest records for a local input: its bytes, or an HF dataset directory's files' bytes in
-    sorted order. `stopped`: set to end the reading early (the value is then meaningless)."""
-    files = sorted(q for q in Path(path).rglob("*") if q.is_file()) if os.path.isdir(path) else [Path(path)]
+def input_checksum(path: str, algorithm: str = checksum.BLOCKS) -> str:
+    """The checksum a manifest records for a local input (`formats.checksum`: by default the tree over its 64 MiB
+    blocks; an HF dataset directory: over its files' blocks in sorted order). Earlier versions recorded a flat
+    hash of the bytes (a directory: of its files' bytes in sorted order), still computed to verify those."""
+    if algorithm == checksum.BLOCKS or not os.path.isdir(path):
+        return checksum.of_file(path, algorithm)
     h = checksum.hasher(algorithm)
-    for f in files:
+    for f in sorted(q for q in Path(path).rglob("*") if q.is_file()):
         with open(f, "rb") as fh:
-            while not (stopped is not None and stopped.is_set()) and (block := fh.read(8 << 20)):
+            while block := fh.read(8 << 20):
                 h.update(block)
     return checksum.value(h, algorithm)
 
 
-class _InputHasher(threading.Thread):
-    """Checksums of the input files beside the workers; `stop()` ends it between chunks (no thread left running
-    in C code at interpreter exit)."""
+class InputHashes:
+    """The inputs' checksums, from the leaves of their blocks hashed by the workers (`Work.blocks`)."""
 
     def __init__(self, paths: list[str]):
-        super().__init__(daemon=True)
-        self.paths, self.hashes, self.stopped = paths, {}, threading.Event()
-        self.error: tuple[OSError, str] | None = None   # (the read's error, the input): raised by the main thread
+        self.owners = [(p, b) for p in paths for b in checksum.block_ranges(p)]
+        self.blocks = [b for _, b in self.owners]
+        self.leaves: list[checksum.Leaf | None] = [None] * len(self.blocks)
 
-    def run(self) -> None:
-        for p in self.paths:
-            try:
-                value = input_checksum(p, stopped=self.stopped)
-            except OSError as e:   # an input removed or cut under the run: the main thread says which
-                self.error = (e, p)
-                return
-            if self.stopped.is_set():
-                return
-            self.hashes[p] = value
+    def add(self, k: int, leaf: checksum.Leaf) -> None:
+        self.leaves[k] = leaf
 
-    def stop(self) -> None:
-        self.stopped.set()
-        if self.is_alive():
-            self.join()
+    def values(self) -> dict[str, str]:
+        by_path: dict[str, list] = {}
+        for (p, _), leaf in zip(self.owners, self.leaves):
+            assert leaf is not None, "an input block was never hashed"
+            by_path.setdefault(p, []).append(leaf)
+        return {p: checksum.tree_value(leaves, checksum.BLOCKS) for p, leaves in by_path.items()}
 
 
 def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None, _t0: float | None = None) -> dict:
@@ -187,62 +204,61 @@ def _run(cfg: TokenizeConfig, start: tuple[float, float], out: Path, workers: Wo
     if prepare_output(out, key, cfg.overwrite):
         return None
     done = committed_parts(out, mine)
-    appender = None
+    assembler, placements = None, []
     if cfg.format == "memmap":
-        appender = MemmapAppender(out, out / STATE, MEMMAP_PREFIX, policy["dtype"], [u.index for u in mine])
-        _resume_appends(appender, out, done)
+        assembler = MemmapAssembler(out, out / STATE, MEMMAP_PREFIX, policy["dtype"], [u.index for u in mine])
+        placements = _resume_places(assembler, out, done)
     pending = [u for u in mine if u.index not in done]
     job = Job(cfg.format, policy, cfg.compression, sopts, str(out), info,
               stamps=tuple(f.stamp() for f in files if not is_url(f.path)))
     records, last_record = dict(done), [t0]
 
-    def on_record(rec: PartRecord) -> None:
+    def on_record(rec: PartRecord) -> list:
         last_record[0] = time.time()
-        if appender is not None:
-            appender.add(rec["unit"]["index"], out / STATE / "parts" / rec["part"], rec[PART_HASH_KEY])
         records[rec["unit"]["index"]] = rec
+        if assembler is None:
+            return []
+        return assembler.add(rec["unit"]["index"], rec["tokens"], rec["documents"], rec[PART_HASH_KEY])
 
-    hasher = _InputHasher(sorted({p for u in mine for p in u.paths if not is_url(p)}))  # URLs: their identity
+    hashes = InputHashes(sorted({p for u in mine for p in u.paths if not is_url(p)}))  # URLs: their identity
+    work = Work(pending, hashes.blocks, "", job, info, on_record, hashes.add,
+                assembler.done if assembler is not None else lambda p: None)
     stop_check = threading.Event()
     remote = {b: e for b in backends_for(info) if (e := workers.encoder(b, stop_check)) is not None}
     check = _BackendCheck(info, lambda: sample_texts(mine, sopts), cfg.backend, remote)
     bar = Progress(sum(u.est_bytes for u in pending), f"{cfg.format} {len(pending)}/{len(mine)} parts",
                    enabled=cfg.progress)
     try:
-        # The input checksums and the check start once the workers can run: until then, the CPU is the
-        # zygote's (building the encoder), which is what the first batch waits for.
-        hasher.start()
+        # The backend check starts once the workers can run: until then, the CPU is the zygote's (building the
+        # encoder), which is what the first batch waits for. Placements known from a resume go out first.
         check.start(guess)
-        workers.run(pending, guess, job, info, bar, on_record, check.raise_if_other)
+        work.backend, work.placements = guess, placements
+        workers.run(work, bar, check.raise_if_other)
         choice = check.result()
         choice.rejected = {**rejected, **choice.rejected}
     except BaseException as e:
-        hasher.stop()
         stop_check.set()
         check.join()  # select_backend runs in C: let it end before any interpreter exit
         bar.close(ok=False)
-        if appender is not None:
-            appender.close()
+        if assembler is not None:
+            assembler.close()
         if not isinstance(e, _OtherBackend):
             if isinstance(e, (PretokError, OSError)):   # a read that failed anywhere (a worker, the backend check's
                 check_stamps(job.stamps)                # sample, the checksums) because an input changed: say so
             raise
         return e.choice
     bar.close()
-    hasher.join()
     check_stamps(job.stamps)  # after the checksums were read: a change since planning fails the run
-    if hasher.error is not None:
-        raise os_error(hasher.error[0], hasher.error[1], "cannot read") from None
     _check_unchanged(cfg.inputs, files)
-    files = appender.finish() if appender is not None else None
+    files = assembler.finish() if assembler is not None else None
     # where the wall time went: start-up until the first batch was tokenized, tokenizing, then finishing
     first = bar.first_update or last_record[0]
     timeline = {"startup_seconds": round(first - t0, 3), "tokenize_seconds": round(last_record[0] - first, 3),
                 "finish_seconds": round(time.time() - last_record[0], 3),
                 **_cpu_accounts(cpu0, bar.first_update_cpu, [records[i] for i in records if i not in done],
                                 inline=workers.n == 0)}
-    manifest = _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hasher.hashes, len(units), t0,
-                         files, timeline)
+    manifest = _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hashes.values(), len(units),
+                         t0, files, timeline)
     for line in filter(None, [empty_shards_warning(str(out), units, cfg.num_shards),
                               *boundary_warnings(str(out), manifest)]):
         print(line, file=sys.stderr, flush=True)
@@ -310,23 +326,27 @@ class _BackendCheck:
         return self.choice
 
 
-def _resume_appends(appender: MemmapAppender, out: Path, done: dict[int, PartRecord]) -> None:
-    """Hand finished-but-unappended parts to the appender; forget parts whose data is gone or damaged (appended
-    once but beyond the intact prefix after a crash, or part files failing their hashes) so they are tokenized
-    again."""
-    appended = set(appender.committed_units())
+def _resume_places(assembler: MemmapAssembler, out: Path, done: dict[int, PartRecord]) -> list:
+    """After a crash: keep the logged placements whose bytes are intact (re-read); hand the assembler the sizes of
+    every part with a record whose data survives (placed, or its own files intact), and forget the rest, so they
+    are tokenized again. Returns the placements that can be done at once (parts finished but not placed)."""
+    logged, ready = assembler.logged(), []
     for i in sorted(done):
         prefix = out / STATE / "parts" / done[i]["part"]
-        if i in appended:  # a crash between the append commit and the deletion of the part's files
+        hashes = part_hashes(done[i])
+        kept = i in logged and hashes is not None and assembler.keep_placed(i, done[i]["tokens"],
+                                                                            done[i]["documents"], hashes, logged[i])
+        if kept:  # a crash between the placing and the deletion of the part's files
             for ext in (".bin", ".lens"):
                 prefix.with_name(prefix.name + ext).unlink(missing_ok=True)
-            continue
-        if part_files_intact(prefix, done[i], appender.itemsize):  # parts are not fsynced: check them
-            appender.add(i, prefix, done[i][PART_HASH_KEY])
-        else:
+        elif not part_files_intact(prefix, done[i], assembler.itemsize):  # parts are not fsynced: check them
             (out / STATE / "parts" / f"{done.pop(i)['part']}.json").unlink()
             for ext in (".bin", ".lens"):
                 prefix.with_name(prefix.name + ext).unlink(missing_ok=True)
+            continue
+        ready += assembler.add(i, done[i]["tokens"], done[i]["documents"], hashes)
+    assembler.restart_log()
+    return ready
 
 
 def _cpu_accounts(cpu0: float, first_cpu: float | None, tokenized: list[PartRecord], inline: bool) -> dict:

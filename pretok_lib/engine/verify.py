@@ -223,6 +223,24 @@ def source_problems(recorded: list[dict], remap: dict[str, str]) -> list[str]:
     return problems
 
 
+def _file_problems(out: Path, m: dict, f: dict) -> list[str]:
+    """How a data file differs from its manifest entry's checksum; for a tree checksum, which part is damaged."""
+    from ..formats import checksum
+
+    want = checksum.recorded(f)
+    if checksum.algorithm_of(want) != checksum.PARTS:
+        return [] if checksum.matches(out / f["path"], want) else [
+            f"{out / f['path']}: checksum differs from manifest.json (corrupted or modified)"]
+    bad = checksum.damaged_leaf(out / f["path"], want, f.get("leaves"))
+    if bad is None:
+        return []
+    if bad < 0 or bad >= len(m["parts"]):
+        return [f"{out / f['path']}: checksum differs from manifest.json (its size or its recorded part hashes)"]
+    offset = sum(int(size) for size, _ in f["leaves"][:bad])
+    return [f"{out / f['path']}: checksum differs from manifest.json: the bytes of {m['parts'][bad]['part']} "
+            f"(from byte {offset}) are corrupted or modified"]
+
+
 def verify(out_dir: str | os.PathLike, sources: Sequence[str] | None = None, sample: int = 64,
            seed: int = 0) -> VerifyReport:
     """Check checksums and structure, then re-tokenize a sample of documents from the source and compare."""
@@ -234,8 +252,7 @@ def verify(out_dir: str | os.PathLike, sources: Sequence[str] | None = None, sam
     for f in m["files"]:
         rep.files_checked += 1
         with _reading(out / f["path"]):
-            if not checksum.matches(out / f["path"], checksum.recorded(f)):
-                rep.problems.append(f"{out / f['path']}: checksum differs from manifest.json (corrupted or modified)")
+            rep.problems += _file_problems(out, m, f)
     if rep.problems:  # damaged data is not decoded further: the checksum says all there is to say
         return rep
     rep.problems += id_problems(out, m)

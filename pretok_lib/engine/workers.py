@@ -4,11 +4,16 @@ Start-up (interpreter, imports, building e.g. a fastokens tokenizer from JSON: ~
 once per worker, and begins at the start of a run, while the main process still plans the input and loads the
 tokenizer itself. Each worker begins with the encoder the zygote built.
 
-Messages: main → workers `tasks` queue: ("unit", Unit, backend, Job) or None (stop). Workers → main `results`
-queue: ("progress", bytes, docs, tokens, the worker's time.time()), ("done", record), ("error", exception). A
-worker that dies makes the zygote exit with a code saying how; the main process watches the zygote. Zygote → main,
-once, on its own pipe: `Ready` (the backend it built for the workers, why faster ones could not be built), sent
-before it forks.
+Messages: main → workers, `tasks` queue: ("unit", Unit, backend, Job), ("hash", [(block, (file, offset, size)),
+...]) or None (stop); `urgent` queue, taken first: ("place", Placement). Workers → main `results` queue:
+("progress", bytes, docs, tokens, the worker's time.time()) at most every 0.25 s per worker, ("done", record,
+progress not sent yet or None), ("hashed", [(block, leaf), ...]),
+("placed", Placement), ("error", exception). A worker that dies makes the zygote exit with a code saying how; the
+main process watches the zygote. Zygote → main, once, on its own pipe: `Ready` (the backend it built for the
+workers, why faster ones could not be built), sent before it forks.
+
+The main process does no per-byte work: workers hash the input blocks (the inputs' checksums) and place finished
+memmap parts into the final files; the main process only hands out tasks and offsets.
 """
 
 from __future__ import annotations
@@ -18,17 +23,28 @@ import os
 import queue as queue_mod
 import sys
 import threading
+import time
 import types
 from collections import deque
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
-from ..errors import PretokError
+from ..errors import PretokError, os_error
+from ..formats.checksum import Leaf, range_leaf
 from ..sources import Unit
-from ..tokenizer import (BackendUnavailable, Encoder, TokenizerInfo, backends_for, build_first, make_encoder,
-                         unbuildable)
+from ..tokenizer import (
+    BackendUnavailable,
+    Encoder,
+    TokenizerInfo,
+    backends_for,
+    build_first,
+    make_encoder,
+    unbuildable,
+)
+from .memmap_place import Placement, place_part
 from .parts import Job, PartRecord, process_unit
 from .zygote import DIED_BY_SIGNAL, DIED_EXIT, WORKER_ENV, Ready, run_zygote
 
@@ -36,6 +52,59 @@ if TYPE_CHECKING:
     from .progress import Progress
 
 Encoded = tuple[np.ndarray, np.ndarray]  # (flat ids, offsets), as `Encoder.encode_batch` returns them
+Block = tuple[str, int, int]  # (file, offset, size) of an input block to hash
+HASH_TASK_BYTES = 64 << 20  # input blocks hashed per task, at most (many small files: one task, not one each)
+
+
+@dataclass
+class Work:
+    """What `Workers.run` does and whom it tells: units to tokenize (`on_record` gets each record and returns the
+    placements it made known), input blocks to hash (`on_hashed(block index, leaf)`), and placements done
+    (`on_placed`)."""
+
+    units: list[Unit]
+    blocks: list[Block]
+    backend: str
+    job: Job
+    info: TokenizerInfo
+    on_record: Callable[[PartRecord], list[Placement]]
+    on_hashed: Callable[[int, Leaf], None]
+    on_placed: Callable[[Placement], None]
+    placements: list[Placement] = field(default_factory=list)  # known at the start (a resume): done first
+
+    def tasks(self) -> list[tuple]:
+        """Units and hash tasks interleaved by their share of the bytes (a block is hashed near when its bytes are
+        read), hash tasks grouped up to HASH_TASK_BYTES."""
+        groups, group, size = [], [], 0
+        for k, b in enumerate(self.blocks):
+            if group and size + b[2] > HASH_TASK_BYTES:
+                groups.append((size, group))
+                group, size = [], 0
+            group.append((k, b))
+            size += b[2]
+        if group:
+            groups.append((size, group))
+        unit_total = sum(max(u.est_bytes, 1) for u in self.units) or 1
+        hash_total = sum(g[0] for g in groups) or 1
+        out, done, g = [], 0, 0
+        for u in self.units:
+            done += max(u.est_bytes, 1)
+            out.append(("unit", u))
+            while g < len(groups) and sum(x[0] for x in groups[: g + 1]) / hash_total <= done / unit_total:
+                out.append(("hash", groups[g][1]))
+                g += 1
+        return out + [("hash", grp) for _, grp in groups[g:]]
+
+
+def hash_blocks(blocks: list[tuple[int, Block]]) -> list[tuple[int, Leaf]]:
+    """The leaves of input blocks (a worker's "hash" task); a read that fails is one line naming the input."""
+    out = []
+    for k, (path, offset, size) in blocks:
+        try:
+            out.append((k, range_leaf(path, offset, size)))
+        except OSError as e:
+            raise os_error(e, path, "cannot read") from None
+    return out
 
 
 class Stopped(BaseException):
@@ -70,11 +139,11 @@ class Workers:
         self.inline: Encoder | None = None
         if self.n:
             ctx = mp.get_context("spawn")
-            self.tasks, self.results = ctx.Queue(), ctx.Queue()
+            self.tasks, self.urgent, self.results = ctx.Queue(), ctx.Queue(), ctx.Queue()
             self.conn, child = ctx.Pipe()
             self.ready_conn, ready_child = ctx.Pipe(duplex=False)
             self.lock = threading.Lock()  # one encode request at a time on the pipe
-            self.zygote = ctx.Process(target=run_zygote, args=(spec, backend, self.n, self.tasks, self.results, child,
+            self.zygote = ctx.Process(target=run_zygote, args=(spec, backend, self.n, (self.tasks, self.urgent), self.results, child,
                                                                  ready_child, preload),
                                       name="pretok-zygote")
             saved = {k: os.environ.get(k) for k in WORKER_ENV}
@@ -173,41 +242,67 @@ class Workers:
             self.zygote.kill()
         self.zygote.join()
         self.ready_conn.close()
-        for q in (self.tasks, self.results):
+        for q in (self.tasks, self.urgent, self.results):
             q.cancel_join_thread()
             q.close()
         self.zygote = None
 
-    def run(self, pending: list[Unit], backend: str, job: Job, info: TokenizerInfo, bar: Progress,
-            on_record: Callable[[PartRecord], None], keep_going: Callable[[], None] = lambda: None) -> None:
-        """Process `pending` units; `on_record` gets each finished part's record in the main process. At most
-        4 parts per worker are queued, which bounds what the main process buffers for in-order appending.
+    def run(self, work: Work, bar: Progress, keep_going: Callable[[], None] = lambda: None) -> None:
+        """Do `work`. At most 4 tokenize or hash tasks per worker are queued, which bounds what the main process
+        holds for placing in order; placements go out on the `urgent` queue as soon as they are known.
         `keep_going` is called between messages and may raise to stop the run."""
+        tasks = work.tasks()
         if self.zygote is None:  # inline, for debugging and tiny inputs
-            enc = self.inline if self.inline is not None and self.inline.backend == backend else None
-            enc = enc or (make_encoder(info, backend) if pending else None)
-            for u in pending:
+            enc = self.inline if self.inline is not None and self.inline.backend == work.backend else None
+            enc = enc or (make_encoder(work.info, work.backend) if work.units else None)
+            for p in work.placements:
+                place_part(p)
+                work.on_placed(p)
+            for kind, task in tasks:
                 keep_going()
-                on_record(process_unit(u, enc, job, bar.update))
+                if kind == "hash":
+                    for k, leaf in hash_blocks(task):
+                        work.on_hashed(k, leaf)
+                    continue
+                for p in work.on_record(process_unit(task, enc, work.job, bar.update)):
+                    place_part(p)
+                    work.on_placed(p)
             return
-        todo, running, window = deque(pending), 0, 4 * self.n
-        self.drained = False
-        while todo or running:
+        todo, running, placing, window = deque(tasks), 0, len(work.placements), 4 * self.n
+        self.drained, checked = False, 0.0
+        for p in work.placements:
+            self.urgent.put(("place", p))
+        while todo or running or placing:
             while todo and running < window:
-                u = todo.popleft()
-                self.tasks.put(("unit", u, backend, job.for_unit(u)))
+                kind, task = todo.popleft()
+                self.tasks.put(("unit", task, work.backend, work.job.for_unit(task)) if kind == "unit"
+                               else ("hash", task))
                 running += 1
             keep_going()
-            self.check_alive()
+            if time.monotonic() - checked > 0.2:  # a dead worker stops the messages: checked on a wait as well
+                self.check_alive()
+                checked = time.monotonic()
             try:
                 kind, *msg = self.results.get(timeout=0.05)
             except queue_mod.Empty:
+                self.check_alive()
                 continue
             if kind == "progress":
                 bar.update(*msg)
             elif kind == "done":
                 running -= 1
-                on_record(msg[0])
+                if msg[1] is not None:
+                    bar.update(*msg[1])
+                for p in work.on_record(msg[0]):
+                    self.urgent.put(("place", p))
+                    placing += 1
+            elif kind == "hashed":
+                running -= 1
+                for k, leaf in msg[0]:
+                    work.on_hashed(k, leaf)
+            elif kind == "placed":
+                placing -= 1
+                work.on_placed(msg[0])
             else:
                 raise msg[0]  # a worker's PretokError, with its one-line message
         self.drained = True

@@ -119,7 +119,13 @@ def _prepare(spec: str, backend: str | None, build: threading.Thread, early: lis
     """Identify the tokenizer while `build` runs `_early_fastokens` (result in `early`), adopt that build (or its
     failure) if identify found that very file an hf-json tokenizer to be run by fastokens, then build the first
     candidate (or `backend`) that can be built."""
-    from ..tokenizer import BackendUnavailable, _reason, backends_for, fastokens_encoder, identify
+    from ..tokenizer import (
+        BackendUnavailable,
+        _reason,
+        backends_for,
+        fastokens_encoder,
+        identify,
+    )
 
     try:
         _INFO.append(identify(spec))
@@ -157,7 +163,8 @@ def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, rea
         spec: the tokenizer (path or name).
         backend: the backend to build (None: the fastest candidate that builds).
         n: workers to fork.
-        tasks, results: the queues the workers take units from and send records and progress to.
+        tasks, results: the queues the workers take tasks from (`(tasks, urgent)`: urgent first) and send records
+            and progress to.
         conn: the backend check's `encode` requests from the main process.
         ready_conn: where `Ready` (or the failure) is sent once the encoder is built.
         preload: URL schemes whose filesystems are imported before forking.
@@ -234,7 +241,9 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
     `preload` (URL schemes of the inputs) are made first, while the main process plans."""
     from ..errors import PretokError
     from ..tokenizer import limit_threads_to_one_cpu
+    from .memmap_place import place_part
     from .parts import process_unit
+    from .workers import hash_blocks
 
     _set_parent_death_signal()
     if os.getppid() != zygote_pid:  # the zygote was killed before the death signal was set: nobody to serve
@@ -244,13 +253,60 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
         from ..remote import warm_filesystems
 
         warm_filesystems(preload)
-    report = lambda b, d, t: results.put(("progress", b, d, t, time.time()))  # noqa: E731 — when it was done
-    while (task := tasks.get()) is not None:
-        _, unit, backend, job = task
+    report = _Progress(results)
+    while (task := _next_task(*tasks)) is not None:
         try:
-            if not _INFO or _INFO[0].fingerprint != job.tokenizer.fingerprint:
-                raise PretokError("the tokenizer file could not be read or changed while the run was starting",
-                                  job.tokenizer.spec)
-            results.put(("done", process_unit(unit, _encoder(backend), job, report)))
+            if task[0] == "place":
+                place_part(task[1])
+                results.put(("placed", task[1]))
+            elif task[0] == "hash":
+                results.put(("hashed", hash_blocks(task[1])))
+            else:
+                _, unit, backend, job = task
+                if not _INFO or _INFO[0].fingerprint != job.tokenizer.fingerprint:
+                    raise PretokError("the tokenizer file could not be read or changed while the run was starting",
+                                      job.tokenizer.spec)
+                record = process_unit(unit, _encoder(backend), job, report)
+                results.put(("done", record, report.take()))
         except Exception as e:
             results.put(("error", e))
+
+
+class _Progress:
+    """A worker's progress, sent at most every EVERY_S (its first batch at once: the run's start-up ends at the
+    first), the rest with the part's record (`take`): messages per second of work, not per batch."""
+
+    EVERY_S = 0.25
+
+    def __init__(self, results):
+        self.results, self.last, self.sent = results, 0.0, False
+        self.counts = [0, 0, 0]  # bytes, documents, tokens not sent yet
+
+    def __call__(self, nbytes: int, docs: int, tokens: int) -> None:
+        self.counts = [self.counts[0] + nbytes, self.counts[1] + docs, self.counts[2] + tokens]
+        now = time.time()
+        if not self.sent or now - self.last >= self.EVERY_S:
+            self.results.put(("progress", *self.counts, now))  # when it was done
+            self.counts, self.last, self.sent = [0, 0, 0], now, True
+
+    def take(self) -> tuple | None:
+        """What was not sent yet (bytes, documents, tokens, time), or None."""
+        if not any(self.counts):
+            return None
+        out, self.counts = (*self.counts, time.time()), [0, 0, 0]
+        return out
+
+
+def _next_task(tasks, urgent):
+    """The next placement if one waits, else the next task (None: stop)."""
+    import queue
+
+    while True:
+        try:
+            return urgent.get_nowait()
+        except queue.Empty:
+            pass
+        try:
+            return tasks.get(timeout=0.02)
+        except queue.Empty:
+            continue

@@ -13,8 +13,8 @@ from ..errors import PretokError
 from . import checksum
 
 MANIFEST = "manifest.json"
-MANIFEST_VERSION = 2  # the version written; see docs/FORMATS.md "Manifest" for what each changed
-READABLE_MANIFEST_VERSIONS = (1, 2)  # 1: `policy` held seq_len/row_length for every format (ignored unless padded)
+MANIFEST_VERSION = 3  # the version written; see docs/FORMATS.md "Manifest" for what each changed
+READABLE_MANIFEST_VERSIONS = (1, 2, 3)  # see docs/FORMATS.md "Versions"
 FORMAT_VERSIONS = {"padded": 1, "token-list": 1, "memmap": 1}
 PADDED_ONLY_POLICY = ("seq_len", "row_length")  # the only policy fields the bytes of no other format depend on
 REQUIRED = ("manifest_version", "format", "format_version", "tokenizer", "dtype", "policy", "counts", "files",

@@ -23,6 +23,7 @@ class _Source:
     tokens: int
     documents: int
     expect: str | None = None  # the .bin's recorded checksum, checked as its bytes stream through the copy
+    leaves: list | None = None  # its recorded leaves, for a tree checksum (`checksum.PARTS`)
 
 
 CORRUPT = "checksum differs from its manifest.json (corrupted or modified since it was written)"
@@ -65,22 +66,41 @@ def _part_source(prefix: str | os.PathLike, itemsize: int) -> _Source:
     return _Source(bin_path, lengths, None, tokens, len(lengths))
 
 
-def _write_bin(out: _HashingWriter, sources: list[_Source], itemsize: int, chunk_bytes: int) -> None:
+def _write_bin(out: _HashingWriter, sources: list[_Source], itemsize: int, chunk_bytes: int) -> list | None:
+    """Copy the sources' bytes in order, checking each against its recorded checksum as the bytes stream through.
+    Returns the leaves of the output's tree checksum when every source has one (their leaves in order), else None
+    (the output gets a flat checksum)."""
     biggest = max((s.tokens for s in sources), default=0) * itemsize
     buf = memoryview(bytearray(max(1, min(chunk_bytes, biggest))))  # the only data buffer
+    leaves: list | None = []
     for s in sources:
-        copied, algorithm = 0, s.expect and checksum.algorithm_of(s.expect)
-        h = checksum.hasher(algorithm) if algorithm else None
+        algorithm = s.expect and checksum.algorithm_of(s.expect)
+        tree = algorithm == checksum.PARTS
+        if tree and (not isinstance(s.leaves, list) or checksum.tree_value(s.leaves) != s.expect
+                     or sum(int(n) for n, _ in s.leaves) != s.tokens * itemsize):
+            raise PretokError(CORRUPT, s.bin_path)
+        ranges = [int(n) for n, _ in s.leaves] if tree else [s.tokens * itemsize]
+        h = checksum.hasher(algorithm) if algorithm and not tree else None
+        copied = 0
         with open(s.bin_path, "rb", buffering=0) as f:
-            while n := f.readinto(buf):
-                out.write(buf[:n])
-                if h is not None:
-                    h.update(buf[:n])
-                copied += n
+            for k, size in enumerate(ranges):
+                leaf = checksum.hasher() if tree else None
+                while size and (n := f.readinto(buf[: min(len(buf), size)])):
+                    out.write(buf[:n])
+                    for x in (h, leaf):
+                        if x is not None:
+                            x.update(buf[:n])
+                    copied, size = copied + n, size - n
+                if tree and leaf.hexdigest() != s.leaves[k][1]:
+                    raise PretokError(CORRUPT, s.bin_path)
+            if f.read(1):
+                copied += 1
         if copied != s.tokens * itemsize:
             raise PretokError(f"changed while copying ({copied} bytes, expected {s.tokens * itemsize})", s.bin_path)
         if h is not None and checksum.value(h, algorithm) != s.expect:
             raise PretokError(CORRUPT, s.bin_path)
+        leaves = leaves + [list(x) for x in s.leaves] if tree and leaves is not None else None
+    return leaves
 
 
 def _write_idx(out: _HashingWriter, sources: list[_Source], dtype: str, step: int) -> None:
@@ -113,7 +133,7 @@ def _concat(sources: list[_Source], out_prefix: str | os.PathLike, dtype: str, c
     os.makedirs(os.path.dirname(out_prefix) or ".", exist_ok=True)
     try:
         with _HashingWriter(paths[0] + ".tmp") as bin_out:
-            _write_bin(bin_out, sources, itemsize, chunk_bytes)
+            leaves = _write_bin(bin_out, sources, itemsize, chunk_bytes)
         with _HashingWriter(paths[1] + ".tmp") as idx_out:
             _write_idx(idx_out, sources, dtype, max(1, chunk_bytes // 8))
     except BaseException:
@@ -125,14 +145,15 @@ def _concat(sources: list[_Source], out_prefix: str | os.PathLike, dtype: str, c
         os.remove(paths[1])
     for path in paths:
         os.replace(path + ".tmp", path)
+    files = [{"path": os.path.basename(p), "size": w.size, "checksum": checksum.value(w.hash)}
+             for p, w in zip(paths, (bin_out, idx_out))]
+    if leaves and sources:  # every source had a tree checksum: so does the output (an unsharded run's, when merged)
+        files[0] = {**files[0], "checksum": checksum.tree_value(leaves), "leaves": leaves}
     return {
         "documents": sum(s.documents for s in sources),
         "sequences": sum(len(s.lengths) for s in sources),
         "tokens": sum(s.tokens for s in sources),
-        "files": [
-            {"path": os.path.basename(p), "size": w.size, "checksum": checksum.value(w.hash)}
-            for p, w in zip(paths, (bin_out, idx_out))
-        ],
+        "files": files,
     }
 
 
@@ -158,9 +179,11 @@ def concat_datasets(
     """Like `concat_parts`, but the inputs are finished (validated) Megatron datasets; their document indices
     are carried over shifted, as Megatron's `IndexedDatasetBuilder.add_index` does.
 
-    `expect`: per dataset its recorded checksums `{"bin": ..., "idx": ...}` (from its manifest). Each `.idx` is
-    checked before it is used (it is small); each `.bin` as its bytes stream through the copy, not re-read. A
-    mismatch is a one-line PretokError naming the file, and no output file is left."""
+    `expect`: per dataset its recorded checksums `{"bin": ..., "idx": ...}` (from its manifest; `"bin_leaves"`:
+    the leaves of a tree checksum). Each `.idx` is checked before it is used (it is small); each `.bin` as its
+    bytes stream through the copy, not re-read (a tree: leaf by leaf). A mismatch is a one-line PretokError naming
+    the file, and no output file is left. When every `.bin` has a tree checksum, the output's is their leaves'
+    tree."""
     sources = []
     for k, prefix in enumerate(prefixes):
         want = expect[k] if expect is not None else {}
@@ -168,7 +191,7 @@ def concat_datasets(
             raise PretokError(CORRUPT, os.fspath(prefix) + ".idx")
         ds = MemmapDataset(prefix, expect_dtype=dtype)
         sources.append(_Source(ds.bin_path, ds.lengths, ds.document_indices, ds.num_tokens, ds.num_documents,
-                               want.get("bin")))
+                               want.get("bin"), want.get("bin_leaves")))
     return _concat(sources, out_prefix, dtype, chunk_bytes)
 
 

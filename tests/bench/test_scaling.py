@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pretok_lib.bench.scaling import (cpu_per_gb, fitted_serial_fraction, predicted_gb_per_s, scaling,
+from pretok_lib.bench.scaling import (cpu_per_gb, fitted_serial_fraction, per_byte, predicted_gb_per_s, scaling,
                                       scaling_lines, serial_fraction)
 from pretok_lib.memory import cpu_seconds
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
@@ -62,3 +62,24 @@ def test_the_manifest_accounts_for_the_runs_cpu(tmp_path, workers):
         assert run["main_cpu_seconds"] < spent
     assert len(parts) == len(m["parts"]) > 1 and all(isinstance(p["cpu_seconds"], float) for p in parts)
     assert sum(p["cpu_seconds"] for p in parts) == pytest.approx(run["workers_cpu_seconds"], abs=0.01)
+
+
+@given(main=st.floats(0, 2), main0=st.floats(0, 5), work=st.floats(1, 20), work0=st.floats(0, 5),
+       sizes=st.lists(st.integers(10, 5000), min_size=2, max_size=5, unique=True))
+def test_the_per_byte_shares_are_the_slopes_over_sizes_and_drive_the_prediction(main, main0, work, work0, sizes):
+    """CPU = constant + slope x GB at every size of the scan: the slopes and constants come back, and the serial
+    fraction and predictions use the slopes, not one size's CPU per GB (which holds the constants)."""
+    scan = [{"input_bytes": mb * 10**6, "cpu": {"main_cpu_streaming_seconds": main0 + main * mb / 1e3,
+                                                "main_cpu_seconds": main0 + 1 + main * mb / 1e3,
+                                                "workers_cpu_seconds": work0 + work * mb / 1e3}} for mb in sizes]
+    got = per_byte(scan)
+    assert got["main_streaming_s_per_gb"] == pytest.approx(main, abs=1e-6)
+    assert got["main_streaming_constant_s"] == pytest.approx(main0, abs=1e-6)
+    assert got["main_constant_s"] == pytest.approx(main0 + 1, abs=1e-6)
+    assert got["workers_s_per_gb"] == pytest.approx(work, rel=1e-6)
+    runs = {"(d) engine memmap w2": [{"units": 64, "cpu": scan[0]["cpu"]}]}
+    sc = scaling(runs, [], sizes[0] * 10**6, 2, scan=scan)
+    assert sc["serial_fraction"] == pytest.approx(main / (main + work), abs=1e-6)
+    assert sc["predicted_gb_per_s"]["288"]["enough_units"] == pytest.approx(1 / (main + work / 288), rel=1e-5)
+    assert "per extra GB (slopes over" in "\n".join(scaling_lines(sc))
+    assert per_byte(scan[:1]) is None and per_byte([{**scan[0], "cpu": None}, scan[1]]) is None

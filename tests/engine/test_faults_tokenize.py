@@ -153,7 +153,7 @@ def _phase(line: str) -> str:
     """Where a disk-full error hit, from the path its line names."""
     if "/.pretok/parts/part-" in line or "/part-" in line:
         return "part"
-    if "data.bin.tmp" in line or "append.json" in line:
+    if "data.bin.tmp" in line or "placed.jsonl" in line or "data.lens" in line:
         return "append"
     if "data.idx" in line or "finishing" in line:
         return "index"

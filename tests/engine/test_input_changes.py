@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from pretok_lib.cli import main
 from pretok_lib.engine import parts, run
+from pretok_lib.engine import workers as workers_mod
 
 from .signal_at import HANG
 from .test_faults_tokenize import cli, one_line
@@ -72,7 +73,7 @@ def reference(tmp_path_factory) -> dict:
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @example(how="remove", at=4, fraction=0.0, fmt="memmap")     # the backend check's read fails first
-@example(how="remove", at=3, fraction=0.0, fmt="token-list")  # the checksum thread's read fails first
+@example(how="remove", at=3, fraction=0.0, fmt="token-list")  # the input checksum's read fails first
 @given(how=st.sampled_from(CHANGES), at=st.integers(0, 4), fraction=st.floats(0.0, 0.95),
        fmt=st.sampled_from(["memmap", "token-list"]))
 def test_input_changed_mid_run_fails_naming_it_and_resumes_once_restored(reference, capsys, how, at, fraction, fmt):
@@ -93,11 +94,11 @@ def test_input_changed_mid_run_fails_naming_it_and_resumes_once_restored(referen
                 change(inp, how, fraction)
             return real_read(unit, opts)
 
-        def hash_inputs(self):
+        def hash_inputs(blocks):
             if not fired:
                 fired.append(True)
                 change(inp, how, fraction)
-            return real_hash(self)
+            return real_hash(blocks)
 
         parts_read = threading.Event()
 
@@ -114,10 +115,10 @@ def test_input_changed_mid_run_fails_naming_it_and_resumes_once_restored(referen
             finally:
                 parts_read.set()
 
-        real_read, real_hash, real_sample = parts.read_unit, run._InputHasher.run, run.sample_texts
+        real_read, real_hash, real_sample = parts.read_unit, workers_mod.hash_blocks, run.sample_texts
         real_workers_run = run.Workers.run
         hasher = hash_inputs if at == 3 else real_hash
-        with mock.patch.object(parts, "read_unit", read_unit), mock.patch.object(run._InputHasher, "run", hasher), \
+        with mock.patch.object(parts, "read_unit", read_unit), mock.patch.object(workers_mod, "hash_blocks", hasher), \
                 mock.patch.object(run, "sample_texts", sample_texts if at == 4 else real_sample), \
                 mock.patch.object(run.Workers, "run", workers_run):
             rc, err = cli(capsys, *args)

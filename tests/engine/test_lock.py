@@ -49,7 +49,7 @@ def _raise(exc: BaseException):
 # (where in the run, what it raises): the planning, the tokenizer, the output's preparation, the tokenizing,
 # the finishing (memmap append), the manifest's writing
 FAULTS = [("expand_inputs", PretokError("injected", "x")), ("load_tokenizer", OSError(errno.EIO, "injected")),
-          ("prepare_output", KeyboardInterrupt()), ("_resume_appends", Terminated()),
+          ("prepare_output", KeyboardInterrupt()), ("_resume_places", Terminated()),
           ("check_stamps", OSError(errno.ENOSPC, "injected")), ("_finalize", PretokError("injected")),
           ("write_manifest", KeyboardInterrupt())]
 

@@ -53,12 +53,14 @@ def test_checksummed_part_records_the_hashes_of_both_files(tmp_path):
     stats = part.close()
     data, lens = (tmp_path / "p.bin").read_bytes(), (tmp_path / "p.lens").read_bytes()
     assert data == a.tobytes() + b.tobytes() and np.frombuffer(lens, "<i4").tolist() == [4, 6, 5]
-    assert part.hashes() == [xxhash.xxh3_64_intdigest(data), xxhash.xxh3_64_intdigest(lens)]
+    assert part.hashes() == [xxhash.xxh3_128_hexdigest(data), xxhash.xxh3_128_hexdigest(lens)]
     assert stats == {"documents": 3, "tokens": 15, "bin_bytes": 30}
     record = {"documents": 3, "tokens": 15, PART_HASH_KEY: part.hashes()}
     assert part_files_intact(tmp_path / "p", record, 2)
     assert not part_files_intact(tmp_path / "p", {**record, "tokens": 14}, 2)  # size differs
-    assert not part_files_intact(tmp_path / "p", {**record, PART_HASH_KEY: part.hashes()[0]}, 2)  # older record layout
+    assert not part_files_intact(tmp_path / "p", {**record, PART_HASH_KEY: part.hashes()[0]}, 2)  # a malformed record
+    older = {**record, PART_HASH_KEY: [xxhash.xxh3_64_intdigest(data), xxhash.xxh3_64_intdigest(lens)]}
+    assert not part_files_intact(tmp_path / "p", older, 2)  # a record of an earlier version (XXH3-64): redone
     (tmp_path / "p.lens").write_bytes(lens[:-4] + b"\x06\x00\x00\x00")  # same size, other bytes
     assert not part_files_intact(tmp_path / "p", record, 2)
 

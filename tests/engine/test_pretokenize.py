@@ -59,11 +59,33 @@ def data_files(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file() and p.name != "manifest.json"}
 
 
+def tree_root(ranges: list[bytes]) -> str:
+    """XXH3-128 over each range's 8-byte little-endian size and 16-byte XXH3-128 digest (docs/FORMATS.md), written
+    here from the contract, not with the code under test."""
+    return xxhash.xxh3_128(b"".join(len(r).to_bytes(8, "little") + xxhash.xxh3_128(r).digest()
+                                    for r in ranges)).hexdigest()
+
+
+def input_tree(data: bytes) -> str:
+    """An input's recorded checksum: the tree over its 64 MiB blocks (an empty file: one empty block)."""
+    block = 64 << 20
+    return "xxh3_128-blocks:" + tree_root([data[i : i + block] for i in range(0, len(data), block)] or [b""])
+
+
 def file_checksums(out: Path) -> dict[str, str]:
-    """The manifest's checksum of every data file, asserted equal to the file's actual XXH3-128."""
-    recorded = {f["path"]: f["checksum"] for f in read_manifest(out)["files"]}
-    for name, value in recorded.items():
-        assert value == "xxh3_128:" + xxhash.xxh3_128((out / name).read_bytes()).hexdigest(), name
+    """The manifest's checksum of every data file, asserted equal to the file's actual XXH3-128 (a memmap .bin:
+    the tree over the byte ranges of its parts, in the manifest's order)."""
+    m = read_manifest(out)
+    recorded = {f["path"]: f["checksum"] for f in m["files"]}
+    for f in m["files"]:
+        data = (out / f["path"]).read_bytes()
+        if f["checksum"].startswith("xxh3_128-parts:"):
+            sizes = [p["tokens"] * np.dtype(m["dtype"]).itemsize for p in m["parts"]]
+            assert [n for n, _ in f["leaves"]] == sizes and sum(sizes) == len(data), f["path"]
+            cuts = np.cumsum([0, *sizes]).tolist()
+            assert f["checksum"] == "xxh3_128-parts:" + tree_root([data[a:b] for a, b in zip(cuts, cuts[1:])])
+        else:
+            assert f["checksum"] == "xxh3_128:" + xxhash.xxh3_128(data).hexdigest(), f["path"]
     return recorded
 
 
@@ -113,7 +135,7 @@ def test_manifest_records_everything(three_formats, corpus):
     assert m["tokenizer"]["fingerprint"].startswith("sha256:") and m["tokenizer"]["vocab_size"] == 50257
     assert m["tokenizer"]["backend"]["backend"] == "fastokens"
     assert m["policy"]["bos_id"] == GPT2_EOT and m["policy"]["eos_id"] is None
-    assert m["inputs"][0]["checksum"] == "xxh3_128:" + xxhash.xxh3_128(corpus.read_bytes()).hexdigest()
+    assert m["inputs"][0]["checksum"] == input_tree(corpus.read_bytes())
     assert m["inputs"][0]["size"] == corpus.stat().st_size
     assert m["compression"] == "zstd:3" and m["command"] and m["created"]
     assert file_checksums(three_formats["padded"][0])
@@ -269,60 +291,65 @@ def test_text_with_separator_regex(tmp_path):
 
 
 def test_memmap_resume_redoes_parts_damaged_on_disk(corpus, tmp_path, monkeypatch):
-    """A crash after 3 committed parts, then part 1's bytes damaged (as a power cut before writeback would):
-    the rerun detects it by the per-part checksum, redoes parts 1.., and the output is identical."""
-    from pretok_lib.engine.memmap_append import MemmapAppender
+    """A crash after 3 placed parts, then one placed part's bytes damaged in `data.bin.tmp` (as a power cut before
+    writeback would): the rerun detects it by the part's checksum, tokenizes that part again, keeps the others,
+    and the output is identical."""
+    from pretok_lib.engine.memmap_place import MemmapAssembler
 
     ref = tmp_path / "ref"
     tok(corpus, ref, part_mb=0.3)
     out = tmp_path / "out"
-    real_add = MemmapAppender.add
+    real_done = MemmapAssembler.done
 
-    def crashing_add(self, *a):
-        if self.committed >= 3:
+    def crashing_done(self, p):
+        if len(self.placed) >= 3:
             raise KeyboardInterrupt("simulated crash")
-        real_add(self, *a)
+        real_done(self, p)
 
-    monkeypatch.setattr("pretok_lib.engine.memmap_append.COMMIT_EVERY_S", 0.0)  # commit every append
-    monkeypatch.setattr(MemmapAppender, "add", crashing_add)
+    monkeypatch.setattr("pretok_lib.engine.memmap_place.LOG_EVERY_S", 0.0)  # log every placement at once
+    monkeypatch.setattr(MemmapAssembler, "done", crashing_done)
     with pytest.raises(KeyboardInterrupt):
         tok(corpus, out, part_mb=0.3)
-    monkeypatch.setattr(MemmapAppender, "add", real_add)
-    state = json.loads((out / ".pretok" / "append.json").read_text())
-    assert state["parts"] == 3 and not (out / "manifest.json").exists()
+    monkeypatch.setattr(MemmapAssembler, "done", real_done)
+    logged = [json.loads(line) for line in (out / ".pretok" / "placed.jsonl").read_text().splitlines()]
+    assert len(logged) == 3 and not (out / "manifest.json").exists()
+    index, offset, size = logged[1][:3]
     tmp_bin = out / "data.bin.tmp"
     raw = bytearray(tmp_bin.read_bytes())
-    start = state["part_sizes"][0]
-    raw[start : start + 8] = b"\x00" * 8
+    raw[offset : offset + 8] = b"\x00" * 8 if raw[offset : offset + 8] != b"\x00" * 8 else b"\x01" * 8
     tmp_bin.write_bytes(bytes(raw))
+    redone = []
+    real_add = MemmapAssembler.add
+    monkeypatch.setattr(MemmapAssembler, "add", lambda self, i, *a: redone.append(i) or real_add(self, i, *a))
     tok(corpus, out, part_mb=0.3)
     assert data_files(out) == data_files(ref)
     assert file_checksums(out) == file_checksums(ref)
+    assert redone.count(index) == 1 and all(redone.count(e[0]) == 1 for e in logged)  # the others kept as placed
 
 
-def test_memmap_resume_checks_unappended_parts(corpus, tmp_path, monkeypatch):
-    """Finished parts are not fsynced: after a crash before they were appended, a part whose bytes were damaged
+def test_memmap_resume_checks_unplaced_parts(corpus, tmp_path, monkeypatch):
+    """Finished parts are not fsynced: after a crash before they were placed, a part whose bytes were damaged
     and a part whose commit record was torn (as a power cut could leave them) are redone; the output is identical."""
-    from pretok_lib.engine.memmap_append import MemmapAppender
+    from pretok_lib.engine.memmap_place import MemmapAssembler
 
     ref = tmp_path / "ref"
     tok(corpus, ref, part_mb=0.3)
     out = tmp_path / "out"
-    real_add = MemmapAppender.add
+    real_add = MemmapAssembler.add
     calls = []
 
     def crash_on_fourth_part(self, *a):
         calls.append(a)
         if len(calls) == 4:
             raise KeyboardInterrupt("simulated crash")
-        if len(calls) > 1:  # keep parts 1 and 2 unappended: hold them back from the appender
-            return
-        real_add(self, *a)
+        if len(calls) > 1:  # keep parts 1 and 2 unplaced: hold them back from the assembler
+            return []
+        return real_add(self, *a)
 
-    monkeypatch.setattr(MemmapAppender, "add", crash_on_fourth_part)
+    monkeypatch.setattr(MemmapAssembler, "add", crash_on_fourth_part)
     with pytest.raises(KeyboardInterrupt):
         tok(corpus, out, part_mb=0.3)
-    monkeypatch.setattr(MemmapAppender, "add", real_add)
+    monkeypatch.setattr(MemmapAssembler, "add", real_add)
     parts = out / ".pretok" / "parts"
     assert {p.name for p in parts.glob("*.bin")} >= {"part-000001.bin", "part-000002.bin"}
     raw = bytearray((parts / "part-000001.bin").read_bytes())

@@ -17,7 +17,7 @@ import pytest
 from pretok_lib.engine.merge import merge_shards
 from pretok_lib.engine.verify import format_inspect, inspect, verify
 from pretok_lib.errors import PretokError
-from pretok_lib.formats.manifest import _canonical, read_manifest
+from pretok_lib.formats.manifest import MANIFEST_VERSION, _canonical, read_manifest
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
 from ..conftest import GPT2_JSON
@@ -167,7 +167,7 @@ def test_version_1_outputs_open_merge_and_verify(tmp_path, fmt):
             assert pq.read_table(tmp_path / "merged" / name).equals(pq.read_table(fresh / name)), name
         assert merged == {n: (d / n).read_bytes() for d in shards for n in data_files(d)}  # v1 parts copied as is
     m = read_manifest(tmp_path / "merged")
-    assert json.loads((tmp_path / "merged" / "manifest.json").read_text())["manifest_version"] == 2
+    assert json.loads((tmp_path / "merged" / "manifest.json").read_text())["manifest_version"] == MANIFEST_VERSION
     assert m["policy"] == read_manifest(fresh)["policy"]
     assert verify(tmp_path / "merged", sources=[str(INPUT)], sample=100).ok
 

@@ -59,6 +59,48 @@ def test_damaged_memmap_index_in_inspect(tmp_path, capsys):
     one_line(err, str(idx))
 
 
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(where=st.floats(0.0, 0.999))
+def test_a_damaged_memmap_byte_is_named_by_its_part_everywhere_it_is_checked(memmap_parts, capsys, where):
+    """One byte of `data.bin` changed anywhere: `pretok verify` names the part that holds it and its first byte
+    (the tree checksum's leaf), the loader's check on open and `pretok merge` refuse the file, each in one line."""
+    from pretok_lib.data.verify_open import verify_files
+    from pretok_lib.engine.merge import merge_shards
+    from pretok_lib.errors import PretokError
+    from pretok_lib.formats.manifest import read_manifest
+
+    out, pristine = memmap_parts
+    m = read_manifest(out)
+    at = int(where * len(pristine))
+    sizes = [n for n, _ in m["files"][0]["leaves"]]
+    assert len(sizes) == len(m["parts"]) >= 3
+    holder = next(k for k in range(len(sizes)) if sum(sizes[:k]) <= at < sum(sizes[: k + 1]))
+    damaged = bytearray(pristine)
+    damaged[at] ^= 0x5A
+    (out / "data.bin").write_bytes(bytes(damaged))
+    try:
+        rc, err = cli(capsys, "verify", out, "--sample", "0")
+        assert rc == 1
+        one_line(err, str(out / "data.bin"), f"the bytes of {m['parts'][holder]['part']} (from byte "
+                 f"{sum(sizes[:holder])}) are corrupted")
+        with pytest.raises(PretokError, match="checksum differs"):
+            verify_files(out, m)
+        with pytest.raises(PretokError, match="checksum differs"):
+            merge_shards([out], out.parent / f"merged-{at}")
+    finally:
+        (out / "data.bin").write_bytes(pristine)
+
+
+@pytest.fixture(scope="module")
+def memmap_parts(tmp_path_factory):
+    """A memmap output of several parts (its data.bin's checksum a tree over them), and its data.bin's bytes."""
+    base = tmp_path_factory.mktemp("tree")
+    docs = [v["extract"] for v in json.loads(WIKI_EN.read_text()).values()][:300]
+    out = _tokenize(base, docs, "memmap")
+    (out / ".pretok").mkdir(exist_ok=True)  # the stamp of a check on open goes here: never one of a damaged file
+    return out, (out / "data.bin").read_bytes()
+
+
 def test_no_rate_from_a_time_too_short_to_measure(tmp_path):
     out = _tokenize(tmp_path, ["one short document"], "memmap")
     report = inspect(out)
