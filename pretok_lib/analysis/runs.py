@@ -220,19 +220,29 @@ def last_launch(path: Path) -> dict[str, Any]:
         return {}
 
 
+def read_run_config(run_dir: str | Path, problems: list[str] | None = None) -> dict[str, Any]:
+    """A run's resolved `config.yaml` as plain nested dicts, {} when missing or unreadable (why is appended to
+    `problems` when given). The one reader of the file as data (the trainer loads it as a `Config`)."""
+    path = Path(run_dir) / "config.yaml"
+    why = None
+    try:
+        loaded = yaml.safe_load(path.read_text())
+        return loaded if isinstance(loaded, dict) else {}
+    except FileNotFoundError:
+        why = "missing"
+    except (OSError, yaml.YAMLError) as e:
+        why = f"unreadable ({e.__class__.__name__})"
+    if problems is not None:
+        problems.append(f"config.yaml: {why}")
+    return {}
+
+
 def load_run(path: str | Path) -> Run:
     """One run directory as a `Run`. Missing or damaged files become `problems`, never exceptions."""
     path = Path(path)
     problems: list[str] = []
     info = read_run_record(path, problems) or {}
-    config: dict[str, Any] = {}
-    try:
-        loaded = yaml.safe_load((path / "config.yaml").read_text())
-        config = loaded if isinstance(loaded, dict) else {}
-    except FileNotFoundError:
-        problems.append("config.yaml: missing")
-    except (OSError, yaml.YAMLError) as e:
-        problems.append(f"config.yaml: unreadable ({e.__class__.__name__})")
+    config = read_run_config(path, problems)
     train: list[dict] = []
     val: list[dict] = []
     if (path / "metrics.jsonl").is_file():
