@@ -95,3 +95,12 @@ def test_the_cli_leaves_signals_and_exit_codes_to_exits_py() -> None:
     text = (PKG / "cli.py").read_text()
     assert not re.search(r"^import (signal|threading)$|signal\.signal\(|return 1[34][0-9]$", text, re.M)
     assert cli.Terminated is exits.Terminated and cli.READER_GONE == exits.READER_GONE == 141
+
+
+def test_run_and_study_files_are_read_by_their_readers() -> None:
+    """run.json (run_record), config.yaml (analysis.runs.read_run_config), study.json (study.reporting) and
+    manifest.json (formats.manifest.read_manifest): gpu_check.py, train/export.py and the analysis parse none of
+    them themselves."""
+    for rel in ("gpu_check.py", "train/export.py", "analysis/metrics.py", "analysis/bench_tables.py"):
+        text = (PKG / rel).read_text()
+        assert not re.search(r'/ "(run|study|manifest)\.json"|config\.yaml"\)\.read_text|yaml\.safe_load', text), rel

@@ -11,6 +11,8 @@ from typing import Any
 
 from ..datapaths import FORMAT_OF as PATH_FORMAT
 from ..datapaths import PRETOK_PAIRS
+from ..errors import PretokError
+from ..formats.manifest import MANIFEST, read_manifest
 from .runs import Run
 
 LOOP_PREFIX, MAP_PREFIX, ENGINE_PREFIX = "(a)", "(b)", "(d) engine"
@@ -74,27 +76,28 @@ def tokenization_speedups(bench: str | Path | dict | None, runs: Iterable[Run],
 def _manifest_dirs(paths: Iterable[str | Path]) -> list[Path]:
     out: list[Path] = []
     for p in map(Path, paths):
-        subs = sorted(d for d in p.iterdir() if (d / "manifest.json").is_file()) if p.is_dir() else []
-        out += [p] if (p / "manifest.json").is_file() or not subs else subs
+        subs = sorted(d for d in p.iterdir() if (d / MANIFEST).is_file()) if p.is_dir() else []
+        out += [p] if (p / MANIFEST).is_file() or not subs else subs
     return out
 
 
 def storage_rows(dataset_dirs: Iterable[str | Path], bench: str | Path | dict | None = None) -> list[dict[str, Any]]:
     """Bytes on disk and bytes per stored token of pretokenized outputs, from their manifest.json (a directory
-    without one is searched one level down, e.g. runs/demo). With a tokenize benchmark, adds its
-    `datasets.map` + `save_to_disk` output (HF Arrow) for reference. Unreadable outputs give a row with `error`."""
+    without one is searched one level down, e.g. runs/demo), read by `read_manifest` (checked as every reader
+    checks it). With a tokenize benchmark, adds its `datasets.map` + `save_to_disk` output (HF Arrow) for
+    reference. Unreadable or invalid outputs give a row with `error`."""
     rows: list[dict[str, Any]] = []
     for d in _manifest_dirs(dataset_dirs):
         row: dict[str, Any] = {"name": d.name, "path": str(d)}
         try:
-            m = json.loads((d / "manifest.json").read_text())
+            m = read_manifest(d)
             c = m["counts"]
             disk = sum(int(f["size"]) for f in m["files"])
             row.update(format=m["format"], compression=m.get("compression"), dtype=m.get("dtype"),
                        documents=c.get("documents"), tokens=c["tokens"], padding=c.get("padding", 0),
                        input_bytes=c.get("input_bytes"), disk_bytes=disk,
                        bytes_per_token=disk / c["tokens"] if c["tokens"] else None, error=None)
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (PretokError, OSError, ValueError, KeyError, TypeError) as e:
             row.update(format=None, disk_bytes=None, bytes_per_token=None, error=f"{e.__class__.__name__}: {e}")
         rows.append(row)
     b = load_bench(bench)
