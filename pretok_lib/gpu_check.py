@@ -26,7 +26,7 @@ from typing import Any, Callable
 from . import procs
 from .cpu_affinity import usable_cpus
 from .errors import PretokError
-from .run_record import read_run_record
+from .run_record import read_run_config, read_run_record
 
 VERDICT_VERSION = 1
 CHECKS = ("cuda", "pin_memory", "data", "train", "nccl", "bf16", "compile", "tf32", "resume", "study")
@@ -355,8 +355,6 @@ def run_check(a: argparse.Namespace) -> dict:
         if len(recs) != a.steps or not all(map(math.isfinite, losses)) or not losses[-1] < losses[0]:
             raise CheckFailed(f"{len(recs)} of {a.steps} steps logged, loss {losses[:1]} -> {losses[-1:]}")
         tail = recs[1:] or recs
-        from .analysis.runs import read_run_config
-
         cfg = read_run_config(out / "runs" / "reference")
         return {"precision": cfg["train"]["precision"], "compile": cfg["train"]["compile"],
                 "pin_memory": cuda, "world_size": info.get("world_size"), "backend": info.get("backend"), "device": info.get("device_name"),

@@ -98,7 +98,7 @@ def test_the_cli_leaves_signals_and_exit_codes_to_exits_py() -> None:
 
 
 def test_run_and_study_files_are_read_by_their_readers() -> None:
-    """run.json (run_record), config.yaml (analysis.runs.read_run_config), study.json (study.reporting) and
+    """run.json and config.yaml (run_record.py), study.json (study/reporting.py) and
     manifest.json (formats.manifest.read_manifest): gpu_check.py, train/export.py and the analysis parse none of
     them themselves."""
     for rel in ("gpu_check.py", "train/export.py", "analysis/metrics.py", "analysis/bench_tables.py"):

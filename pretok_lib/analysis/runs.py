@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
-import yaml
 
 from ..crossing import number
 from ..datapaths import global_batch
-from ..run_record import flatten, read_run_record
+from ..run_record import flatten, read_run_config, read_run_record
 
 TABLE_STATUSES = ("completed", "failed", "incomplete")
 RUN_FILES = ("run.json", "metrics.jsonl", "launcher.json")  # launcher.json: `pretok_lib.sweep` tried to start it
@@ -218,23 +217,6 @@ def last_launch(path: Path) -> dict[str, Any]:
         return attempts[-1] if isinstance(attempts[-1], dict) else {}
     except (OSError, ValueError, AttributeError):
         return {}
-
-
-def read_run_config(run_dir: str | Path, problems: list[str] | None = None) -> dict[str, Any]:
-    """A run's resolved `config.yaml` as plain nested dicts, {} when missing or unreadable (why is appended to
-    `problems` when given). The one reader of the file as data (the trainer loads it as a `Config`)."""
-    path = Path(run_dir) / "config.yaml"
-    why = None
-    try:
-        loaded = yaml.safe_load(path.read_text())
-        return loaded if isinstance(loaded, dict) else {}
-    except FileNotFoundError:
-        why = "missing"
-    except (OSError, yaml.YAMLError) as e:
-        why = f"unreadable ({e.__class__.__name__})"
-    if problems is not None:
-        problems.append(f"config.yaml: {why}")
-    return {}
 
 
 def load_run(path: str | Path) -> Run:
