@@ -93,7 +93,7 @@ def test_the_cli_leaves_signals_and_exit_codes_to_exits_py() -> None:
     from pretok_lib import cli, exits
 
     text = (PKG / "cli.py").read_text()
-    assert not re.search(r"^import (signal|threading)$|signal\.signal\(|return 1[34][0-9]$", text, re.M)
+    assert not re.search(r"^import (signal|threading)$|signal\.signal\(|return 1[34][0-9]$", text, re.MULTILINE)
     assert cli.Terminated is exits.Terminated and cli.READER_GONE == exits.READER_GONE == 141
 
 
