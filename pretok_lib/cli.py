@@ -6,14 +6,13 @@ import argparse
 import json
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 from .cpu_affinity import usable_cpus
-from .errors import PretokError, os_error
+from .errors import PretokError
+from .exits import READER_GONE, Terminated, at_boundary, escape_unencodable_output, reader_gone
 
 
 def _env_int(name: str, fallback: int) -> int:
@@ -205,8 +204,7 @@ def cmd_export(a: argparse.Namespace) -> None:
 
 
 def cmd_sweep(a: argparse.Namespace) -> None:
-    from .run_record import run_status
-    from .sweep import RERUN, Grid, Unclearable, _changed, check_points, command, parse_axis, parse_setting, run_sweep
+    from .sweep import Grid, dry_run_lines, parse_axis, parse_setting, run_sweep
 
     grid = Grid.from_yaml(a.grid) if a.grid else Grid()
     grid.axes.update(dict(parse_axis(x) for x in a.axis))
@@ -218,22 +216,8 @@ def cmd_sweep(a: argparse.Namespace) -> None:
         grid.linked.setdefault("data", {})[kind.strip()] = {"data.path": path}
     grid.prefix = a.prefix or grid.prefix
     if a.dry_run:  # what the sweep would do with each point: its state, or why it would be refused
-        if not Path(a.config).is_file():  # as the sweep itself would say
-            raise PretokError("config file not found", a.config)
-        check_points(a.config, grid.points(), Path(a.runs_dir).resolve())   # as the sweep would refuse them
-        points = grid.points()
-        if a.launcher == "slurm":    # each point's full sbatch line; nothing submitted, no SLURM needed
-            from .sweep_slurm import dry_run
-
-            lines = dry_run(points, Path(a.config).resolve(), a.runs_dir)
-        else:
-            lines = [" ".join(command(p, a.config, a.launcher, a.runs_dir, a.module)) for p in points]
-        for p, cmd in zip(points, lines):
-            why = _changed(Path(a.config).resolve(), p, Path(a.runs_dir).resolve())
-            state = run_status(Path(a.runs_dir) / p.run_id) or "not run"
-            state = state if why in (None, RERUN) else ("would start over: " if a.rerun_changed and not isinstance(
-                why, Unclearable) else "would be refused: ") + why
-            print(f"{p.run_id}  [{state}]  {cmd}")
+        for line in dry_run_lines(a.config, grid, a.runs_dir, a.launcher, a.module, a.rerun_changed):
+            print(line)
         return
     res = run_sweep(a.config, grid, a.runs_dir, a.launcher, module=a.module, timeout_s=a.timeout,
                     changed="rerun" if a.rerun_changed else "refuse")
@@ -292,6 +276,17 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _choices(command: str | None, subcommand: str, name: str) -> list[str] | None:
+    """The choices of an option of `subcommand`: the names its module declares (sweep.LAUNCHERS,
+    study.profiles.PROFILES), imported only when that subcommand (or any, `command` None) may be parsed."""
+    if command not in (None, subcommand):
+        return None
+    import importlib
+
+    module = {"sweep": ".sweep", "study": ".study.profiles"}[subcommand]
+    return list(getattr(importlib.import_module(module, __package__), name))
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -357,7 +352,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="data.path of one data path (text inputs for padded/padding-free, a pretok output dir else)")
     p.add_argument("--prefix", default=None, help="run id prefix (default: sweep)")
     p.add_argument("--runs-dir", default="runs")
-    p.add_argument("--launcher", default="local", choices=["local", "slurm"])
+    p.add_argument("--launcher", default="local", choices=_choices(command, "sweep", "LAUNCHERS"))
     p.add_argument("--timeout", type=_positive, default=None, help="seconds per local run before it is stopped")
     p.add_argument("--rerun-changed", action="store_true",
                    help="start over a point whose run directory holds a run of another config (default: refuse it)")
@@ -367,7 +362,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_sweep)
     p = sub.add_parser("study", help="execute notebooks 01-05 (papermill) and export the HTML report; notebooks and "
                        "configs from the current project (with notebooks/), else those installed with pretok")
-    p.add_argument("--profile", default="quick", choices=["quick", "full", "smoke"],
+    p.add_argument("--profile", default="quick", choices=_choices(command, "study", "PROFILES"),
                    help="quick: 2 CPU cores, ~10 min; full: real hardware (GPUs); smoke: ~1 min check")
     p.add_argument("--out", default=None, help="the study directory, the only place it writes (default: "
                    "runs/study-<profile> of the current project, else of the current directory)")
@@ -412,128 +407,30 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return ap
 
 
+__all__ = ["Terminated", "build_parser", "main", "script", "tokenize_config"]  # Terminated: exits.py's, kept here
 SIGTERM_OWN = (["train"],)  # left to the trainer, which checkpoints on SIGTERM (train/loop.py)
 
 
-class Terminated(BaseException):
-    """SIGTERM (e.g. `scancel`, a job's time limit) turned into an exception, so the run unwinds its cleanup."""
-
-
-_sigterm_seen = False  # set by _on_sigterm: whatever the command fails with afterwards is the termination
-
-
-IMPORT_MACHINERY = "<frozen importlib"   # the import system's own frames (module locks, finders, loaders)
-DEFER_S = 0.02
-
-
-def _on_sigterm(signum, frame) -> None:
-    """Raise Terminated where the command is; but not inside the import system's own frames, where the exception
-    escaped through C code that printed its traceback above the one line (seen once in `make test`: raised in
-    importlib's `_lock_unlock_module`). There the signal is sent again DEFER_S later, to land past the import."""
-    global _sigterm_seen
-    if frame is not None and frame.f_code.co_filename.startswith(IMPORT_MACHINERY):
-        timer = threading.Timer(DEFER_S, os.kill, (os.getpid(), signal.SIGTERM))
-        timer.daemon = True
-        timer.start()
-        return
-    _sigterm_seen = True
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
-    raise Terminated()
-
-
 def main(argv: list[str] | None = None, *, script: bool = False) -> int:
-    """Run one subcommand. The error boundary: a PretokError, and any OSError that reaches it (disk full,
-    read-only file system, permissions, ...), is printed as one line `pretok: error: <file>: <problem>`, exit 1;
-    Ctrl-C exits 130 and SIGTERM 143, each with one line (also when the exception the SIGTERM raised was turned
-    into another error by an import or a library it interrupted). None of them leaves a manifest of a partial
-    output.
-
-    Every subcommand but train (whose trainer checkpoints on it) takes SIGTERM first thing, before parsing, so
-    that its cleanup runs (temp files removed, child processes stopped); sweep and study take it over while they
-    run their points and notebooks. Earlier, in interpreter start-up, the default action kills the process before
-    it has written anything. When the work is over, the previous handler comes back, or with `script=True` (the
-    `pretok` command) SIGTERM is ignored, so a late one cannot kill a finished command in interpreter shutdown
-    (exit -15 over a complete output)."""
-    global _sigterm_seen
+    """Run one subcommand at the error boundary (exits.py: one-line errors, exit codes, SIGTERM taken by every
+    subcommand but train, whose trainer checkpoints on it)."""
     argv = sys.argv[1:] if argv is None else argv
-    previous, _sigterm_seen = None, False
-    if argv[:1] not in SIGTERM_OWN and threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        try:
-            args = build_parser(argv[0] if argv else None).parse_args(argv)
-            rc = args.fn(args)
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, signal.SIG_IGN if script else previous)
-    except BaseException as e:
-        return _exit_code(e)
-    return rc or 0
 
+    def run() -> int | None:
+        args = build_parser(argv[0] if argv else None).parse_args(argv)
+        return args.fn(args)
 
-def _exit_code(e: BaseException) -> int:
-    """The error boundary's line and exit code for `e`; anything else is re-raised (a bug: its traceback)."""
-    # The handler's Terminated can be caught and turned into another error on its way up: an import it interrupts
-    # fails with ImportError (numpy: "multiarray failed to import"), a library may wrap it. After a SIGTERM, any
-    # failure is that termination.
-    if isinstance(e, Terminated) or (_sigterm_seen and isinstance(e, Exception)):
-        print("pretok: terminated by SIGTERM (rerun the same command to resume)", file=sys.stderr)
-        return 143
-    if isinstance(e, PretokError):
-        print(f"pretok: error: {e}", file=sys.stderr)
-        return getattr(e, "exit_code", 1)  # 3: a sweep/study stopped by a signal (pretok_lib.procs.Stopped)
-    if isinstance(e, BrokenPipeError) and _reader_gone():
-        return READER_GONE
-    if isinstance(e, OSError):
-        print(f"pretok: error: {os_error(e)}", file=sys.stderr)
-        return 1
-    if isinstance(e, KeyboardInterrupt):
-        print("pretok: interrupted (rerun the same command to resume)", file=sys.stderr)
-        return 130
-    raise e
+    return at_boundary(run, take_sigterm=argv[:1] not in SIGTERM_OWN, script=script)
 
 
 _STARTED: float | None = None  # when the `pretok` command's process started (None: main() called in-process)
-READER_GONE = 141  # the exit code of a command whose output's reader went away, as the shell shows SIGPIPE's
-
-
-def _reader_gone() -> bool:
-    """Whether stdout is a pipe whose reader has gone (`pretok inspect OUT | head -1`; poll says POLLERR): then
-    stdout is pointed at /dev/null, so that nothing more (nor the interpreter's last flush) fails on it, and the
-    command ends quietly rather than with 'pretok: error: Broken pipe'."""
-    import select
-
-    try:
-        fd = sys.stdout.fileno()
-        poller = select.poll()
-        poller.register(fd, select.POLLOUT)
-        gone = any(events & select.POLLERR for _, events in poller.poll(0))
-    except (OSError, ValueError, AttributeError):  # closed, detached, no poll: not a pipe's reader
-        return False
-    if gone:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, fd)
-        os.close(devnull)
-    return gone
-
-
-def _escape_unencodable_output() -> None:
-    """Print what stdout's encoding cannot show as escapes (stderr does so already): under a non-UTF-8 locale
-    (LANG=en_US on ISO-8859-1, PYTHONUTF8=0 with LC_ALL=C, PYTHONIOENCODING=ascii) a summary holding '\u2026' or a
-    non-ASCII path failed a finished command with a UnicodeEncodeError traceback and exit 1."""
-    reconfigure = getattr(sys.stdout, "reconfigure", None)
-    if reconfigure is not None:
-        try:
-            reconfigure(errors="backslashreplace")
-        except (ValueError, OSError):  # a closed or detached stdout: nothing will be printed there anyway
-            pass
 
 
 def script() -> None:
     """The `pretok` command (and `python -m pretok_lib.cli`)."""
     global _STARTED
     _STARTED = process_start_time()
-    _escape_unencodable_output()
+    escape_unencodable_output()
     if sys.argv[1:2] == ["train"]:
         from .train.collector import import_training_modules
 
@@ -545,7 +442,7 @@ def script() -> None:
     try:
         sys.stdout.flush()
     except BrokenPipeError:  # what was left in stdout's buffer found the pipe closed
-        if _reader_gone():
+        if reader_gone():
             rc = READER_GONE
     sys.exit(rc)
 

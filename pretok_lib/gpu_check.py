@@ -26,6 +26,7 @@ from typing import Any, Callable
 from . import procs
 from .cpu_affinity import usable_cpus
 from .errors import PretokError
+from .run_record import read_run_config, read_run_record
 
 VERDICT_VERSION = 1
 CHECKS = ("cuda", "pin_memory", "data", "train", "nccl", "bf16", "compile", "tf32", "resume", "study")
@@ -196,7 +197,7 @@ def _records(run_dir: Path) -> list[dict]:
 
 def _finished_run(out: Path, run_id: str, rc: int) -> tuple[dict, list[dict]]:
     run_dir = out / "runs" / run_id
-    info = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").is_file() else {}
+    info = read_run_record(run_dir) or {}
     if rc != 0 or info.get("status") != "completed":
         raise CheckFailed(f"run {run_id} exit {rc}, status {info.get('status')}: "
                           f"{info.get('error') or _tail(run_dir / 'launcher.log')}", log=str(run_dir / "launcher.log"))
@@ -354,9 +355,7 @@ def run_check(a: argparse.Namespace) -> dict:
         if len(recs) != a.steps or not all(map(math.isfinite, losses)) or not losses[-1] < losses[0]:
             raise CheckFailed(f"{len(recs)} of {a.steps} steps logged, loss {losses[:1]} -> {losses[-1:]}")
         tail = recs[1:] or recs
-        import yaml
-
-        cfg = yaml.safe_load((out / "runs" / "reference" / "config.yaml").read_text())
+        cfg = read_run_config(out / "runs" / "reference")
         return {"precision": cfg["train"]["precision"], "compile": cfg["train"]["compile"],
                 "pin_memory": cuda, "world_size": info.get("world_size"), "backend": info.get("backend"), "device": info.get("device_name"),
                 "loss_first": losses[0], "loss_last": losses[-1], "peak_source": info.get("peak_source"),
@@ -435,10 +434,12 @@ def run_study_check(out: Path, world: int, timeout: float) -> dict:
                               f"{type(e).__name__}: {e}") from None
     log = out / "study.log"
     rc = _launch(study_command(out, world), log, timeout)
-    rec = out / "study" / "study.json"
-    if rc != 0 or not rec.is_file():
+    from .study.reporting import read_record
+
+    rec = read_record(out / "study")
+    if rc != 0 or rec is None:
         raise CheckFailed(f"pretok study --profile smoke exit {rc}: {_tail(log)}", log=str(log))
-    notebooks = json.loads(rec.read_text()).get("notebooks", {})
+    notebooks = rec.get("notebooks", {})
     bad = {n: r.get("status") for n, r in notebooks.items() if r.get("status") != "completed"}
     if bad:
         raise CheckFailed(f"study notebooks not completed: {bad}", log=str(log))

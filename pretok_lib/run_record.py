@@ -1,5 +1,6 @@
 """`runs/<id>/run.json`, the record of a training run (docs/RUNS.md): the one reader, torch-free, used by the
-trainer (resume, skip completed), the sweep (what happened to a point) and the analysis."""
+trainer (resume, skip completed), the sweep (what happened to a point) and the analysis; and `read_run_config`,
+the one reader of the run's `config.yaml` as data (the trainer loads it as a `Config`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 RECORD_STATUSES = ("running", "completed", "interrupted", "failed")  # the values of run.json's "status"
 FILE = "run.json"
+CONFIG = "config.yaml"  # the run's resolved config, as the trainer saved it
 
 
 def read_run_record(run_dir: str | os.PathLike, problems: list[str] | None = None) -> dict[str, Any] | None:
@@ -29,6 +33,23 @@ def read_run_record(run_dir: str | os.PathLike, problems: list[str] | None = Non
     if problems is not None:
         problems.append(f"{FILE}: {why}")
     return None
+
+
+def read_run_config(run_dir: str | os.PathLike, problems: list[str] | None = None) -> dict[str, Any]:
+    """A run's resolved `config.yaml` as plain nested dicts, {} when missing or unreadable (why is appended to
+    `problems` when given). The one reader of the file as data (the trainer loads it as a `Config`)."""
+    path = Path(run_dir) / CONFIG
+    why = None
+    try:
+        loaded = yaml.safe_load(path.read_text())
+        return loaded if isinstance(loaded, dict) else {}
+    except FileNotFoundError:
+        why = "missing"
+    except (OSError, yaml.YAMLError) as e:
+        why = f"unreadable ({e.__class__.__name__})"
+    if problems is not None:
+        problems.append(f"{CONFIG}: {why}")
+    return {}
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -55,7 +55,8 @@ def failures_html(runs: Sequence[Any]) -> str:
 
 def runs_table_html(runs: Sequence[Any], target_loss: float | None = None) -> str:
     """Every run with its numbers (`metrics.summary_table`), as an HTML table."""
-    from .analysis.metrics import SUMMARY_COLUMNS, format_value, summary_table
+    from .analysis.metrics import SUMMARY_COLUMNS, summary_table
+    from .analysis.text import format_value
     from .analysis.plotting import PERCENT, percent_text
 
     e = html.escape

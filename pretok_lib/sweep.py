@@ -15,225 +15,34 @@ included, which checkpoint and exit 3), then the sweep raises `SweepStopped` (ex
 also gets SIGTERM if the sweep dies without a word (PR_SET_PDEATHSIG), so no run outlives its sweep.
 """
 
+
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from . import procs, strict_yaml
+from . import procs
 from .cpu_affinity import THREADS_ENV, usable_cpus
 from .errors import PretokError
 from .machine_probe import Probe
 from .procs import SweepStopped, stop_signals
 from .run_record import run_error, run_status
+from .sweep_grid import (ALIASES, WORLD, Grid, Linked, Point, check_points, expand_grid, point_problem, run_id,
+                         sweep_table)
+from .sweep_values import numbers, parse_axis, parse_setting, parse_value, yaml_problem, yaml_scalar
 
-# Short axis names -> the trainer's config keys (any dotted key works as an axis too). "world" is the number of
-# processes, a launcher setting rather than a config key.
-ALIASES = {"data": "data.kind", "micro_batch": "data.micro_batch", "mb": "data.micro_batch",
-           "precision": "train.precision", "lr": "train.lr", "seq_len": "data.seq_len"}
-WORLD = "world"
-# How the keys above appear in a run id, in this order: sweep-pretok-memmap-w2-mb4-bf16-lr3e-4-s256
-_ID_PARTS = (("data.kind", ""), (WORLD, "w"), ("data.micro_batch", "mb"), ("train.precision", ""),
-             ("train.lr", "lr"), ("data.seq_len", "s"))
 POINT_OUTCOMES = ("completed", "skipped", "failed")  # run_sweep: ran to completion now / completed before / did not
 LAUNCHERS = ("local", "slurm")
 TRAIN_MODULE = "pretok_lib.train"
 SBATCH_SCRIPT = Path(__file__).resolve().parents[1] / "slurm" / "train.sbatch"
-
-
-@dataclass(frozen=True)
-class Point:
-    """One grid point: the number of processes and the config overrides (dotted key -> value, in order)."""
-
-    world: int
-    overrides: tuple[tuple[str, Any], ...]
-    varying: tuple[str, ...] = ()  # keys (and "world") that an axis set, in axis order
-    prefix: str = "sweep"
-    repeat: int | None = None  # a repeated measurement of the same point: run id suffix -r<k>
-
-    def get(self, key: str, default: Any = None) -> Any:
-        key = ALIASES.get(key, key)
-        if key == WORLD:
-            return self.world
-        return next((v for k, v in reversed(self.overrides) if k == key), default)
-
-    def cli_overrides(self) -> list[str]:
-        """`key=value` arguments of the trainer (values in YAML, which it parses)."""
-        return [f"{k}={yaml_scalar(v)}" for k, v in self.overrides]
-
-    @property
-    def run_id(self) -> str:
-        return run_id(self)
-
-    def to_dict(self) -> dict:
-        return {"run_id": self.run_id, "world": self.world, "overrides": dict(self.overrides),
-                "varying": list(self.varying), "prefix": self.prefix, "repeat": self.repeat}
-
-
-def yaml_scalar(v: Any) -> str:
-    """`v` as YAML flow text that parses back to `v` (PyYAML reads `3e-4` as a string; `0.0003` as a float)."""
-    if isinstance(v, str):
-        try:
-            same = yaml.safe_load(v) == v
-        except yaml.YAMLError:  # `{a`, `[1,`: not YAML as it stands, so quoted
-            same = False
-        return v if same else json.dumps(v)
-    text = yaml.safe_dump(v, default_flow_style=True, width=1 << 20).strip()
-    return text[:-3].strip() if text.endswith("...") else text
-
-
-def _num_text(v: Any) -> str:
-    """Compact, unambiguous text of a value in a run id: 0.0003 -> 3e-4, 1.5e-05 -> 1.5e-5, 256 -> 256."""
-    if isinstance(v, float) and not math.isfinite(v):    # nan, inf: the point's config check then refuses them
-        return str(v)
-    if isinstance(v, float) and not v.is_integer():
-        mant, exp = f"{v:.6e}".split("e")
-        mant = mant.rstrip("0").rstrip(".")
-        e = int(exp)
-        return mant if e == 0 else f"{mant}e{e}"
-    if isinstance(v, float):
-        return str(int(v))
-    return str(v)
-
-
-def _clean(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.+_-]+", "_", text).strip("_") or "x"
-
-
-def run_id(point: Point) -> str:
-    """Readable id from the point alone, e.g. `sweep-pretok-memmap-w2-mb4-bf16-lr3e-4-s256`: the well-known keys
-    (when set) in a fixed order, then every other axis as `<last key part><value>`."""
-    parts = [point.prefix]
-    known = {k for k, _ in _ID_PARTS}
-    for key, tag in _ID_PARTS:
-        v = point.get(key)
-        if v is not None:
-            parts.append(tag + _clean(_num_text(v)))
-    for key in point.varying:
-        if key not in known:
-            parts.append(_clean(key.rsplit(".", 1)[-1]) + _clean(_num_text(point.get(key))))
-    if point.repeat is not None:
-        parts.append(f"r{point.repeat}")
-    return "-".join(parts)
-
-
-Linked = Mapping[str, Mapping[Any, Mapping[str, Any]]] | Callable[[dict], Mapping[str, Any]]
-
-
-def expand_grid(base_overrides: Mapping[str, Any] | None, axes: Mapping[str, Sequence[Any]], *,
-                linked: Linked | None = None, prefix: str = "sweep") -> list[Point]:
-    """Every combination of `axes` (first axis varies slowest) on top of `base_overrides`.
-
-    Axis names are dotted config keys, an alias (`data`, `micro_batch`/`mb`, `precision`, `lr`, `seq_len`) or
-    `world` (processes per run; default 1 or `base_overrides["world"]`). `linked` adds overrides that follow a
-    value, e.g. `{"data": {"padded": {"data.path": "corpus.parquet"}}}`, or is a function of the point's
-    overrides returning more of them. Raises if two points would get the same run id."""
-    base = {ALIASES.get(k, k): v for k, v in (base_overrides or {}).items()}
-    world0 = _world(base.pop(WORLD, 1))
-    names = [ALIASES.get(k, k) for k in axes]
-    if len(set(names)) != len(names):
-        raise PretokError(f"sweep: an axis is given twice ({', '.join(axes)})")
-    values = [list(v) for v in axes.values()]
-    for n, v in zip(names, values):
-        if not v:
-            raise PretokError(f"sweep: axis '{n}' has no values")
-    link = {ALIASES.get(k, k): v for k, v in linked.items()} if isinstance(linked, Mapping) else None
-    points, seen = [], {}
-    for combo in itertools.product(*values):
-        over = dict(base)
-        world = world0
-        for n, v in zip(names, combo):
-            if n == WORLD:
-                world = _world(v)
-            else:
-                over[n] = v
-        extra: dict = {}
-        if callable(linked):
-            extra = dict(linked(dict(over)))
-        elif link:
-            for n, table in link.items():
-                key_v = world if n == WORLD else over.get(n)
-                if key_v in table:
-                    extra.update({ALIASES.get(k, k): x for k, x in table[key_v].items()})
-        over.update(extra)
-        p = Point(world, tuple(over.items()), tuple(names), prefix)
-        if p.run_id in seen:
-            raise PretokError(f"sweep: grid points {seen[p.run_id]} and {combo} both get run id {p.run_id}")
-        seen[p.run_id] = combo
-        points.append(p)
-    return points
-
-
-def _world(v: Any) -> int:
-    """A world size: a whole number >= 1 (`world=1.5` was run as 1, `world=two` was a traceback)."""
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise PretokError(f"sweep: world size must be a whole number >= 1 (got {v!r})")
-    return v
-
-
-def check_points(config: str | os.PathLike, points: Iterable[Point], runs_dir: str | os.PathLike = "runs") -> None:
-    """Every point's config loaded and checked as its run will load it (train/config.py: keys, types, ranges,
-    cross-field rules), before any point runs: an invalid axis value or setting (`seq_len=0`, `train.lrr=1`) was
-    launched as a real run and failed there, after the points before it ran. One line naming the point."""
-    for p in points:
-        problem = point_problem(config, p, runs_dir)
-        if problem:
-            raise PretokError(f"sweep point {p.run_id}: {problem} (no point was run)", config)
-
-
-def point_problem(config: str | os.PathLike, point: Point, runs_dir: str | os.PathLike = "runs") -> str | None:
-    """Why the trainer would refuse the config of `point` (the file `config` with its overrides), or None."""
-    from .train.config import load_config
-
-    try:
-        load_config(config, [*point.cli_overrides(), f"run.id={point.run_id}", f"run.dir={runs_dir}"])
-    except PretokError as e:
-        text = str(e)
-        return text[len(e.path) + 2:] if e.path == os.fspath(config) and text.startswith(f"{e.path}: ") else text
-    return None
-
-
-@dataclass
-class Grid:
-    """A sweep definition: base overrides, axes, linked overrides and the run-id prefix (also from YAML:
-    `{prefix: .., base: {..}, axes: {..}, linked: {..}}`)."""
-
-    axes: dict[str, list] = field(default_factory=dict)
-    base: dict[str, Any] = field(default_factory=dict)
-    linked: dict[str, dict] = field(default_factory=dict)
-    prefix: str = "sweep"
-
-    def points(self) -> list[Point]:
-        return expand_grid(self.base, self.axes, linked=self.linked or None, prefix=self.prefix)
-
-    @classmethod
-    def from_yaml(cls, path: str | os.PathLike) -> Grid:
-        try:
-            d = numbers(strict_yaml.load(Path(path).read_text()) or {})
-        except (OSError, yaml.YAMLError) as e:
-            raise PretokError(f"cannot read sweep grid ({str(e).splitlines()[0]})", path) from None
-        unknown = set(d) - {"axes", "base", "linked", "prefix"}
-        if unknown or not isinstance(d.get("axes", {}), dict):
-            raise PretokError(f"a grid is a mapping with axes/base/linked/prefix (unknown: {sorted(unknown)})", path)
-        return cls(axes=d.get("axes", {}), base=d.get("base", {}), linked=d.get("linked", {}),
-                   prefix=d.get("prefix", "sweep"))
-
-
-# ---------------------------------------------------------------- launching
 
 
 def command(point: Point, config: str | os.PathLike, launcher: str = "local", runs_dir: str | os.PathLike = "runs",
@@ -360,6 +169,31 @@ def clear_run_dir(run_dir: Path) -> None:
     shutil.rmtree(aside)
 
 
+def dry_run_lines(config: str | os.PathLike, grid: Grid, runs_dir: str | os.PathLike = "runs", launcher: str = "local",
+                  module: str = TRAIN_MODULE, rerun_changed: bool = False) -> list[str]:
+    """`pretok sweep --dry-run`: one line per point, its run id, its state (or why the sweep would refuse or start it
+    over) and its command (slurm: the full sbatch line; nothing submitted, no SLURM needed). Points whose config
+    the trainer would refuse are refused here as the sweep would refuse them."""
+    if not Path(config).is_file():  # as the sweep itself would say
+        raise PretokError("config file not found", config)
+    check_points(config, grid.points(), Path(runs_dir).resolve())
+    points = grid.points()
+    if launcher == "slurm":
+        from .sweep_slurm import dry_run
+
+        cmds = dry_run(points, Path(config).resolve(), runs_dir)
+    else:
+        cmds = [" ".join(command(p, config, launcher, runs_dir, module)) for p in points]
+    lines = []
+    for p, cmd in zip(points, cmds):
+        why = _changed(Path(config).resolve(), p, Path(runs_dir).resolve())
+        state = run_status(Path(runs_dir) / p.run_id) or "not run"
+        state = state if why in (None, RERUN) else ("would start over: " if rerun_changed and not isinstance(
+            why, Unclearable) else "would be refused: ") + why
+        lines.append(f"{p.run_id}  [{state}]  {cmd}")
+    return lines
+
+
 def run_sweep(config: str | os.PathLike, grid: Grid | Iterable[Point], runs_dir: str | os.PathLike = "runs",
               launcher: str = "local", *, module: str = TRAIN_MODULE, timeout_s: float | None = None,
               env: Mapping[str, str] | None = None, slurm_script: str | os.PathLike = SBATCH_SCRIPT,
@@ -483,61 +317,10 @@ def _run_local(config: Path, todo: list[Point], runs: Path, module: str, timeout
             say("    " + tail(rdir / "launcher.log", 5).replace("\n", "\n    "))
 
 
-def sweep_table(results: Sequence[tuple[Point, str]]) -> list[dict]:
-    """One flat row per point (run id, status, every override): for a DataFrame or a printed table."""
-    return [{"run_id": p.run_id, "status": s, "world": p.world, **{k: v for k, v in p.overrides}}
-            for p, s in results]
-
-
-_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
-def numbers(v: Any) -> Any:
-    """`v` with the numbers PyYAML leaves as strings (`1e-3`, `10e-4`, `1E-3`: YAML 1.1 wants a dot and a signed
-    exponent) as floats, also inside lists and mappings."""
-    if isinstance(v, str) and _EXPONENT.fullmatch(v.strip()):
-        return float(v)
-    if isinstance(v, list):
-        return [numbers(x) for x in v]
-    if isinstance(v, dict):
-        return {k: numbers(x) for k, x in v.items()}
-    return v
-
-
-def parse_value(text: str) -> Any:
-    """A command-line value as YAML (`numbers` read as such); text that is not YAML is a one-line error."""
-    try:
-        return numbers(strict_yaml.load(text))
-    except yaml.YAMLError as e:
-        raise PretokError(f"'{text}' is not a YAML value ({yaml_problem(e)}); quote it to pass it as text") from None
-
-
-def yaml_problem(e: Exception) -> str:
-    """The first line of a PyYAML error ("while parsing a flow sequence"), without its position block."""
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
-
-
-def parse_axis(text: str) -> tuple[str, list]:
-    """`key=v1,v2,...` (CLI) -> (key, [parsed values]); equal numbers however written make one run id (the grid
-    refuses two points of one id)."""
-    key, sep, vals = text.partition("=")
-    if not sep or not key.strip() or not vals.strip():
-        raise PretokError(f"axis '{text}' is not of the form key=v1,v2,...")
-    try:
-        return key.strip(), [parse_value(v) for v in vals.split(",")]
-    except PretokError as e:
-        raise PretokError(f"axis '{text}': {e}") from None
-
-
-def parse_setting(text: str) -> tuple[str, Any]:
-    """`key=value` (CLI `--set`) -> (key, one parsed value: commas are part of it, as in `pretok train`)."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise PretokError(f"'{text}' is not of the form key=value")
-    try:
-        return key.strip(), parse_value(value)
-    except PretokError as e:
-        raise PretokError(f"{key.strip()}: {e}") from None
-
-
 from .sweep_slurm import slurm_layout  # noqa: E402  (the SLURM launcher, split off; names kept importable here)
+
+# the grid and the value parsing live in sweep_grid.py and sweep_values.py; their names stay importable here
+__all__ = ["ALIASES", "CHANGED_POLICIES", "LAUNCHERS", "POINT_OUTCOMES", "RERUN", "SBATCH_SCRIPT", "TRAIN_MODULE",
+           "WORLD", "Grid", "Linked", "Point", "Unclearable", "check_points", "clear_run_dir", "command", "dry_run_lines",
+           "expand_grid", "numbers", "parse_axis", "parse_setting", "parse_value", "point_problem", "run_id",
+           "run_sweep", "slurm_layout", "sweep_table", "sweep_threads", "tail", "yaml_problem", "yaml_scalar"]

@@ -204,7 +204,7 @@ def test_a_sigterm_inside_the_import_system_is_sent_again_past_it(monkeypatch) -
     import threading
     import types
 
-    from pretok_lib import cli as c
+    from pretok_lib import exits as c
 
     sent = threading.Event()
     monkeypatch.setattr(c.os, "kill", lambda pid, sig: sent.set() if (pid, sig) == (os.getpid(), signal.SIGTERM)

@@ -4,9 +4,10 @@
     runs = load_runs("runs")
 """
 
-from .metrics import (RunMetrics, all_metrics, isolated_tokenization_speedups, path_speedups, precision_groups,
-                      rows_to_text, run_metrics, scaling_efficiency, storage_rows, summary_table, time_to_target,
-                      tokenization_speedups)
+from .bench_tables import isolated_tokenization_speedups, storage_rows, tokenization_speedups
+from .metrics import RunMetrics, all_metrics, path_speedups, precision_groups, run_metrics, scaling_efficiency, summary_table
+from .series import time_to_target
+from .text import rows_to_text
 from .mixture import mixture_figure, mixture_rows
 from .runs import Records, Run, config_signature, load_run, load_runs
 

@@ -15,13 +15,14 @@ from typing import Any, Iterable
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .metrics import (all_metrics, format_value, precision_groups, scaling_efficiency, target_loss_choice,
-                      storage_rows, summary_table, tokenization_speedups)
+from .bench_tables import storage_rows, tokenization_speedups
+from .metrics import all_metrics, precision_groups, scaling_efficiency, summary_table, target_loss_choice
 from .plotting import (LAYOUT, PALETTE, PATH_COLORS, PERCENT, STATUS_FILL, STATUS_SYMBOLS, VARYING, _add_bars,
                        _mean_std, _ordered_categories, _path_bars, _path_of, baseline_means, categorize,
                        completed_values, empty_figure, fit_ticks, path_color, percent_text)
 from .runs import Run
 from .stall import mid_stall
+from .text import format_value
 
 __all__ = ["LAYOUT", "PALETTE", "PATH_COLORS", "PERCENT", "STATUS_FILL", "STATUS_SYMBOLS", "TABLE_COLUMNS", "VARYING",
            "all_figures", "data_stall_figure", "empty_figure", "loss_curves_figure", "mfu_figure", "padding_figure",

@@ -11,24 +11,20 @@ Every comparison groups runs by `config_signature`: runs equal in all settings b
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
-from ..datapaths import FORMAT_OF as PATH_FORMAT
-from ..datapaths import PRETOK_PAIRS
 from ..datapaths import rank as _rank
+from ..train.config import SKIP_STEPS
 from .runs import BATCH_SHAPE_KEYS, DATA_PATH_KEYS, PRECISION_KEYS, WORLD_SIZE_KEYS, Run, config_signature
 from .series import (TIME_WEIGHTED, TOKEN_WEIGHTED, last_finite, mean_after, spread_after, time_to_target,  # noqa: F401
                      weighted_after)
 
-LOOP_PREFIX, MAP_PREFIX, ENGINE_PREFIX = "(a)", "(b)", "(d) engine"
-DEFAULT_SKIP = 2  # `pretok train`'s log.skip_steps default
+DEFAULT_SKIP = SKIP_STEPS  # `pretok train`'s log.skip_steps default
 
 
 @dataclass
@@ -275,95 +271,6 @@ def path_speedups(runs: Iterable[Run], baseline: str = "padded", metric: str = "
     return rows
 
 
-def load_bench(bench: str | Path | dict | None) -> dict | None:
-    """A `pretok bench tokenize --json` result (path or already loaded dict); None stays None."""
-    if bench is None or isinstance(bench, dict):
-        return bench
-    return json.loads(Path(bench).read_text())
-
-
-def isolated_tokenization_speedups(bench: str | Path | dict | None, baseline: str = LOOP_PREFIX
-                                   ) -> dict[str, dict[str, Any]]:
-    """Per output format: the fastest engine run of the tokenize benchmark vs the on-the-fly tokenizer (default
-    (a), the per-document `tok(text)` loop; "(b)" = datasets.map), as a ratio of MB/s (both on the same text)."""
-    b = load_bench(bench)
-    methods: dict[str, dict] = (b or {}).get("methods", {})
-    base = next(((k, r) for k, r in methods.items() if k.startswith(baseline)), None)
-    out: dict[str, dict[str, Any]] = {}
-    if base is None:
-        return out
-    for fmt in PATH_FORMAT.values():
-        eng = [(k, r) for k, r in methods.items() if k.startswith(f"{ENGINE_PREFIX} {fmt} w") and r.get("mb_per_s")]
-        if eng:
-            k, r = max(eng, key=lambda kr: kr[1]["mb_per_s"])
-            out[fmt] = {"engine": k, "engine_mb_per_s": r["mb_per_s"], "engine_tokens_per_s": r.get("tokens_per_s"),
-                        "baseline": base[0], "baseline_mb_per_s": base[1]["mb_per_s"],
-                        "baseline_tokens_per_s": base[1].get("tokens_per_s"),
-                        "speedup": r["mb_per_s"] / base[1]["mb_per_s"] if base[1].get("mb_per_s") else None}
-    return out
-
-
-def tokenization_speedups(bench: str | Path | dict | None, runs: Iterable[Run],
-                          metric: str = "effective_tokens_per_s", skip: int | None = None
-                          ) -> list[dict[str, Any]]:
-    """Isolated tokenization speedup (benchmark: engine vs on-the-fly tokenizer) next to the in-training speedup
-    (`metric` of the pretokenized path / its on-the-fly counterpart of the same layout, same settings otherwise).
-    One row per pair and group of runs; a pair with no runs still has its isolated value."""
-    iso = isolated_tokenization_speedups(bench)
-    sp = path_speedups(list(runs), "padded", metric, skip)
-    rows = []
-    for pre, otf in PRETOK_PAIRS.items():
-        i = iso.get(PATH_FORMAT[pre], {})
-        found = False
-        for group in dict.fromkeys(r["group"] for r in sp):
-            vals = {r["data_kind"]: r["value"] for r in sp if r["group"] == group}
-            if pre in vals and otf in vals:
-                found = True
-                rows.append({"pretok": pre, "on_the_fly": otf, "group": group, "isolated": i.get("speedup"),
-                             "training": vals[pre] / vals[otf] if vals[pre] is not None and vals[otf] else None,
-                             "pretok_value": vals[pre], "on_the_fly_value": vals[otf], "engine": i.get("engine")})
-        if not found and i:
-            rows.append({"pretok": pre, "on_the_fly": otf, "group": None, "isolated": i.get("speedup"),
-                         "training": None, "pretok_value": None, "on_the_fly_value": None, "engine": i.get("engine")})
-    return rows
-
-
-def _manifest_dirs(paths: Iterable[str | Path]) -> list[Path]:
-    out: list[Path] = []
-    for p in map(Path, paths):
-        subs = sorted(d for d in p.iterdir() if (d / "manifest.json").is_file()) if p.is_dir() else []
-        out += [p] if (p / "manifest.json").is_file() or not subs else subs
-    return out
-
-
-def storage_rows(dataset_dirs: Iterable[str | Path], bench: str | Path | dict | None = None) -> list[dict[str, Any]]:
-    """Bytes on disk and bytes per stored token of pretokenized outputs, from their manifest.json (a directory
-    without one is searched one level down, e.g. runs/demo). With a tokenize benchmark, adds its
-    `datasets.map` + `save_to_disk` output (HF Arrow) for reference. Unreadable outputs give a row with `error`."""
-    rows: list[dict[str, Any]] = []
-    for d in _manifest_dirs(dataset_dirs):
-        row: dict[str, Any] = {"name": d.name, "path": str(d)}
-        try:
-            m = json.loads((d / "manifest.json").read_text())
-            c = m["counts"]
-            disk = sum(int(f["size"]) for f in m["files"])
-            row.update(format=m["format"], compression=m.get("compression"), dtype=m.get("dtype"),
-                       documents=c.get("documents"), tokens=c["tokens"], padding=c.get("padding", 0),
-                       input_bytes=c.get("input_bytes"), disk_bytes=disk,
-                       bytes_per_token=disk / c["tokens"] if c["tokens"] else None, error=None)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            row.update(format=None, disk_bytes=None, bytes_per_token=None, error=f"{e.__class__.__name__}: {e}")
-        rows.append(row)
-    b = load_bench(bench)
-    hf = next((r for k, r in (b or {}).get("methods", {}).items() if k.startswith(MAP_PREFIX)), None)
-    if hf and hf.get("disk_bytes") and hf.get("stored_tokens"):
-        rows.append({"name": "datasets.map (HF Arrow)", "path": None, "format": "hf-arrow", "compression": None,
-                     "dtype": "int32", "documents": hf.get("documents"), "tokens": hf["stored_tokens"], "padding": 0,
-                     "input_bytes": None, "disk_bytes": hf["disk_bytes"],
-                     "bytes_per_token": hf["disk_bytes"] / hf["stored_tokens"], "error": None})
-    return rows
-
-
 def compare_by(runs: Iterable[Run], setting: str, ignore: Iterable[str], skip: int | None = None,
                fields: Iterable[str] = ("data_kind", "world_size", "global_batch", "seq_len")
                ) -> list[tuple[str, list[RunMetrics]]]:
@@ -422,35 +329,7 @@ def resolve_target_loss(runs: Iterable[Run], target_loss: float | None = None, s
     return target_loss_choice(runs, target_loss, skip)[0]
 
 
-def rows_to_text(rows: list[dict[str, Any]], columns: Iterable[str] | None = None,
-                 fmt: Callable[[Any], str] | None = None) -> str:
-    """Rows (list of dicts) as an aligned plain-text table, for printing in notebooks and logs."""
-    if not rows:
-        return "(no rows)"
-    cols = list(columns or rows[0].keys())
-    f = fmt or format_value
-    cells = [cols] + [[f(r.get(c)) for c in cols] for r in rows]
-    w = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    lines = ["  ".join(c.ljust(w[i]) for i, c in enumerate(row)) for row in cells]
-    return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
-
-
-def format_value(v: Any) -> str:
-    """Compact display of a number (1.23M, 45.6k, 0.123) or anything else; None and NaN as '-', infinities as
-    'inf' / '-inf'."""
-    if isinstance(v, np.generic):
-        v = v.item()
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return str(v)
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    a = abs(v)
-    if a >= 1e6:
-        return f"{v / 1e6:.2f}M"
-    if a >= 1e4:
-        return f"{v / 1e3:.1f}k"
-    if isinstance(v, int) or a >= 100:
-        return f"{v:.0f}"
-    return f"{v:.3g}"
+# the benchmark tables and the text tables live in bench_tables.py and text.py; their names stay importable here
+from .bench_tables import (ENGINE_PREFIX, LOOP_PREFIX, MAP_PREFIX, isolated_tokenization_speedups,  # noqa: F401
+                           load_bench, storage_rows, tokenization_speedups)
+from .text import format_value, rows_to_text  # noqa: F401

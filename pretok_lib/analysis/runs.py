@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
-import yaml
 
 from ..crossing import number
 from ..datapaths import global_batch
-from ..run_record import flatten, read_run_record
+from ..run_record import flatten, read_run_config, read_run_record
 
 TABLE_STATUSES = ("completed", "failed", "incomplete")
 RUN_FILES = ("run.json", "metrics.jsonl", "launcher.json")  # launcher.json: `pretok_lib.sweep` tried to start it
@@ -225,14 +224,7 @@ def load_run(path: str | Path) -> Run:
     path = Path(path)
     problems: list[str] = []
     info = read_run_record(path, problems) or {}
-    config: dict[str, Any] = {}
-    try:
-        loaded = yaml.safe_load((path / "config.yaml").read_text())
-        config = loaded if isinstance(loaded, dict) else {}
-    except FileNotFoundError:
-        problems.append("config.yaml: missing")
-    except (OSError, yaml.YAMLError) as e:
-        problems.append(f"config.yaml: unreadable ({e.__class__.__name__})")
+    config = read_run_config(path, problems)
     train: list[dict] = []
     val: list[dict] = []
     if (path / "metrics.jsonl").is_file():

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..datapaths import KINDS
 from ..errors import PretokError
+from ..train.config import SKIP_STEPS
 from .supply import target_supply
 
 FORMULA = """
@@ -232,7 +233,7 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
 # ---------------------------------------------------------------- check against measured runs
 
 
-def measured_rates(records: Iterable[Mapping[str, Any]], skip: int = 2) -> dict | None:
+def measured_rates(records: Iterable[Mapping[str, Any]], skip: int = SKIP_STEPS) -> dict | None:
     """From a run's train records (after `skip` warm-up records): the measured consumption per device C =
     slots / (step time − data wait), the measured data stall (total data wait / total step time: a time share,
     as the model predicts; workers that finish together make a step that waits and one that does not, whose
@@ -257,7 +258,7 @@ def measured_rates(records: Iterable[Mapping[str, Any]], skip: int = 2) -> dict 
             "step_compute": [((r["step_time_s"] - r["data_wait_s"]), r["tokens"] / world) for r in train]}
 
 
-def check_run(records: Iterable[Mapping[str, Any]], supply: float, workers: int, skip: int = 2,
+def check_run(records: Iterable[Mapping[str, Any]], supply: float, workers: int, skip: int = SKIP_STEPS,
               main: float = 0.0) -> dict | None:
     """Predicted stall (from the run's measured consumption and time between steps, a loader supply measured apart
     and the main-process cost `main` s/slot) beside the stall the run measured."""
@@ -293,7 +294,7 @@ def check_study_runs(runs: Iterable[Any], loaders: Mapping[str, Any] | None, ski
         if getattr(run, "status", None) != "completed" or key not in bench or \
                 data.get("seq_len") != loaders.get("seq_len") or data.get("micro_batch") != loaders.get("micro_batch"):
             continue
-        sk = skip if skip is not None else int((cfg.get("log") or {}).get("skip_steps", 2))
+        sk = skip if skip is not None else int((cfg.get("log") or {}).get("skip_steps", SKIP_STEPS))
         world = int((getattr(run, "settings", None) or {}).get("world_size") or 1)
         t = target_supply(loaders, bench[key], ranks=world)
         c = check_run(run.train.rows, t["supply"], key[1], sk, t["main_per_slot"])

@@ -24,6 +24,7 @@ from ..analysis.uncertainty import estimate
 from ..cpu_affinity import usable_cpus
 from ..datapaths import FORMAT_OF, KINDS, ON_THE_FLY, PACKED
 from ..errors import PretokError
+from ..formats import CODEC_GRID, TRAIN_COMPRESSION
 from ..machine_probe import machine_line
 from . import fmt_num
 from .common import (BenchConfig, add_common_args, add_output_args, at_least, check_targets, corpus_and_tokenizer,
@@ -31,7 +32,7 @@ from .common import (BenchConfig, add_common_args, add_output_args, at_least, ch
 from .repeats import est_dict, probes_of, ratio_estimate, rounds, text, threshold_resolved
 
 SLOW = ON_THE_FLY  # tokenize on the fly: measured over --slow-batches
-COMPRESSIONS = ("none", "snappy", "zstd:3", "zstd:22")
+COMPRESSIONS = CODEC_GRID
 CEIL, RAND = "ref: raw memmap get_batch", "ref: in-memory torch.randint"
 VIA = "ref: torch.randint via DataLoader w{}"
 COUNTS = ("tokens", "effective_tokens", "padding_tokens", "masked_tokens")
@@ -344,8 +345,8 @@ def run(args: LoadersBench) -> dict:
     pre = work / f"pretok-s{args.seq_len}"
     outs, manifests = {}, {}
     for kind, fmt in FORMAT_OF.items():
-        outs[kind] = str(pre / variant_dir(fmt, "zstd:3"))
-        manifests[fmt] = pretokenize(corpus, tok, fmt, args.seq_len, "zstd:3", Path(outs[kind]))
+        outs[kind] = str(pre / variant_dir(fmt, TRAIN_COMPRESSION))
+        manifests[fmt] = pretokenize(corpus, tok, fmt, args.seq_len, TRAIN_COMPRESSION, Path(outs[kind]))
     mm = manifests["memmap"]
     print(f"corpus {corpus}: {mm['counts']['documents']} docs, {mm['counts']['tokens']} tokens; tokenizer {tok}; "
           f"seq_len {args.seq_len}, micro-batch {args.micro_batch}", flush=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cpu_affinity import usable_cpus
+from ..formats import FORMATS
 from .common import (GPT2_REL, BenchConfig, add_common_args, add_output_args, at_least, cached_corpus, check_targets,
                      environment, from_args, offline, positive, resolve_tokenizer, sizes, write_json)
 from .tokenize_methods import (ChildRss, ceiling_parallel, child_ceiling, child_datasets, child_loop, hf_tokenizer,
@@ -24,7 +25,6 @@ from .scaling import scaling, scaling_lines
 from .tokenize_report import (CEIL, LOOP, MAP, add_intervals, ceil_name, fastest, paired_ratio, phase_name,
                               print_repeats, rates, repeat_summary, table, targets)
 
-FORMATS = ("memmap", "token-list", "padded")
 SKIPPABLE = ("loop", "datasets-map", "ceiling", "engine-1", "rss-scan")
 NOTES = """\
 (a), (b) measured on the first {k} docs ({kmb:.1f} MB), the others on all {docs} docs ({mb:.1f} MB); ratios: MB/s.

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..datapaths import KINDS, ON_THE_FLY, PACKED
 from ..errors import PretokError
+from ..formats import TRAIN_COMPRESSION
 from ..procs import run_child
 from . import fmt_num
 from .common import (BenchConfig, add_common_args, add_output_args, at_least, check_targets, corpus_and_tokenizer,
@@ -190,8 +191,8 @@ def run(args: TrainBench) -> dict:
     data = dict.fromkeys(ON_THE_FLY, corpus)
     for kind, fmt in FORMAT_OF.items():
         if kind in kinds:
-            data[kind] = str(pre / variant_dir(fmt, "zstd:3"))
-            pretokenize(corpus, tok, fmt, args.seq_len, "zstd:3", Path(data[kind]))
+            data[kind] = str(pre / variant_dir(fmt, TRAIN_COMPRESSION))
+            pretokenize(corpus, tok, fmt, args.seq_len, TRAIN_COMPRESSION, Path(data[kind]))
     print(f"corpus {corpus}; tokenizer {tok}; {args.steps} steps of micro-batch {args.micro_batch} x "
           f"{args.seq_len}, {args.precision}, {args.num_workers} DataLoader workers; means after {args.skip} steps",
           flush=True)

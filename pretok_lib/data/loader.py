@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..errors import PretokError
 from .collate import collate
-from .order import Position, Shard, my_steps
+from .order import Position, Shard, my_steps, step_samples
 from .source import BatchedSource, IndexedSource, StreamingSource
 from .worker_exit import end_spawned_worker_at_once
 from .worker_signals import starting_workers, worker_init
@@ -43,8 +43,9 @@ class ShardedBatches(IterableDataset):
         self.doc_aware, self.position = doc_aware, Position()
 
     @property
-    def global_batch(self) -> int:
-        return self.micro_batch * self.world
+    def step_samples(self) -> int:
+        """Samples of the global order one step takes (`order.step_samples`)."""
+        return step_samples(self.micro_batch, self.world)
 
     def shard(self) -> Shard:
         info = get_worker_info()
@@ -68,7 +69,7 @@ class ShardedBatches(IterableDataset):
 
     def _stream(self, shard: Shard, pos: Position) -> Iterator[dict]:
         """Streaming sources: every reader walks the whole stream and keeps its slices of its steps."""
-        gb, lo = self.global_batch, shard.rank * shard.micro_batch
+        gb, lo = self.step_samples, shard.rank * shard.micro_batch
         mine: list = []
         for j, (sample, cursor) in enumerate(self.source.windows(pos.epoch, pos.cursor)):
             step, slot = divmod(j, gb)
@@ -76,7 +77,7 @@ class ShardedBatches(IterableDataset):
                 continue
             if lo <= slot < lo + shard.micro_batch:
                 mine.append(sample)
-            if slot == gb - 1:  # the global batch is complete: its end is where a resume would start
+            if slot == gb - 1:  # the step is complete (all ranks' slices): its end is where a resume would start
                 yield dict(collate(mine, self.doc_aware), step=step, epoch=pos.epoch, cursor=cursor)
                 mine = []
 
@@ -100,7 +101,7 @@ class StatefulLoader:
         src = self.dataset.source
         if src.streaming:
             raise TypeError("a streaming source does not know its length before it is read")
-        return steps_left(src.num_samples, self.position, self.dataset.global_batch)
+        return steps_left(src.num_samples, self.position, self.dataset.step_samples)
 
     def __iter__(self) -> Iterator[dict]:
         start = self.position
@@ -113,7 +114,7 @@ class StatefulLoader:
         with starting_workers():  # stop signals are the trainer's to answer, not its workers' (worker_signals.py)
             batches = iter(loader)
         for batch in batches:
-            consumed = start.consumed + (batch["step"] + 1) * self.dataset.global_batch
+            consumed = start.consumed + (batch["step"] + 1) * self.dataset.step_samples
             cursor = batch.pop("cursor", None)
             self.dataset.position = Position(start.epoch, consumed, tuple(cursor) if cursor is not None else None)
             yield batch
@@ -128,8 +129,8 @@ class StatefulLoader:
 
     def state_dict(self) -> dict:
         """The position, and what it is a position in: the source, its order and its data (checked on load; the
-        global batch may change)."""
-        return {"position": self.position.to_dict(), "global_batch": self.dataset.global_batch, **self._identity()}
+        step size may change; recorded under the key `global_batch`, as checkpoints always named it)."""
+        return {"position": self.position.to_dict(), "global_batch": self.dataset.step_samples, **self._identity()}
 
     def load_state_dict(self, state: dict) -> None:
         mine = self._identity()

@@ -1,4 +1,4 @@
-"""The global sample order: a permutation per (seed, epoch), cut into global batches, sliced by rank and worker.
+"""The global sample order: a permutation per (seed, epoch), cut into loader steps, sliced by rank and worker.
 
 Contract (docs/ARCHITECTURE.md, "Sharding and resume of the loaders"):
 - An epoch's order comes from `numpy.random.default_rng([seed, epoch])` (identity when not shuffling): a
@@ -8,9 +8,10 @@ Contract (docs/ARCHITECTURE.md, "Sharding and resume of the loaders"):
   groups shuffled, then rows shuffled within windows of `block_groups` row groups, so a reader decodes each row
   group about once per epoch. Deterministic from (seed, epoch) and the data's row-group layout alone; on data of
   at most `block_groups` row groups it is exactly the permutation above. `data.order: exact` forces the above.
-- The order is consumed in global batches of `micro_batch * world_size` samples; rank r takes the r-th
-  contiguous slice of each global batch. A remainder smaller than one global batch is dropped at the end of
-  the epoch (a different tail each epoch when shuffling), so every rank yields the same number of batches.
+- The order is consumed in steps of `micro_batch * world_size` samples (`step_samples`; the optimizer's global
+  batch is grad_accum such steps); rank r takes the r-th contiguous slice of each step. A remainder smaller
+  than one step is dropped at the end of the epoch (a different tail each epoch when shuffling), so every rank
+  yields the same number of batches.
 - DataLoader worker w of W produces the rank's steps w, w+W, ...; PyTorch's round-robin over workers then
   yields them in step order.
 - The resumable position is (epoch, samples consumed in the epoch): O(1) to restore, and valid for any new
@@ -23,6 +24,8 @@ from dataclasses import asdict, dataclass
 from typing import Iterator
 
 import numpy as np
+
+from ..datapaths import global_batch
 
 
 @dataclass
@@ -60,18 +63,24 @@ class Shard:
     micro_batch: int = 1
 
     @property
-    def global_batch(self) -> int:
-        return self.micro_batch * self.world
+    def step_samples(self) -> int:
+        return step_samples(self.micro_batch, self.world)
 
 
-def steps_left(num_samples: int, pos: Position, global_batch: int) -> int:
-    """Full global batches remaining in the epoch (the remainder is dropped)."""
-    return max(0, (num_samples - pos.consumed) // global_batch)
+def step_samples(micro_batch: int, world: int) -> int:
+    """Samples one loader step takes from the global order: a micro-batch on every rank. The optimizer's global
+    batch is this times the gradient-accumulation steps (`datapaths.global_batch`), which the order never sees."""
+    return global_batch(micro_batch, world)
+
+
+def steps_left(num_samples: int, pos: Position, step_samples: int) -> int:
+    """Full loader steps (`step_samples` each) remaining in the epoch (the remainder is dropped)."""
+    return max(0, (num_samples - pos.consumed) // step_samples)
 
 
 def my_steps(num_samples: int, pos: Position, shard: Shard) -> Iterator[tuple[int, int, int]]:
     """Yield (step, first, last) for this rank and worker: global order positions [first, last) of its slices."""
-    gb = shard.global_batch
+    gb = shard.step_samples
     for step in range(shard.worker, steps_left(num_samples, pos, gb), shard.workers):
         first = pos.consumed + step * gb + shard.rank * shard.micro_batch
         yield step, first, first + shard.micro_batch

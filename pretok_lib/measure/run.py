@@ -27,6 +27,7 @@ import yaml
 from ..atomic import atomic_write_json, atomic_write_text
 from ..errors import PretokError
 from ..run_record import read_run_record
+from ..train.config import SKIP_STEPS
 from .counts import Counts, batch_counts
 
 RUN_VERSION = 1
@@ -104,7 +105,7 @@ class Run:
 
     def __init__(self, run_dir: str | os.PathLike, config: Mapping[str, Any] | None = None, *,
                  data_kind: str | None = None, seq_len: int | None = None, precision: str | None = None,
-                 world_size: int | None = None, rank: int | None = None, skip_steps: int = 2,
+                 world_size: int | None = None, rank: int | None = None, skip_steps: int = SKIP_STEPS,
                  target_loss: float | None = None, flops_per_token: float | None = None,
                  peak_flops: float | None = None, log_every: int = 1, overwrite: bool = False,
                  tracking: Sequence[str] = (), mlflow_uri: str | None = None, experiment: str = "pretok",

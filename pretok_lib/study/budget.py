@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..train.config import SKIP_STEPS
+
 # share of the measured matmul peak a tiny model's CPU training step reaches: the quick demo's 42.7 GFLOP/s
 # (4,524 tokens/s x 9.44 MFLOP/token) is ~10% of the 438 GFLOP/s `peak_flops` measures on its 2-vCPU machine
 EFFICIENCY = 0.1
@@ -60,7 +62,7 @@ class Plan:
 
 
 def plan(model: Mapping[str, Any], vocab: int, seq_len: int, micro_batch: int, grad_accum: int = 1,
-         eval_batches: int = 4, skip_steps: int = 2, peak: float = 1e11) -> Plan:
+         eval_batches: int = 4, skip_steps: int = SKIP_STEPS, peak: float = 1e11) -> Plan:
     """The `Plan` of a run of `model` (keys of train.config.ModelConfig) with a tokenizer of `vocab` tokens."""
     from ..analysis.stall import config_flops_per_token
     from .measured import MIN_MEASURED_STEPS
@@ -124,13 +126,13 @@ def measure_step(model: Mapping[str, Any], vocab: int, seq_len: int, micro_batch
     import torch
 
     from ..train.config import ModelConfig
-    from ..train.hardware import resolve_precision
+    from ..train.hardware import autocast_dtype, resolve_precision
     from ..train.model import build_model, vocab_size_for
 
     cfg = ModelConfig(**{k: v for k, v in model.items() if k in ModelConfig.__dataclass_fields__})
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     used = resolve_precision(precision, device).used
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(used)
+    dtype = autocast_dtype(used)
     v = vocab_size_for(cfg, vocab)
     net = build_model(cfg, v, seq_len, 0, device)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)

@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING, Any
 from ..atomic import atomic_write_text
 from ..datapaths import KIND_OF_FORMAT, ON_THE_FLY
 from ..errors import PretokError
+from ..formats import CODEC_GRID, FORMATS, TRAIN_COMPRESSION
 
-FORMATS = ("memmap", "token-list", "padded")
 KIND_OF = KIND_OF_FORMAT
-TRAIN_COMPRESSION = "zstd:3"  # the parquet variant the training runs read
 # the held-out datasets every study run validates on: packed windows (every path), and the padded paths' own layout
 HELDOUT_FORMATS = {"pretok-memmap": ("memmap", None), "pretok-padded": ("padded", TRAIN_COMPRESSION)}
 HF_BASELINES = ("loop", "datasets-map")   # the tokenize benchmark's baselines (a), (b): a HF fast tokenizer
@@ -75,7 +74,7 @@ def _tokenize(corpus: str, out: Path, tokenizer: str, fmt: str, seq_len: int, co
     from ..pretokenize import TokenizeConfig, run_tokenize
 
     cfg = TokenizeConfig(inputs=[corpus], out=str(out), tokenizer=tokenizer, format=fmt, seq_len=seq_len,
-                         workers=workers, compression=comp or "zstd:3", progress=False, bos=bos, eos=eos,
+                         workers=workers, compression=comp or TRAIN_COMPRESSION, progress=False, bos=bos, eos=eos,
                          command=["pretok", "study", "pretokenize"])
     try:
         return run_tokenize(cfg)
@@ -87,7 +86,7 @@ def _tokenize(corpus: str, out: Path, tokenizer: str, fmt: str, seq_len: int, co
 
 
 def pretokenize_all(paths: StudyPaths, corpus: str, tokenizer: str, seq_len: int,
-                    compressions: Sequence[str] = ("none", "snappy", "zstd:3", "zstd:22"), workers: int = 2,
+                    compressions: Sequence[str] = CODEC_GRID, workers: int = 2,
                     echo: Callable[[str], None] | None = print, heldout: str = "", bos: str = "auto",
                     eos: str = "no") -> dict:
     """Every format (parquet ones with each codec, plus zstd:3 which training reads) of the training documents into

@@ -23,12 +23,13 @@ from ..corpus import SPECIAL_TOKENS
 from ..cpu_affinity import usable_cpus
 from ..datapaths import KINDS
 from ..errors import PretokError
+from ..formats import CODEC_GRID, TRAIN_COMPRESSION
 from ..sweep import LAUNCHERS
 from ..train.config import _NONNEG, _ONE, _POS, Limit
 from .budget import fit_runs
 
 PATHS = list(KINDS)
-CODECS = ["none", "snappy", "zstd:3", "zstd:22"]
+CODECS = list(CODEC_GRID)
 # The stall prediction of notebook 05: the original study's model at 35-45% MFU, supply as measured here
 STALL = {"target_config": "configs/study.yaml", "target_vocab": 131072, "target_seq_len": None,
          "target_mfu": [0.35, 0.45], "cores_per_rank": None, "target_ranks": 1}
@@ -78,7 +79,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "smoke": {
         "corpus": "", "corpus_mb": 2.0, "tokenizer": "", "vocab_size": 1024, "seq_len": 64,
         **DATA,
-        "compressions": ["none", "zstd:3"], "workers": 2, "bench_loop_mb": 0.3, "bench_repeats": 1,
+        "compressions": ["none", TRAIN_COMPRESSION], "workers": 2, "bench_loop_mb": 0.3, "bench_repeats": 1,
         "micro_batch": 4, "loader_workers": "0", "loader_batches": 20, "loader_slow_batches": 3,
         "loader_repeats": 1,
         "config": "configs/tiny.yaml", "train_data_kind": "pretok-memmap", "train_world": 1,

@@ -18,6 +18,7 @@ from .. import strict_yaml
 from ..errors import PretokError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+SKIP_STEPS = 2  # log.skip_steps: the warm-up steps every summary of a run leaves out (trainer, analysis, measure)
 
 
 @dataclass
@@ -114,7 +115,7 @@ YES_NO_KEYS = ("bos", "eos")   # str settings of auto|yes|no that YAML may read 
 class LogConfig:
     every: int = 1
     tensorboard: bool = True
-    skip_steps: int = 2             # first steps left out of the summary means (compile, warm caches)
+    skip_steps: int = SKIP_STEPS    # first steps left out of the summary means (compile, warm caches)
     tracking: list[str] = field(default_factory=list)  # trackers beside TensorBoard: mlflow, wandb (train/tracking.py)
     mlflow_uri: str | None = None   # default: a file store in <run.dir>/mlruns
     wandb_mode: str = "offline"     # offline (written under the run: `wandb sync` it), online, disabled

@@ -21,13 +21,11 @@ from ..datapaths import ON_THE_FLY
 from ..errors import PretokError
 from .config import Config
 from .distributed import Dist, all_reduce
+from .hardware import autocast_dtype
 from .metrics import perplexity
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
-
-
 def _autocast(device: torch.device, precision: str):
-    dtype = DTYPES[precision]
+    dtype = autocast_dtype(precision)
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)

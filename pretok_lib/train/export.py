@@ -28,6 +28,7 @@ import torch
 from ..atomic import atomic_write_json
 from ..errors import PretokError
 from ..formats.manifest import data_identity, read_manifest
+from ..run_record import FILE as RUN_RECORD, read_run_record
 from . import checkpoint, hf_tokenizer
 from .config import Config, load_config
 from .model import build_model
@@ -127,7 +128,7 @@ def tokenizer_info(run_dir: Path, cfg: Config, ckpt: Path | None = None):
     UnprovenTokenizer when neither proves one; PretokError when the proven one cannot be loaded or changed."""
     from ..tokenizer import load_tokenizer
 
-    rec = (_read_json(run_dir / "run.json") or {}).get("tokenizer") or {}
+    rec = (read_run_record(run_dir) or {}).get("tokenizer") or {}
     spec, fingerprint = rec.get("spec"), rec.get("fingerprint")
     if not (spec and fingerprint):
         spec, fingerprint = _proven_by_checkpoint(run_dir, cfg, ckpt)
@@ -313,7 +314,7 @@ def _exchange(a: Path, b: Path) -> bool:
 
 def record_in_run_json(run_dir: Path, result: dict) -> None:
     """run.json's "export" := `result`, unless the run is still running (its trainer rewrites run.json)."""
-    info = _read_json(run_dir / "run.json")
+    info = read_run_record(run_dir)
     if info is None or info.get("status") == "running":
         return
-    atomic_write_json(run_dir / "run.json", {**info, "export": result})
+    atomic_write_json(run_dir / RUN_RECORD, {**info, "export": result})

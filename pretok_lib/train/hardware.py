@@ -228,3 +228,8 @@ def peak_flops(device: torch.device, precision: str, override_tflops: float | No
     each = ", ".join(f"{k} {_gflops(v)}" for k, v in rates.items())
     return rates[best] * threads, (f"measured CPU matmul: best of {each} GFLOP/s per thread × {threads} "
                                    f"thread{'s' if threads > 1 else ''}")
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The dtype a resolved precision autocasts to; None for fp32 (no autocast)."""
+    return None if precision == "fp32" else DTYPES[precision]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -145,11 +144,21 @@ def test_precision_groups_and_auto_target(study_root: Path) -> None:
 
 
 def _manifest(d: Path, fmt: str, tokens: int, sizes: list[int], compression: str | None = "zstd:3") -> None:
+    """A signed manifest (as `pretok tokenize` writes it) listing data files of `sizes` bytes."""
+    from pretok_lib.formats.manifest import FORMAT_VERSIONS, write_manifest
+
     d.mkdir(parents=True)
-    m = {"format": fmt, "compression": compression, "dtype": "uint16",
-         "counts": {"documents": 3, "tokens": tokens, "padding": 10, "input_bytes": 4 * tokens},
-         "files": [{"path": f"f{i}", "size": s, "sha256": "x"} for i, s in enumerate(sizes)]}
-    (d / "manifest.json").write_text(json.dumps(m))
+    names = ["data.bin", "data.idx"] if fmt == "memmap" else [f"part-{i:05d}.parquet" for i in range(len(sizes))]
+    for name, size in zip(names, sizes):
+        (d / name).write_bytes(b"\0" * size)
+    policy = {"bos_id": None, "eos_id": None, "dtype": "uint16"}
+    if fmt == "padded":
+        policy.update(pad_id=0, seq_len=8, row_length=9)
+    write_manifest(d, {"format": fmt, "format_version": FORMAT_VERSIONS[fmt], "compression": compression,
+                       "dtype": "uint16", "tokenizer": {"vocab_size": 256, "fingerprint": "x"}, "policy": policy,
+                       "counts": {"documents": 3, "tokens": tokens, "padding": 10, "input_bytes": 4 * tokens},
+                       "files": [{"path": n, "size": s, "sha256": "x"} for n, s in zip(names, sizes)],
+                       "inputs": [], "tool": {}, "created": "", "command": []})
 
 
 def test_storage_rows_from_manifests(tmp_path: Path, bench: dict) -> None:
