@@ -58,6 +58,21 @@ def tiny_memmap(directory: Path) -> tuple[Path, Path]:
     return directory / "memmap", Path(tok)
 
 
+# Every test that mounts a file system (a tmpfs for a full disk, a read-only bind mount) carries this mark: as
+# non-root it skips with this reason instead of failing in `mount` (tests/test_suite_rules.py checks each one does).
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a file system (tmpfs / bind mount): needs root")
+
+
+def one_line(err: str, *needles: str, prefix: str = "pretok: error: ") -> str:
+    """`err` (a command's stderr) is exactly one non-blank line, starting with `prefix`, no traceback, holding every
+    needle: the CLI's one-line error contract. Returns that line."""
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(prefix), err
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
 # What an import or a library can make of the exception a stop signal's handler raises inside it: numpy's import
 # fails with "ImportError: numpy._core.multiarray failed to import" (seen in `make test`), others wrap or swallow it
 # and raise their own error.
