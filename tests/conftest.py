@@ -22,9 +22,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # megatron-core imports torch.utils.cpp_extension → setuptools, whose distutils shim asserts after the corpus
 # tests walked the stdlib with find_spec; the stdlib distutils is fine for an import-only use.
 os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
-# `make test` runs one test process per core (pytest-xdist, set before this file loads): each computes on one
-# thread, and so do the training runs and notebook kernels it starts. A second OpenMP thread per process only
-# competes with the other test process, spin-waiting (tests/bench/test_bench_train.py: 23% less CPU time).
+# `make test` runs several test processes (pytest-xdist `-n $(TEST_WORKERS)`, set before this file loads): each
+# computes on one thread, and so do the training runs and notebook kernels it starts. A second OpenMP thread per
+# process only competes with the other test processes, spin-waiting (tests/bench/test_bench_train.py: 23% less
+# CPU time).
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
