@@ -9,7 +9,7 @@ DEMO_DIR ?= runs/demo
 STUDY_DIR ?= runs/study-quick
 # Test processes (pytest-xdist): each test file runs whole on one of them, tests/slurm together (tests/conftest.py).
 # Three on two cores: on the slow kind the third fills the time the others wait (SLURM jobs, kernels, children).
-# Measured on the Zen 3 stand-in (README): 18.8 min with 3, 21.2 with 2; natively here 13.2-15.2 with 3 (2 runs), 11.9 with 2.
+# Measured on the Zen 3 stand-in (docs/BENCHMARKS.md): 18.8 min with 3, 21.2 with 2; natively here 13.2-15.2 with 3 (2 runs), 11.9 with 2.
 TEST_WORKERS ?= 3
 DURATIONS ?= 15
 TEST_STAMP := $(shell date -u +%Y%m%dT%H%M%SZ)

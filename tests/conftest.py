@@ -22,9 +22,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # megatron-core imports torch.utils.cpp_extension → setuptools, whose distutils shim asserts after the corpus
 # tests walked the stdlib with find_spec; the stdlib distutils is fine for an import-only use.
 os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
-# `make test` runs one test process per core (pytest-xdist, set before this file loads): each computes on one
-# thread, and so do the training runs and notebook kernels it starts. A second OpenMP thread per process only
-# competes with the other test process, spin-waiting (tests/bench/test_bench_train.py: 23% less CPU time).
+# `make test` runs several test processes (pytest-xdist `-n $(TEST_WORKERS)`, set before this file loads): each
+# computes on one thread, and so do the training runs and notebook kernels it starts. A second OpenMP thread per
+# process only competes with the other test processes, spin-waiting (tests/bench/test_bench_train.py: 23% less
+# CPU time).
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -56,6 +57,21 @@ def tiny_memmap(directory: Path) -> tuple[Path, Path]:
     run_tokenize(TokenizeConfig(inputs=[corpus.path], out=str(directory / "memmap"), tokenizer=str(tok),
                                 format="memmap", workers=0, progress=False))
     return directory / "memmap", Path(tok)
+
+
+# Every test that mounts a file system (a tmpfs for a full disk, a read-only bind mount) carries this mark: as
+# non-root it skips with this reason instead of failing in `mount` (tests/test_suite_rules.py checks each one does).
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a file system (tmpfs / bind mount): needs root")
+
+
+def one_line(err: str, *needles: str, prefix: str = "pretok: error: ") -> str:
+    """`err` (a command's stderr) is exactly one non-blank line, starting with `prefix`, no traceback, holding every
+    needle: the CLI's one-line error contract. Returns that line."""
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(prefix), err
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
 
 
 # What an import or a library can make of the exception a stop signal's handler raises inside it: numpy's import

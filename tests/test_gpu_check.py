@@ -16,7 +16,7 @@ from pretok_lib import gpu_check as G
 from pretok_lib.cli import main as cli_main
 from pretok_lib.errors import PretokError
 
-from .conftest import ROOT
+from .conftest import ROOT, one_line
 
 
 def _args(tmp_path: Path, *argv: str) -> argparse.Namespace:
@@ -81,8 +81,7 @@ def test_bad_arguments_one_line(tmp_path: Path, argv: list[str], message: str) -
     p = subprocess.run([sys.executable, "-m", "pretok_lib.cli", "gpu-check", "--out", str(tmp_path / "gc"),
                         "--dry-run", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and p.stdout == ""
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pretok: error: ") and message in lines[0], p.stderr
+    one_line(p.stderr, message)
 
 
 def test_unknown_check_name_is_refused(tmp_path: Path) -> None:

@@ -21,6 +21,8 @@ from pretok_lib.study.profiles import world_sizes
 from pretok_lib.study.run import NOTEBOOKS, select
 from pretok_lib.study.steps import ROOT, StudyPaths, findings, study_grid
 
+from .conftest import one_line
+
 INDEX = {"corpus": "/c.parquet", "tokenizer": "/tok.json", "seq_len": 64,
          "paths": {"padded": "/c.parquet", "padding-free": "/c.parquet", "pretok-padded": "/d/padded-zstd3",
                    "pretok-token-list": "/d/token-list-zstd3", "pretok-memmap": "/d/memmap"},
@@ -486,8 +488,7 @@ def test_a_parameter_it_cannot_take_is_one_line_before_anything_runs(tmp_path: P
         mp.setattr("pretok_lib.analysis.report.ensure_kernel", lambda kernel: kernel)
         sets = [f"--set={k}={json.dumps(v)}" for k, v in values.items()]
         assert cli_main(["study", "--profile", "smoke", "--out", str(tmp_path / "s"), *sets]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("pretok: error: ") and err.count("\n") == 1 and problem in err, err
+    one_line(capsys.readouterr().err, problem)
     assert ran == [] and not (tmp_path / "s").exists()
 
 

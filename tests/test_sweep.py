@@ -176,10 +176,6 @@ def test_grid_yaml_and_cli(tmp_path: Path, config: Path, monkeypatch: pytest.Mon
     assert "1 of 2 grid points failed: g-w1-lr1e-3" in capsys.readouterr().err
 
 
-needs_trainer = pytest.mark.skipif(not (ROOT / "pretok_lib" / "train" / "__main__.py").exists(),
-                                   reason="pretok_lib.train is not there yet")
-
-
 @pytest.fixture(scope="module")
 def tiny_config(tmp_path_factory) -> Path:
     """A 1-step CPU run of a 1-layer model on 0.3 MB of stdlib source (memmap, 512-token BPE): no ../shared."""
@@ -198,7 +194,6 @@ checkpoint: {{every: 0}}
 
 
 @pytest.mark.slow
-@needs_trainer
 def test_real_tiny_runs_then_skipped(tiny_config: Path, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     grid = expand_grid({}, {"world": [1, 2], "precision": ["bf16"]})
@@ -218,7 +213,6 @@ def test_real_tiny_runs_then_skipped(tiny_config: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@needs_trainer
 def test_real_failure_is_recorded_with_the_trainers_error(tiny_config: Path, tmp_path: Path) -> None:
     """A point whose config is valid but whose run fails (its dataset is missing: only opening it tells)."""
     res = run_sweep(tiny_config, expand_grid({}, {"data.path": ["no-such-path"]}), tmp_path / "runs", echo=None)

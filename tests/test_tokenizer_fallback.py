@@ -16,7 +16,7 @@ from pretok_lib.errors import PretokError
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 from pretok_lib.tokenizer import _tiktoken_constants
 
-from .conftest import GPT2_JSON, PYDOCS_JSONL, R50K_TIKTOKEN
+from .conftest import GPT2_JSON, PYDOCS_JSONL, R50K_TIKTOKEN, one_line
 from .engine.test_pretokenize import run_cli
 
 
@@ -110,10 +110,8 @@ def test_hf_json_that_fastokens_refuses_falls_back_in_workers(tmp_path, corpus):
 
 def one_error_line(args: list[str], *needles: str) -> str:
     r = run_cli(*args, timeout=120)
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("pretok: error: "), r.stderr
-    assert "Traceback" not in r.stderr and all(n in lines[0] for n in needles), lines[0]
-    return lines[0]
+    assert r.returncode == 1, r.stderr
+    return one_line(r.stderr, *needles)
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])

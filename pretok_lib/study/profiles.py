@@ -3,8 +3,8 @@
 - quick: this laptop-class machine (2 CPU cores, no GPU), about 11 minutes: embedded 20 MB corpus, tiny model,
   gloo world sizes 1 and 2, every data path (3 interleaved repeats at world size 1), and fp32 vs bf16. Every run stops after the step that passes
   `train.time_budget_s` (45 s for notebook 03's run, 15 s per sweep point), so bf16 on a CPU that emulates it
-  (a step ~12x slower) or a busy machine costs bounded time; tokens/s stay means over the steps measured. A
-  vocabulary too large for those budgets gets a smaller model (budget.py, `model_fit`).
+  (training 10.6x slower, docs/STUDY.md) or a busy machine costs bounded time; tokens/s stay means over the steps
+  measured. A vocabulary too large for those budgets gets a smaller model (budget.py, `model_fit`).
 - full: real hardware: 500 MB corpus (or `--set corpus=... tokenizer=...`), the original study's model
   (configs/study.yaml), world sizes 1, 2, 4, ... up to the GPUs present.
 - smoke: the smallest run that exercises every notebook (the notebook tests), about a minute.

@@ -12,6 +12,7 @@ import pytest
 from pretok_lib.cli import main
 from pretok_lib.measure import Run
 
+from ..conftest import one_line
 from .helpers import simple_run
 
 
@@ -65,8 +66,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, case):
         (tmp_path / "b.json").write_text("[1, 2]")
         args += ["--bench", str(tmp_path / "b.json")]
     assert main(args) != 0
-    err = capsys.readouterr().err.strip().splitlines()
     want = {"missing": f"{root}: no such runs directory", "empty": f"{root}: holds no runs",
             "bad-bench": f"{tmp_path / 'b.json'}: not a `pretok bench tokenize --json` result"}[case]
-    assert len(err) == 1 and err[0].startswith(f"pretok: error: {want}")
+    one_line(capsys.readouterr().err, prefix=f"pretok: error: {want}")
     assert not (tmp_path / "rep").exists()

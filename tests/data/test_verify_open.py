@@ -17,6 +17,7 @@ from pretok_lib.errors import PretokError
 from pretok_lib.formats.manifest import read_manifest
 from pretok_lib.train.config import load_config
 
+from ..conftest import needs_root
 from .test_errors import open_and_read
 
 
@@ -80,6 +81,7 @@ def test_stamp_of_another_manifest_is_not_trusted(memmap):
         verify_files(memmap, m)
 
 
+@needs_root
 def test_read_only_dataset_stamps_in_the_cache_or_rechecks(memmap, tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -30,7 +31,8 @@ from pretok_lib.cli import main
 from pretok_lib.engine.merge import MERGING
 from pretok_lib.formats.manifest import read_manifest
 
-from ..conftest import GPT2_JSON, PYDOCS_JSONL, ROOT, WIKI_EN
+from ..conftest import GPT2_JSON, PYDOCS_JSONL, ROOT, WIKI_EN, needs_root
+from ..conftest import one_line as any_line
 from .signal_at import HANG, after_parts, signal_when
 from .test_pretokenize import data_files
 
@@ -75,13 +77,7 @@ def cli(capsys, *args: str) -> tuple[int, str]:
     return rc, capsys.readouterr().err
 
 
-def one_line(err: str, *needles: str) -> str:
-    """stderr must be exactly one `pretok: ...` line (no traceback) containing every needle."""
-    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("pretok: "), err
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
+one_line = partial(any_line, prefix="pretok: ")  # one `pretok: ` line of any kind (error, note, SIGTERM)
 
 
 def no_manifest_or_valid(out: Path) -> None:
@@ -162,6 +158,7 @@ def _phase(line: str) -> str:
     return "other: " + line
 
 
+@needs_root
 @pytest.mark.parametrize("fmt", ["memmap", "token-list"])
 def test_disk_full_at_many_sizes_then_rerun_after_freeing_space(corpus, refs, tmp_path, capsys, fmt):
     """A generator of tmpfs sizes from a fraction of the output up to just short of it: every run that does not
@@ -206,6 +203,7 @@ def test_memmap_finish_cut_short_resumes_without_retokenizing(refs, corpus, tmp_
     same_as_ref(out, refs["memmap"])
 
 
+@needs_root
 def test_disk_full_in_worker_processes(corpus, refs, tmp_path):
     """--workers 2: the part writers run in worker processes; the error still arrives as one line."""
     mnt = tmp_path / "m"
@@ -222,6 +220,7 @@ def test_disk_full_in_worker_processes(corpus, refs, tmp_path):
         same_as_ref(out, refs["token-list"])
 
 
+@needs_root
 def test_disk_full_in_merge(shard_dirs, refs, tmp_path, capsys):
     shards = shard_dirs["memmap"]
     mnt = tmp_path / "m"
@@ -240,6 +239,7 @@ def test_disk_full_in_merge(shard_dirs, refs, tmp_path, capsys):
 # ---------------------------------------------------------------- read-only file system, bad --out
 
 
+@needs_root
 def test_read_only_file_system(corpus, refs, tmp_path, capsys):
     """--out under a read-only mount: one line "Read-only file system", exit 1; a finished output there is
     still a no-op rerun; writable again, the same command completes."""
@@ -358,8 +358,7 @@ def test_a_file_system_without_any_lock_writes_and_says_so(corpus, refs, tmp_pat
     out = tmp_path / "out"
     rc, err = cli(capsys, *tok_args(corpus, out, "memmap"))
     assert rc == 0
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pretok: warning: ") and "cannot lock" in lines[0], err
+    one_line(err, "cannot lock", prefix="pretok: warning: ")
     same_as_ref(out, refs["memmap"])
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from pretok_lib.formats import checksum
 from pretok_lib.formats.manifest import read_manifest, write_manifest
 
 from ..conftest import GPT2_JSON, TEKKEN, WIKI_EN
+from ..conftest import one_line as any_line
 
 SEQ_LEN = 16
 
@@ -76,11 +78,7 @@ def samples(d: Path, kind: str) -> list:
     return out
 
 
-def one_line(text: str, *needles: str) -> None:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1, text
-    for n in needles:
-        assert n in lines[0], lines[0]
+one_line = partial(any_line, prefix="")  # one line: an exception's text or a command's stderr
 
 
 def cli(capsys, *args) -> tuple[int, str]:

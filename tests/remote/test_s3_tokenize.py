@@ -17,7 +17,7 @@ import pytest
 
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
-from ..conftest import GPT2_JSON, ROOT
+from ..conftest import GPT2_JSON, ROOT, one_line
 from .conftest import BUCKET, KEY_ID, SECRET, run_cli, tokenize_args
 from .faulty_proxy import FaultyProxy, every
 
@@ -45,12 +45,9 @@ def assert_no_secret(out: Path, *texts: str) -> None:
 
 def one_line_error(p: subprocess.CompletedProcess, *needles: str) -> str:
     assert p.returncode == 1, (p.returncode, p.stderr)
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pretok: error: "), p.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
+    line = one_line(p.stderr, *needles)
     assert SECRET not in p.stderr and KEY_ID not in p.stderr and "Traceback" not in p.stderr
-    return lines[0]
+    return line
 
 
 @pytest.mark.parametrize("fmt,names", [("memmap", ["*"]), ("padded", ["docs.parquet", "*.jsonl.zst"]),

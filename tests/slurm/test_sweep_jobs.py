@@ -15,9 +15,6 @@ from ..test_sweep import tiny_config  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
 
-if not (ROOT / "pretok_lib" / "train" / "__main__.py").exists():
-    pytest.skip("pretok_lib.train is not there yet", allow_module_level=True)
-
 
 def test_sweep_on_slurm(slurm_cluster, tiny_config: Path, tmp_path: Path) -> None:  # noqa: F811
     runs, lines = tmp_path / "runs", []

@@ -17,16 +17,13 @@ from pretok_lib import slurm
 from pretok_lib.corpus import train_default_tokenizer
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
-from ..conftest import PYDOCS_JSONL, ROOT
+from ..conftest import PYDOCS_JSONL
 from .helpers import SLURM, job_logs, scontrol_job, wait_ok
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 # The stopped runs: a stop signal is sent after step 5 and handled within ~10 steps (~0.3 s here); what is left
 # (~190 steps, ~5 s) runs after the resume.
 STEPS_STOPPED = 200
-
-if not (ROOT / "pretok_lib" / "train" / "__main__.py").exists():
-    pytest.skip("pretok_lib.train is not there yet", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from pretok_lib.errors import PretokError
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 from pretok_lib.train.export import RECORD, refuse_foreign_files
 
-from ..conftest import CL100K_JSON
+from ..conftest import CL100K_JSON, one_line
 from .conftest import run_here, tiny_overrides
 from .test_export import export
 
@@ -75,9 +75,8 @@ def test_a_tokenizer_not_proven_the_runs_is_refused(case, trained, train_data, t
         manifest = json.loads((trained / "ds" / "manifest.json").read_text())["tokenizer"]
         assert record["exported"] and record["fingerprint"] == manifest["fingerprint"]
     else:
-        lines = stderr.strip().splitlines()
-        assert rc == 1 and stdout == "" and len(lines) == 1, stderr
-        assert lines[0].startswith(f"pretok: error: {run}: ") and "cannot be proven to be the run's" in lines[0]
+        assert rc == 1 and stdout == "", stderr
+        one_line(stderr, "cannot be proven to be the run's", prefix=f"pretok: error: {run}: ")
         assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".tmp-*"))
 
 

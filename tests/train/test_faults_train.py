@@ -21,9 +21,8 @@ import pytest
 from pretok_lib.cli import main as cli_main
 from pretok_lib.train import checkpoint
 
-from ..conftest import ROOT, SIGNAL_CONVERSIONS, signals_turned_into, tiny_memmap
+from ..conftest import ROOT, SIGNAL_CONVERSIONS, needs_root, signals_turned_into, tiny_memmap
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs / bind mount needs root")
 STEPS = 8
 PAGE = 4096
 
