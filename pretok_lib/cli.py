@@ -59,7 +59,7 @@ def _fraction(text: str) -> float:
 
 def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     """`pretok tokenize`'s options; every default is `TokenizeConfig`'s (engine/config.py), never restated."""
-    from .engine.config import FORMATS, default
+    from .engine.config import CHOICES, FORMATS, default
 
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="parquet/jsonl(.gz,.zst)/txt files, globs, HF dataset dirs")
     p.add_argument("--out", required=True, help="output directory (data files + manifest.json)")
@@ -75,11 +75,11 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
                         "are not documents; a match and its look-arounds within 64 Ki characters)")
     p.add_argument("--compression", default=default("compression"),
                    help="parquet formats: none, snappy, zstd[:level], ...")
-    p.add_argument("--dtype", default=default("dtype"), choices=["auto", "uint16", "int32"])
-    p.add_argument("--bos", default=default("bos"), choices=["auto", "yes", "no"],
+    p.add_argument("--dtype", default=default("dtype"), choices=CHOICES["dtype"])
+    p.add_argument("--bos", default=default("bos"), choices=CHOICES["bos"],
                    help="prepend BOS (auto: if defined)")
-    p.add_argument("--eos", default=default("eos"), choices=["yes", "no"], help="append EOS to every document")
-    p.add_argument("--bad-docs", default=default("bad_docs"), choices=["skip", "fail"],
+    p.add_argument("--eos", default=default("eos"), choices=CHOICES["eos"], help="append EOS to every document")
+    p.add_argument("--bad-docs", default=default("bad_docs"), choices=CHOICES["bad_docs"],
                    help="null / non-string / empty / invalid UTF-8 documents: skip and count, or fail")
     p.add_argument("--max-bad-fraction", type=_fraction, default=default("max_bad_fraction"),
                    help="fail the run (no manifest) if more than this fraction of documents was skipped; "

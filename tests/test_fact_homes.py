@@ -12,8 +12,7 @@ from pretok_lib.datapaths import FORMAT_OF
 
 PKG = Path(pretok_lib.__file__).parent
 HOME = PKG / "formats" / "__init__.py"
-# engine/config.py is the engine's (its FORMATS tuple and `compression` default are left to its owner)
-NOT_YET = {PKG / "engine" / "config.py"}
+NOT_YET: set[Path] = set()  # files not yet taking their facts from the homes (none left)
 FORMAT_TUPLE = re.compile(r'\(\s*"(?:memmap|token-list|padded)",\s*"(?:memmap|token-list|padded)",\s*'
                           r'"(?:memmap|token-list|padded)"\s*\)')
 
@@ -73,8 +72,10 @@ def test_the_skip_steps_default_and_the_precision_dtypes_are_declared_once() -> 
 
 def test_the_cli_takes_its_choice_lists_from_their_modules() -> None:
     """`pretok sweep --launcher` and `pretok study --profile` offer the names sweep.py and study/profiles.py
-    declare; `pretok tokenize --format` offers the engine's (its other choice lists are still the engine's to name)."""
+    declare; `pretok tokenize --format`, `--dtype`, `--bos`, `--eos` and `--bad-docs` the engine config's (which
+    `TokenizeConfig.check` enforces), `--format` being formats.FORMATS."""
     from pretok_lib.cli import build_parser
+    from pretok_lib.engine.config import CHOICES
     from pretok_lib.engine.config import FORMATS as ENGINE_FORMATS
     from pretok_lib.study.profiles import PROFILES
     from pretok_lib.sweep import LAUNCHERS
@@ -85,7 +86,9 @@ def test_the_cli_takes_its_choice_lists_from_their_modules() -> None:
         return next(a.choices for a in sub.choices[command]._actions if option in a.option_strings)
 
     assert choices("sweep", "--launcher") == list(LAUNCHERS) and choices("study", "--profile") == list(PROFILES)
-    assert choices("tokenize", "--format") is ENGINE_FORMATS
+    assert choices("tokenize", "--format") is ENGINE_FORMATS is formats.FORMATS
+    for name, values in CHOICES.items():
+        assert choices("tokenize", "--" + name.replace("_", "-")) is values, name
 
 
 def test_the_cli_leaves_signals_and_exit_codes_to_exits_py() -> None:

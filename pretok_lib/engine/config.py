@@ -9,11 +9,13 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from ..cpu_affinity import usable_cpus
+from ..formats import FORMATS, TRAIN_COMPRESSION
 
 if TYPE_CHECKING:
     from ..sources import SourceOptions
 
-FORMATS = ("padded", "token-list", "memmap")
+CHOICES = {"dtype": ("auto", "uint16", "int32"), "bos": ("auto", "yes", "no"), "eos": ("yes", "no"),
+           "bad_docs": ("skip", "fail")}  # the values these settings take (the command line's choices too)
 
 
 PARTS_MEMMAP = 1024   # memmap: parts per input (before the 1 MB floor); ~3.5 per worker on a 288-core node
@@ -32,7 +34,7 @@ class TokenizeConfig:
     workers: int = field(default_factory=usable_cpus)
     text_column: str = "text"
     separator: str | None = None
-    compression: str = "zstd:3"
+    compression: str = TRAIN_COMPRESSION
     dtype: str = "auto"
     bos: str = "auto"  # auto (if the tokenizer has one) | yes | no
     eos: str = "no"
@@ -61,8 +63,7 @@ class TokenizeConfig:
 
         if self.format not in FORMATS:
             raise PretokError(f"unknown --format {self.format} (choose from {', '.join(FORMATS)})")
-        for name, choices in (("dtype", ("auto", "uint16", "int32")), ("bos", ("auto", "yes", "no")),
-                              ("eos", ("yes", "no")), ("bad_docs", ("skip", "fail"))):
+        for name, choices in CHOICES.items():
             if getattr(self, name) not in choices:
                 raise PretokError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)} "
                                   f"(got {getattr(self, name)!r})")

@@ -12,7 +12,6 @@ for any number of workers, any interruption, and any sharding followed by `preto
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import sys
@@ -27,7 +26,7 @@ from ..datapaths import window
 from ..environment import environment
 from ..errors import PretokError, os_error
 from ..formats import checksum
-from ..formats.manifest import FORMAT_VERSIONS, Policy, format_policy, write_manifest
+from ..formats.manifest import FORMAT_VERSIONS, Policy, format_policy, read_manifest, write_manifest
 from ..input_checks import check_skipped
 from ..memory import cpu_seconds
 from ..remote import is_url, retries, schemes
@@ -166,7 +165,7 @@ def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None, _
                 with Workers(cfg.tokenizer, cfg.backend, n, schemes(cfg.inputs)) as workers:
                     restart = _run(cfg, (t0, cpu0), out, workers, rejected)
                 if restart is None:
-                    return json.loads((out / "manifest.json").read_text())
+                    return read_manifest(out)
                 remove_output(out)  # the fast guess failed the check: drop what it made, rerun with the checked one
                 rejected = {**rejected, **restart.rejected}
                 cfg = TokenizeConfig(**{**cfg.__dict__, "backend": restart.backend})
