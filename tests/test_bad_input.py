@@ -238,9 +238,12 @@ def test_dead_worker_fails_the_run_instead_of_hanging(tmp_path, shared_data):
     assert not (out / "manifest.json").exists()
 
 
-def test_killed_worker_fails_the_run_and_the_rerun_completes(tmp_path, shared_data):
+@pytest.mark.parametrize("victim,workers", [("worker", 2), ("worker", 18), ("group", 18)])
+def test_killed_worker_fails_the_run_and_the_rerun_completes(tmp_path, shared_data, victim, workers):
     """A worker killed mid-run (as the OOM killer would) fails the run with one clear line at once, not a hang;
-    rerunning the same command resumes and gives the bytes of an uninterrupted run."""
+    rerunning the same command resumes and gives the bytes of an uninterrupted run on 2 workers. With more workers
+    than the zygote forks itself (zygote.FORK_FANOUT), group processes fork them: a worker or a group killed
+    fails the run the same way."""
     import signal
     import subprocess
     import sys
@@ -251,17 +254,24 @@ def test_killed_worker_fails_the_run_and_the_rerun_completes(tmp_path, shared_da
     from .conftest import ROOT
     from .engine.test_pretokenize import data_files
 
+    from pretok_lib.engine.zygote import FORK_FANOUT
+
     args = ["tokenize", str(PYDOCS_JSONL), "--tokenizer", str(GPT2_JSON), "--format", "memmap", "--part-mb", "0.1",
-            "--batch-mb", "0.02", "--workers", "2", "--no-progress", "--out"]
+            "--batch-mb", "0.02", "--no-progress", "--out"]
     out, ref = tmp_path / "out", tmp_path / "ref"
-    assert run_cli(*args, str(ref)).returncode == 0
+    assert run_cli(*args[:-1], "--workers", "2", "--out", str(ref)).returncode == 0
+    args = [*args[:-1], "--workers", str(workers), "--out"]
     p = subprocess.Popen([sys.executable, "-m", "pretok_lib.cli", *args, str(out)], stderr=subprocess.PIPE, text=True,
                          cwd=ROOT)
     deadline, victims = time.time() + 60, []
     while time.time() < deadline and not victims:
         zygotes = [c for c in psutil.Process(p.pid).children() if c.children()]
         if zygotes and any((out / ".pretok" / "parts").glob("*.json")):
-            victims = zygotes[0].children()
+            tree = zygotes[0].children(recursive=True)
+            groups = [c for c in tree if c.children()]
+            if len(tree) - len(groups) == workers:  # every worker forked
+                assert (workers > FORK_FANOUT) == bool(groups), tree
+                victims = groups if victim == "group" else [c for c in tree if c not in groups]
         time.sleep(0.005)
     assert victims, "the run should still be going when its first part is committed"
     victims[0].send_signal(signal.SIGKILL)

@@ -186,11 +186,7 @@ def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, rea
     ready_conn.close()
     if report.backend is None:  # nothing the workers could run: the main process reports why and ends the run
         n = 0
-    fork = mp.get_context("fork")
-    procs = [fork.Process(target=_worker, args=(i, tasks, results, os.getpid(), preload), name=f"pretok-worker-{i}")
-             for i in range(n)]
-    for p in procs:
-        p.start()
+    procs = _start_workers(list(range(n)), tasks, results, preload)
     alive, requests = {p.sentinel: p for p in procs}, [conn]
     while alive:
         for ready in wait_any(requests + list(alive)):
@@ -198,12 +194,53 @@ def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, rea
                 if not _answer(conn):
                     requests.clear()  # the main process closed its end: only the workers are left to watch
                 continue
-            p = alive.pop(ready)
-            p.join()
-            if p.exitcode != 0:  # killed (OOM killer, kill -9) or a crash in native code: the run cannot finish.
-                # Exit at once (the other workers die with the zygote); the exit code tells the main process why.
-                # Not a message on `results`: a worker killed while writing to it may hold the queue's lock.
-                os._exit(DIED_BY_SIGNAL - p.exitcode if p.exitcode < 0 else DIED_EXIT)
+            _reap(alive.pop(ready))
+
+
+FORK_FANOUT = 16  # children one process forks; more workers are forked by group processes, in parallel
+
+
+def _start_workers(slots: list[int], tasks, results, preload: tuple[str, ...]) -> list:
+    """Fork the workers of `slots` (each ~5 ms here, one after another): up to FORK_FANOUT directly, else
+    FORK_FANOUT group processes that fork their share at once (287 workers: ~0.2 s instead of ~1.6 s)."""
+    fork = mp.get_context("fork")
+    if len(slots) <= FORK_FANOUT:
+        procs = [fork.Process(target=_worker, args=(i, tasks, results, os.getpid(), preload),
+                              name=f"pretok-worker-{i}") for i in slots]
+    else:
+        per = -(-len(slots) // FORK_FANOUT)
+        procs = [fork.Process(target=_group, args=(slots[k : k + per], tasks, results, os.getpid(), preload),
+                              name=f"pretok-workers-{slots[k]}") for k in range(0, len(slots), per)]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def _group(slots: list[int], tasks, results, parent_pid: int, preload: tuple[str, ...]) -> None:
+    """A group process: fork the workers of `slots`, then exit as its parent would when one of them dies (the
+    same exit code), or with 0 once all have ended."""
+    _set_parent_death_signal()
+    if os.getppid() != parent_pid:  # the parent was killed before the death signal was set
+        os._exit(0)
+    procs = _start_workers(slots, tasks, results, preload)
+    alive = {p.sentinel: p for p in procs}
+    while alive:
+        for ready in wait_any(list(alive)):
+            _reap(alive.pop(ready))
+    os._exit(0)
+
+
+def _reap(p) -> None:
+    """Join an ended worker (or group); if it did not end well, exit at once with the code that says how (its
+    workers die with this process). Not a message on `results`: a worker killed while writing to it may hold the
+    queue's lock."""
+    p.join()
+    code = p.exitcode
+    if code == 0:
+        return
+    # killed (OOM killer, kill -9), a crash in native code, an error, or a group passing one of those on
+    os._exit(DIED_BY_SIGNAL - code if code < 0 else code if code in (DIED_EXIT,) or code >= DIED_BY_SIGNAL
+             else DIED_EXIT)
 
 
 def _answer(conn) -> bool:
