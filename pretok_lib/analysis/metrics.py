@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ..datapaths import FORMAT_OF as PATH_FORMAT
-from ..datapaths import PRETOK_PAIRS
+from ..datapaths import BASELINE, PRETOK_PAIRS
 from ..datapaths import rank as _rank
 from .runs import BATCH_SHAPE_KEYS, DATA_PATH_KEYS, PRECISION_KEYS, WORLD_SIZE_KEYS, Run, config_signature
 from .series import (TIME_WEIGHTED, TOKEN_WEIGHTED, last_finite, mean_after, spread_after, time_to_target,  # noqa: F401
@@ -253,7 +253,7 @@ def scaling_efficiency(runs: Iterable[Run], metric: str = "tokens_per_s", skip: 
     return rows
 
 
-def path_speedups(runs: Iterable[Run], baseline: str = "padded", metric: str = "effective_tokens_per_s",
+def path_speedups(runs: Iterable[Run], baseline: str = BASELINE, metric: str = "effective_tokens_per_s",
                   skip: int | None = None) -> list[dict[str, Any]]:
     """Per group of runs equal in all but the data path: each path's mean `metric` and its ratio to `baseline`'s
     (None when the group has no baseline run). Completed runs only, as the figures' bars (a failed run's partial
@@ -310,7 +310,7 @@ def tokenization_speedups(bench: str | Path | dict | None, runs: Iterable[Run],
     (`metric` of the pretokenized path / its on-the-fly counterpart of the same layout, same settings otherwise).
     One row per pair and group of runs; a pair with no runs still has its isolated value."""
     iso = isolated_tokenization_speedups(bench)
-    sp = path_speedups(list(runs), "padded", metric, skip)
+    sp = path_speedups(list(runs), BASELINE, metric, skip)
     rows = []
     for pre, otf in PRETOK_PAIRS.items():
         i = iso.get(PATH_FORMAT[pre], {})
