@@ -22,7 +22,7 @@ import torch
 
 from ..analysis.uncertainty import estimate
 from ..cpu_affinity import usable_cpus
-from ..datapaths import BASELINE, FORMAT_OF, KIND_OF_FORMAT, KINDS, ON_THE_FLY, PACKED, PARQUET_KINDS
+from ..datapaths import BASELINE, FORMAT_OF, KINDS, ON_THE_FLY, PACKED, PARQUET_KINDS
 from ..datapaths import PRETOK_MEMMAP as MM
 from ..errors import PretokError
 from ..machine_probe import machine_line
@@ -353,7 +353,7 @@ def run(args: LoadersBench) -> dict:
 
     res: dict[str, dict] = {}
     B, L = args.micro_batch, args.seq_len
-    bin_path = Path(outs[KIND_OF_FORMAT["memmap"]]) / "data.bin"
+    bin_path = Path(outs[MM]) / "data.bin"
 
     def reference(w: int, make_iter: Callable[[], Iterator[dict]]) -> Callable[[], dict]:
         return lambda: rates({"kind": "reference", "workers": w, **measure(make_iter, args.batches, args.warmup)})

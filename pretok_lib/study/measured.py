@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..datapaths import BASELINE, PACKING_PAIRS, PRETOK_PAIRS, STUDY_PRETOKENIZED
 from ..analysis.uncertainty import (Estimate, check_efficiency, check_fraction, check_isolated_speedup,
                                     check_times, estimate, finding)
+from ..datapaths import BASELINE, PACKING_PAIRS, PRETOK_PAIRS, STUDY_PRETOKENIZED
 
 _REPEAT = re.compile(r"-r(\d+)$")
 # A completed run with fewer logged steps than this after its warm-up (`log.skip_steps`) is "too short to measure":
