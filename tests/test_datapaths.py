@@ -69,7 +69,7 @@ def kind_literals(tree: ast.AST) -> list[tuple[int, str]]:
         if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip and \
                 any(n.value == k or n.value.startswith(k + " ") for k in plain):
             out.append((n.lineno, n.value))
-        elif isinstance(n, (ast.Tuple, ast.List, ast.Set)) or isinstance(n, ast.Dict):
+        elif isinstance(n, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
             items = [*n.keys, *n.values] if isinstance(n, ast.Dict) else n.elts
             if any(_is_kind(e, ambiguous) for e in items) and sum(_is_kind(e, KINDS) for e in items) > 1:
                 out.append((n.lineno, ast.unparse(n)[:60]))
