@@ -21,8 +21,9 @@ def crossing(loss: Sequence[float], wall: Sequence[float], step: Sequence[float]
     before = [j for j in range(i) if math.isfinite(loss[j]) and math.isfinite(wall[j]) and math.isfinite(step[j])]
     if before and math.isfinite(w) and math.isfinite(s):
         j = before[-1]
-        f = (loss[j] - target) / (loss[j] - loss[i])   # loss[j] > target >= loss[i]
-        w, s = float(wall[j] + f * (w - wall[j])), float(step[j] + f * (s - step[j]))
+        f = (loss[j] - target) / (loss[j] - loss[i])   # loss[j] > target >= loss[i], so 0 < f <= 1
+        # never past the record at or below the target (f = 1 gave wall[i] + 1 ulp: 1.9 + (6.7281 - 1.9))
+        w, s = min(w, float(wall[j] + f * (w - wall[j]))), min(s, float(step[j] + f * (s - step[j])))
     return (w if math.isfinite(w) else None), (math.ceil(s - 1e-9) if math.isfinite(s) else None)
 
 

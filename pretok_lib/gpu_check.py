@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from . import procs
 from .cpu_affinity import usable_cpus
+from .datapaths import BASELINE, PRETOK_MEMMAP
 from .errors import PretokError
 from .run_record import read_run_config, read_run_record
 
@@ -158,7 +159,7 @@ class CheckFailed(Exception):
 def train_command(out: Path, run_id: str, data: Path, s: dict, extra: dict[str, Any] | None = None) -> list[str]:
     """torchrun (one process per GPU; gloo on CPU) of the tiny model on the check's memmap data; `extra`: more
     config overrides (dotted keys)."""
-    over = {"run.dir": out / "runs", "run.id": run_id, "data.kind": "pretok-memmap", "data.path": data,
+    over = {"run.dir": out / "runs", "run.id": run_id, "data.kind": PRETOK_MEMMAP, "data.path": data,
             "data.seq_len": s["seq_len"], "data.micro_batch": 8, "train.steps": s["steps"], "train.warmup_steps": 2,
             "train.precision": s["precision"], "train.compile": str(s["compile"]).lower(),
             "checkpoint.every": s["checkpoint_every"], "log.tensorboard": "false", "log.skip_steps": 1,
@@ -266,7 +267,7 @@ def check_pinned(data: str, seq_len: int) -> dict:
     """The loader's batches come out of page-locked memory on a CUDA machine (asynchronous host-to-device copy)."""
     from .data import make_dataset, make_loader
 
-    loader = make_loader(make_dataset("pretok-memmap", data, seq_len, micro_batch=2, rank=0, world=1))
+    loader = make_loader(make_dataset(PRETOK_MEMMAP, data, seq_len, micro_batch=2, rank=0, world=1))
     batch = next(iter(loader))
     if not loader.pin_memory or not batch["input_ids"].is_pinned():
         raise CheckFailed("loader batches are not in pinned memory", pin_memory=loader.pin_memory)
@@ -415,7 +416,7 @@ def study_command(out: Path, world: int) -> list[str]:
     """The smoke study with its sweep on world sizes 1, 2, 4, ... up to `world` (one process per GPU)."""
     from .study.profiles import world_sizes
 
-    grids = [{"data": ["padded", "pretok-memmap"], "world": world_sizes(world)}]
+    grids = [{"data": [BASELINE, PRETOK_MEMMAP], "world": world_sizes(world)}]
     return [sys.executable, "-m", "pretok_lib.cli", "study", "--profile", "smoke", "--out", str(out / "study"),
             "--set", f"sweep_grids={json.dumps(grids)}"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..datapaths import FORMAT_OF as PATH_FORMAT
-from ..datapaths import PRETOK_PAIRS
+from ..datapaths import BASELINE, PRETOK_PAIRS
 from ..errors import PretokError
 from ..formats.manifest import MANIFEST, read_manifest
 from .runs import Run
@@ -55,7 +55,7 @@ def tokenization_speedups(bench: str | Path | dict | None, runs: Iterable[Run],
     from .metrics import path_speedups  # metrics.py names this module's functions too (imported at its end)
 
     iso = isolated_tokenization_speedups(bench)
-    sp = path_speedups(list(runs), "padded", metric, skip)
+    sp = path_speedups(list(runs), BASELINE, metric, skip)
     rows = []
     for pre, otf in PRETOK_PAIRS.items():
         i = iso.get(PATH_FORMAT[pre], {})

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..datapaths import BASELINE
 from .bench_tables import storage_rows, tokenization_speedups
 from .metrics import all_metrics, precision_groups, scaling_efficiency, summary_table, target_loss_choice
 from .plotting import (LAYOUT, PALETTE, PATH_COLORS, PERCENT, STATUS_FILL, STATUS_SYMBOLS, VARYING, _add_bars,
@@ -31,7 +32,7 @@ __all__ = ["LAYOUT", "PALETTE", "PATH_COLORS", "PERCENT", "STATUS_FILL", "STATUS
            "val_loss_by_batch_figure"]
 
 
-def throughput_figure(runs: Iterable[Run], skip: int | None = None, baseline: str = "padded") -> go.Figure:
+def throughput_figure(runs: Iterable[Run], skip: int | None = None, baseline: str = BASELINE) -> go.Figure:
     """Tokens/s and effective tokens/s per data path, effective bars labelled with the speedup over `baseline`."""
     return _path_bars(runs, [("tokens_per_s", "tokens/s"), ("effective_tokens_per_s", "effective tokens/s")],
                       "Training throughput per data path", "tokens / s (global)", "throughput records", skip,
@@ -161,7 +162,7 @@ def _time_labels(ms: list, cats: list[str], cat, key: str, baseline: str) -> lis
     return out
 
 
-def time_to_target_figure(runs: Iterable[Run], target_loss: float | None = None, baseline: str = "padded",
+def time_to_target_figure(runs: Iterable[Run], target_loss: float | None = None, baseline: str = BASELINE,
                           skip: int | None = None) -> go.Figure:
     """Wall time until the loss first reaches `target_loss` (val loss if logged, else train), per setting (see
     `plotting.categorize`), bars labelled with the speedup over `baseline` runs of an otherwise equal config.

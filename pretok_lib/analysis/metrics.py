@@ -18,6 +18,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..datapaths import BASELINE
 from ..datapaths import rank as _rank
 from ..train.config import SKIP_STEPS
 from .runs import BATCH_SHAPE_KEYS, DATA_PATH_KEYS, PRECISION_KEYS, WORLD_SIZE_KEYS, Run, config_signature
@@ -249,7 +250,7 @@ def scaling_efficiency(runs: Iterable[Run], metric: str = "tokens_per_s", skip: 
     return rows
 
 
-def path_speedups(runs: Iterable[Run], baseline: str = "padded", metric: str = "effective_tokens_per_s",
+def path_speedups(runs: Iterable[Run], baseline: str = BASELINE, metric: str = "effective_tokens_per_s",
                   skip: int | None = None) -> list[dict[str, Any]]:
     """Per group of runs equal in all but the data path: each path's mean `metric` and its ratio to `baseline`'s
     (None when the group has no baseline run). Completed runs only, as the figures' bars (a failed run's partial

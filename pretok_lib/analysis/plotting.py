@@ -19,14 +19,14 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
+from ..datapaths import COLOURS
 from .metrics import RunMetrics, all_metrics, path_rank
 from .metrics import differing_keys as _differing
 from .metrics import shown_settings as _shown
 from .runs import (BATCH_SHAPE_KEYS, DATA_PATH_KEYS, PRECISION_KEYS, WORLD_SIZE_KEYS, Run, _matches,
                    config_signature)
 
-PATH_COLORS = {"padded": "#d62728", "padding-free": "#ff7f0e", "pretok-padded": "#9467bd",
-               "pretok-token-list": "#2ca02c", "pretok-memmap": "#1f77b4"}
+PATH_COLORS = COLOURS   # the data paths' own colours (datapaths.REGISTRY)
 STATUS_SYMBOLS = {"completed": "circle", "failed": "x", "incomplete": "diamond-open"}
 STATUS_FILL = {"completed": "#ffffff", "failed": "#fde0dd", "incomplete": "#fff3cd"}
 PALETTE = qualitative.Plotly + qualitative.D3

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..datapaths import KINDS
 from ..errors import PretokError
 from ..train.config import SKIP_STEPS
+from ..train.flops import ACCELERATORS, Accelerator, config_flops_per_token
 from .supply import target_supply
 
 FORMULA = """
@@ -53,59 +53,13 @@ compute as a real one; the loader benchmark counts slots):
 """
 
 
-@dataclass(frozen=True)
-class Accelerator:
-    """Dense (no sparsity) bf16 tensor-core peak of one device, from its vendor datasheet."""
-
-    name: str
-    bf16_tflops: float
-    source: str
-
-
-ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
-    Accelerator("H100 SXM", 989.0, "NVIDIA H100 datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity (SXM5)"),
-    Accelerator("GH200", 989.0, "NVIDIA GH200 Grace Hopper datasheet: H100 GPU, BF16 1,979 TFLOPS with sparsity"),
-    Accelerator("H200", 989.0, "NVIDIA H200 datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity (SXM)"),
-    Accelerator("B200", 2250.0, "NVIDIA HGX B200 datasheet: FP16/BF16 Tensor Core 4.5 PFLOPS with sparsity per GPU"),
-    Accelerator("A100", 312.0, "NVIDIA A100 datasheet: BF16 Tensor Core 312 TFLOPS (624 with sparsity)"),
-    Accelerator("L40S", 362.05, "NVIDIA L40S datasheet: BF16 Tensor Core 362.05 TFLOPS (733 with sparsity)"),
-    Accelerator("A10", 125.0, "NVIDIA A10 datasheet: BF16 Tensor Core 125 TFLOPS (250 with sparsity)"),
-)}
+# The accelerators a prediction covers unless told (rows of `train.flops.ACCELERATORS`: name, peaks, datasheet).
+DEFAULT_ACCELERATORS = ("H100 SXM", "GH200", "H200", "H200 NVL", "B200", "A100", "L40S", "A10")
 DEFAULT_MFU = (0.35, 0.45)
 PATHS = KINDS
 
 
 # ---------------------------------------------------------------- consumption
-
-
-def intermediate_size(hidden: int, intermediate: int | None = None) -> int:
-    """The MLP width the trainer builds: explicit, or Llama's 8/3·hidden rounded up to a multiple of 64."""
-    return intermediate or -(-(8 * hidden // 3) // 64) * 64
-
-
-def matmul_params(hidden: int, layers: int, heads: int, kv_heads: int, vocab: int, intermediate: int | None = None
-                  ) -> int:
-    """Parameters in matmuls per token of the trainer's Llama model (attention q/k/v/o, SwiGLU, LM head; not the
-    input embedding nor norms), computed from the config: equals `train.model.matmul_params` of the built model."""
-    kv = hidden // heads * kv_heads
-    per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * intermediate_size(hidden, intermediate)
-    return layers * per_layer + vocab * hidden
-
-
-def flops_per_token(n_matmul: int, layers: int, hidden: int, seq_len: int) -> float:
-    """Training FLOPs per token, as the trainer's MFU counts them: 6·N + 12·L·H·S."""
-    return 6.0 * n_matmul + 12.0 * layers * hidden * seq_len
-
-
-def config_flops_per_token(model: Mapping[str, Any], vocab: int, seq_len: int, vocab_multiple: int = 64) -> float:
-    """F for a config's `model` section (keys of `train.config.ModelConfig`; defaults as there) and a tokenizer
-    vocabulary (rounded up to `vocab_multiple` like the trainer, unless `model.vocab_size` is set)."""
-    hidden, layers = int(model.get("hidden_size", 128)), int(model.get("num_layers", 2))
-    v = model.get("vocab_size") or -(-vocab // max(1, int(model.get("vocab_multiple", vocab_multiple)))) \
-        * max(1, int(model.get("vocab_multiple", vocab_multiple)))
-    n = matmul_params(hidden, layers, int(model.get("num_heads", 4)), int(model.get("num_kv_heads", 2)), int(v),
-                      model.get("intermediate_size"))
-    return flops_per_token(n, layers, hidden, seq_len)
 
 
 def consumption(mfu: float, peak_flops: float, flops_per_token_: float) -> float:
@@ -158,7 +112,7 @@ def supply_rows(loaders: Mapping[str, Any], cores_per_rank: int | None = None, c
 
 
 def predict(loaders: Mapping[str, Any], flops_per_token_: float,
-            accelerators: Iterable[Accelerator | str] = tuple(ACCELERATORS), mfu: Sequence[float] = DEFAULT_MFU,
+            accelerators: Iterable[Accelerator | str] = DEFAULT_ACCELERATORS, mfu: Sequence[float] = DEFAULT_MFU,
             cores_per_rank: int | None = None, cpu_speed: float = 1.0, seq_len: int | None = None,
             ranks: int = 1) -> list[dict]:
     """The prediction table: one row per accelerator x data path x worker count, with consumption C, headroom
@@ -353,7 +307,7 @@ def study_prediction(loaders: Mapping[str, Any] | None, config: str | Path | Map
     vocab, vocab_from = target_vocab(cfg, vocab, loaders)
     seq = seq_len or int(data.get("seq_len", 256))
     f = config_flops_per_token(model, int(vocab), seq)
-    rows = predict(loaders, f, accelerators or tuple(ACCELERATORS), mfu, cores_per_rank, cpu_speed, seq,
+    rows = predict(loaders, f, accelerators or DEFAULT_ACCELERATORS, mfu, cores_per_rank, cpu_speed, seq,
                    ranks) if loaders else []
     cores = (loaders.get("environment") or {}).get("cpus")
     name = config if isinstance(config, (str, Path)) else "the given config"
@@ -363,7 +317,7 @@ def study_prediction(loaders: Mapping[str, Any] | None, config: str | Path | Map
              f"{loaders.get('seq_len')}, micro-batch {loaders.get('micro_batch')}), padded carried to seq_len {seq}, "
              + ("workers as measured" if cores_per_rank is None else f"scaled to {cores_per_rank} CPU cores per rank")
              + (f", x{cpu_speed:g} per-core speed" if cpu_speed != 1 else "") + ". Peaks: dense bf16 datasheet "
-             "figures (`analysis.stall.ACCELERATORS`).")
+             "figures (`train.flops.ACCELERATORS`).")
     return {"rows": rows, "flops_per_token": f, "vocab": vocab, "vocab_from": vocab_from, "seq_len": seq,
             "ranks": ranks,
             "markdown": "\n\n".join([FORMULA.strip(), facts, markdown_table(rows)])}

@@ -22,9 +22,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-WHOLE_STREAM = ("padding-free",)   # every rank and worker tokenizes the whole stream (data/baselines.py)
-PER_DOCUMENT = ("padded",)         # per-document tokenize + per-slot pad: supply depends on seq_len
-SLOT_COST_FROM = "pretok-padded"   # the same rows, collated without tokenizing
+from ..datapaths import PRETOK_PAIRS, REGISTRY
+
+# every rank and worker tokenizes the whole stream (the on-the-fly packed path: data/baselines.py)
+WHOLE_STREAM = tuple(p.name for p in REGISTRY if p.on_the_fly and p.packed)
+# per-document tokenize + per-slot pad: supply depends on seq_len (the on-the-fly padded path)
+PER_DOCUMENT = tuple(p.name for p in REGISTRY if p.on_the_fly and not p.packed)
+# the same rows, collated without tokenizing: the pretokenized path of the padded baseline
+SLOT_COST_FROM = next(k for k, base in PRETOK_PAIRS.items() if base in PER_DOCUMENT)
 VIA = "ref: torch.randint via DataLoader w{}"
 
 

@@ -22,7 +22,8 @@ import torch
 
 from ..analysis.uncertainty import estimate
 from ..cpu_affinity import usable_cpus
-from ..datapaths import FORMAT_OF, KINDS, ON_THE_FLY, PACKED
+from ..datapaths import BASELINE, FORMAT_OF, KINDS, ON_THE_FLY, PACKED, PARQUET_KINDS
+from ..datapaths import PRETOK_MEMMAP as MM
 from ..errors import PretokError
 from ..formats import CODEC_GRID, TRAIN_COMPRESSION
 from ..machine_probe import machine_line
@@ -232,7 +233,7 @@ def read_parquet_files(out: Path, m: dict) -> tuple[float, int]:
 def bench_compression(corpus: str, tok: str, a: LoadersBench, work: Path) -> list[dict]:
     """Write padded and token-list with each codec; time warm reads and the pretok loader's first load."""
     rows = []
-    for fmt, kind in (("padded", "pretok-padded"), ("token-list", "pretok-token-list")):
+    for kind, fmt in ((k, FORMAT_OF[k]) for k in PARQUET_KINDS):
         for comp in [c.strip() for c in a.compressions.split(",") if c.strip()]:
             out = work / variant_dir(fmt, comp)
             t0 = time.perf_counter()
@@ -312,12 +313,12 @@ def targets(res: dict[str, dict], workers: list[int]) -> list[dict]:
         return max(rows, key=lambda r: r["tokens_per_s"]) if rows else None
 
     for w in workers:
-        mm, primary = res.get(f"pretok-memmap w{w}"), w == 0
-        add(f"pretok-memmap w{w} / raw memmap ceiling (in-process)", mm, res.get(CEIL), 0.5, primary)
-        add(f"pretok-memmap w{w} / padded w{w}", mm, res.get(f"padded w{w}"), 100.0, primary)
-    m, p = best("pretok-memmap"), best("padded")
+        mm, primary = res.get(f"{MM} w{w}"), w == 0
+        add(f"{MM} w{w} / raw memmap ceiling (in-process)", mm, res.get(CEIL), 0.5, primary)
+        add(f"{MM} w{w} / {BASELINE} w{w}", mm, res.get(f"{BASELINE} w{w}"), 100.0, primary)
+    m, p = best(MM), best(BASELINE)
     if m and p and len(workers) > 1:
-        add(f"pretok-memmap best (w{m['workers']}) / padded best (w{p['workers']})", m, p, 100.0, True)
+        add(f"{MM} best (w{m['workers']}) / {BASELINE} best (w{p['workers']})", m, p, 100.0, True)
     return out
 
 
@@ -353,7 +354,7 @@ def run(args: LoadersBench) -> dict:
 
     res: dict[str, dict] = {}
     B, L = args.micro_batch, args.seq_len
-    bin_path = Path(outs["pretok-memmap"]) / "data.bin"
+    bin_path = Path(outs[MM]) / "data.bin"
 
     def reference(w: int, make_iter: Callable[[], Iterator[dict]]) -> Callable[[], dict]:
         return lambda: rates({"kind": "reference", "workers": w, **measure(make_iter, args.batches, args.warmup)})
@@ -380,7 +381,7 @@ def run(args: LoadersBench) -> dict:
         print(f"  {name}: {text(r['estimate'], '.4g')} tokens/s, setup {r['setup_s']:.2f} s", flush=True)
     ceil = res[CEIL]["tokens_per_s"]
     for name, r in res.items():
-        pad = res.get(f"padded w{r['workers']}")
+        pad = res.get(f"{BASELINE} w{r['workers']}")
         r["x_ceiling"] = r["tokens_per_s"] / ceil
         r["x_padded"] = r["tokens_per_s"] / pad["tokens_per_s"] if pad and not name.startswith("ref:") else None
 

@@ -16,6 +16,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from ..datapaths import REGISTRY
 from ..errors import PretokError
 from ..memory import peak_rss_mb
 from ..procs import run_child
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from .loaders import LoadersBench
 
 IMPLS = ("in-ram", "exact", "block")
+MEMORY_KINDS = tuple(p.name for p in REGISTRY if p.inram_reader)   # the paths whose in-RAM reader was replaced
 RSS_GOAL_MB, SPEED_GOAL = 1024.0, 0.5
 NOTES = """\
 peak RSS: VmHWM of a fresh process reading as rank 0 of {world} (0 workers; DataLoader workers each hold their own
@@ -42,7 +44,7 @@ tokens/s: input slots of collated batches (B x seq_len) over {n} batches ({ne} f
 def add_args(p: argparse.ArgumentParser, d: LoadersBench) -> None:
     """The --memory options of `pretok bench loaders`, with the defaults of `d`."""
     p.add_argument("--memory", action="append", default=list(d.memory), metavar="KIND=DIR",
-                   help="only the memory benchmark, on this output (pretok-padded=DIR, pretok-token-list=DIR)")
+                   help=f"only the memory benchmark, on this output ({', '.join(f'{k}=DIR' for k in MEMORY_KINDS)})")
     p.add_argument("--memory-world", type=at_least(1), default=d.memory_world, help="ranks simulated (rank 0 is measured)")
     p.add_argument("--memory-batches", type=at_least(1), default=d.memory_batches,
                    help="timed batches (in-ram, block): several block windows, so read-ahead is amortised")
@@ -54,19 +56,18 @@ def add_args(p: argparse.ArgumentParser, d: LoadersBench) -> None:
 
 def one(spec: dict) -> dict:
     """Run in the child: build the reader, time batches, report peak RSS."""
-    from ..data.inram import InRamPaddedRows, InRamTokenList
     from ..data.loader import ShardedBatches, StatefulLoader
-    from ..data.pretokenized import BLOCK_GROUPS, CACHE_MB, PaddedRows, TokenListPacked
+    from ..data.pretokenized import BLOCK_GROUPS, CACHE_MB
+    from ..datapaths import BY_NAME, load
 
     base = peak_rss_mb()
     t0 = time.perf_counter()
     kind, impl, path, L = spec["kind"], spec["impl"], spec["path"], spec["seq_len"]
     kw = {"seed": spec["seed"], "shuffle": True}
     if impl == "in-ram":
-        src = (InRamPaddedRows if kind == "pretok-padded" else InRamTokenList)(path, L, **kw)
+        src = load(BY_NAME[kind].inram_reader)(path, L, **kw)
     else:
-        cls = PaddedRows if kind == "pretok-padded" else TokenListPacked
-        src = cls(path, L, order=impl, cache_mb=spec["cache_mb"] or CACHE_MB,
+        src = BY_NAME[kind].reader_class()(path, L, order=impl, cache_mb=spec["cache_mb"] or CACHE_MB,
                   block_groups=spec["block_groups"] or BLOCK_GROUPS, **kw)
     it = iter(StatefulLoader(ShardedBatches(src, spec["micro_batch"], 0, spec["world"]), 0, False))
     digest, n = hashlib.sha256(), spec["batches"]
@@ -92,6 +93,8 @@ def main(a: LoadersBench) -> list[dict]:
     rows = []
     for item in a.memory:
         kind, _, path = item.partition("=")
+        if kind not in MEMORY_KINDS:
+            raise PretokError(f"--memory {item}: KIND is one of {', '.join(MEMORY_KINDS)}")
         for impl in IMPLS:
             spec = {"kind": kind, "path": path, "impl": impl, "seq_len": a.seq_len, "micro_batch": a.micro_batch,
                     "world": a.memory_world, "seed": a.seed, "warmup": max(a.warmup, 20), "digest_batches": 20,

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..datapaths import KINDS, ON_THE_FLY, PACKED
+from ..datapaths import BASELINE, KINDS, ON_THE_FLY, PACKED, PRETOKENIZED
 from ..errors import PretokError
 from ..formats import TRAIN_COMPRESSION
 from ..procs import run_child
@@ -32,7 +32,7 @@ from ..machine_probe import machine_line
 from .loaders import FORMAT_OF, pretokenize, render, variant_dir
 from .repeats import est_dict, probes_of, ratio_estimate, rounds, text, threshold_resolved
 
-PRETOK = ("pretok-padded", "pretok-token-list", "pretok-memmap")
+PRETOK = PRETOKENIZED
 
 
 @dataclass
@@ -131,7 +131,7 @@ def summarize(samples: list[dict], min_steps: int) -> dict:
 
 
 def table(res: dict[str, dict]) -> str:
-    base = res.get("padded", {}).get("effective_tokens_per_s")
+    base = res.get(BASELINE, {}).get("effective_tokens_per_s")
     rows = [["data path", "tok/s", "eff tok/s", "x padded (eff)", "data stall", "padding", "masked", "step ms",
              "MFU*", "loss"]]
     for kind, r in res.items():
@@ -155,7 +155,7 @@ def targets(res: dict[str, dict]) -> list[dict]:
     """Packing gain (paired by round: round i's packed run over round i's padded run) and the pretokenized paths'
     stall, each the median with its interval; `resolved`: the interval wholly on one side of the threshold."""
     out = []
-    base = res.get("padded")
+    base = res.get(BASELINE)
 
     def add(name: str, e: dict | None, need: float, below: bool = False) -> None:
         v = e["median"] if e else None

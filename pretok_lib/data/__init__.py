@@ -13,12 +13,11 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from ..datapaths import KINDS, ON_THE_FLY, PARQUET_KINDS
+from ..datapaths import BY_NAME, KINDS, PARQUET_KINDS
 from ..errors import PretokError
-from .baselines import PaddedText, PaddingFreeStream
 from .loader import ShardedBatches, StatefulLoader, dist_rank_world
 from .mixture import MixtureSource, open_mixture
-from .pretokenized import BLOCK_GROUPS, CACHE_MB, MemmapPacked, PaddedRows, TokenListPacked
+from .pretokenized import BLOCK_GROUPS, CACHE_MB
 
 
 
@@ -48,11 +47,12 @@ def make_source(kind: str, path: str | os.PathLike | Sequence[str], seq_len: int
     if order not in (None, "exact") and kind not in PARQUET_KINDS:
         raise PretokError(f"data order '{order}' applies to the parquet paths ({', '.join(PARQUET_KINDS)}), "
                           f"not '{kind}' (use order 'exact')")
-    if kind in ON_THE_FLY:
+    p = BY_NAME[kind]
+    cls = p.reader_class()
+    if p.on_the_fly:
         if tokenizer is None:
             raise PretokError(f"data path '{kind}' tokenizes on the fly: give a tokenizer")
         inputs = [str(path)] if isinstance(path, (str, os.PathLike)) else [str(p) for p in path]
-        cls = PaddedText if kind == "padded" else PaddingFreeStream
         return cls(inputs, seq_len, tokenizer, seed=seed, shuffle=shuffle, text_column=text_column, backend=backend,
                    bos=bos, eos=eos, separator=separator)
     fingerprint = None
@@ -60,13 +60,9 @@ def make_source(kind: str, path: str | os.PathLike | Sequence[str], seq_len: int
         from ..tokenizer import load_tokenizer
 
         fingerprint = load_tokenizer(tokenizer).fingerprint
-    if kind == "pretok-memmap":
-        return MemmapPacked(path, seq_len, seed=seed, shuffle=shuffle, tokenizer_fingerprint=fingerprint,
-                            verify_on_open=verify_on_open)
-    cls = PaddedRows if kind == "pretok-padded" else TokenListPacked
+    rows = {"order": order or "block", "block_groups": block_groups, "cache_mb": cache_mb} if p.row_groups else {}
     return cls(path, seq_len, seed=seed, shuffle=shuffle, tokenizer_fingerprint=fingerprint,
-               verify_on_open=verify_on_open, order=order or "block", block_groups=block_groups, cache_mb=cache_mb)
-
+               verify_on_open=verify_on_open, **rows)
 
 def make_dataset(kind: str, path, seq_len: int, *, micro_batch: int = 8, rank: int | None = None,
                  world: int | None = None, doc_aware: bool = False, **source_kw) -> ShardedBatches:

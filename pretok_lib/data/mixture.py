@@ -30,7 +30,7 @@ from .source import EXACT, PretokenizedSource
 
 EXHAUSTED = ("epoch", "stop")
 # format -> "packed" or "padded": padded rows cannot be batched with packed windows
-FAMILY = {f: "packed" if BY_NAME[k].packed else "padded" for f, k in KIND_OF_FORMAT.items()}
+FAMILY = {f: BY_NAME[k].layout for f, k in KIND_OF_FORMAT.items()}
 
 
 class MixtureSource:

@@ -64,7 +64,7 @@ class Plan:
 def plan(model: Mapping[str, Any], vocab: int, seq_len: int, micro_batch: int, grad_accum: int = 1,
          eval_batches: int = 4, skip_steps: int = SKIP_STEPS, peak: float = 1e11) -> Plan:
     """The `Plan` of a run of `model` (keys of train.config.ModelConfig) with a tokenizer of `vocab` tokens."""
-    from ..analysis.stall import config_flops_per_token
+    from ..train.flops import config_flops_per_token
     from .measured import MIN_MEASURED_STEPS
 
     return Plan(config_flops_per_token(model, vocab, seq_len), micro_batch * seq_len * grad_accum,

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..atomic import atomic_write_text
-from ..datapaths import KIND_OF_FORMAT, ON_THE_FLY
+from ..datapaths import DEFAULT, FORMAT_OF, KIND_OF_FORMAT, ON_THE_FLY, PARQUET_KINDS, STUDY_PRETOKENIZED
 from ..errors import PretokError
 from ..formats import CODEC_GRID, FORMATS, TRAIN_COMPRESSION
 
 KIND_OF = KIND_OF_FORMAT
 # the held-out datasets every study run validates on: packed windows (every path), and the padded paths' own layout
-HELDOUT_FORMATS = {"pretok-memmap": ("memmap", None), "pretok-padded": ("padded", TRAIN_COMPRESSION)}
+HELDOUT_FORMATS = {k: (FORMAT_OF[k], None if k not in PARQUET_KINDS else TRAIN_COMPRESSION) for k in STUDY_PRETOKENIZED}
 HF_BASELINES = ("loop", "datasets-map")   # the tokenize benchmark's baselines (a), (b): a HF fast tokenizer
 if TYPE_CHECKING:
     from .steps import StudyPaths
@@ -137,7 +137,7 @@ def data_paths(corpus: str, variants: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def eval_path(index: Mapping, kind: str = "pretok-memmap") -> str:
+def eval_path(index: Mapping, kind: str = DEFAULT) -> str:
     """The held-out dataset of `kind`'s layout (notebook 01's `eval`); PretokError for an index without one
     (written before the study held documents out: its validation would be the training data)."""
     held = index.get("eval") or {}

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.captions import runs_device
+from ..datapaths import BASELINE, PACKING_PAIRS, PADDED, STUDY_PRETOKENIZED
 
 # What the original study (the one this project reproduces) found, as recorded in this project's issues and
 # README; where it gave no number, its claim in words. None: it did not measure this.
@@ -69,7 +70,7 @@ def tokenization_finding(bench: Mapping | None, runs: Sequence[Any]) -> str | No
 
     rows = tokenization_speedups(bench, runs)
     parts = []
-    for pre in ("pretok-memmap", "pretok-padded"):   # the packed and the padded layout
+    for pre in STUDY_PRETOKENIZED:   # the packed and the padded layout
         mine = [r for r in rows if r["pretok"] == pre]
         if not mine:
             continue
@@ -98,7 +99,7 @@ def _path_comparison(runs: Sequence[Any], key: str) -> tuple[str | None, dict[st
     from ..analysis import path_speedups
 
     ids = {m.run_id for m in _smallest_world(_completed(runs))}
-    rows = [r for r in path_speedups([r for r in runs if r.run_id in ids], "padded", key) if r["value"] is not None]
+    rows = [r for r in path_speedups([r for r in runs if r.run_id in ids], BASELINE, key) if r["value"] is not None]
     groups = list(dict.fromkeys(r["group"] for r in rows))
     if not groups:
         return None, {}
@@ -135,9 +136,9 @@ def packing_finding(runs: Sequence[Any]) -> str | None:
     path."""
     from ..analysis import path_speedups
 
-    rows = path_speedups(runs, "padded", "effective_tokens_per_s")
+    rows = path_speedups(runs, BASELINE, "effective_tokens_per_s")
     parts = []
-    for packed, padded in (("padding-free", "padded"), ("pretok-memmap", "pretok-padded")):
+    for packed, padded in PACKING_PAIRS:
         ratios = []
         for g in dict.fromkeys(r["group"] for r in rows):
             vals = {r["data_kind"]: r["value"] for r in rows if r["group"] == g}
@@ -154,7 +155,7 @@ def packing_finding(runs: Sequence[Any]) -> str | None:
 
 def padding_text(runs: Sequence[Any]) -> str:
     """The padding share of the padded path's batches (a count over the batches, not a timing)."""
-    pad = _path_comparison(runs, "padding_frac")[1].get("padded")
+    pad = _path_comparison(runs, "padding_frac")[1].get(PADDED)
     return "" if pad is None else f"padded rows are {_pct(pad)} padding"
 
 

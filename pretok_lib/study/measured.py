@@ -16,6 +16,7 @@ from typing import Any
 
 from ..analysis.uncertainty import (Estimate, check_efficiency, check_fraction, check_isolated_speedup,
                                     check_times, estimate, finding)
+from ..datapaths import BASELINE, PACKING_PAIRS, PRETOK_PAIRS, STUDY_PRETOKENIZED
 
 _REPEAT = re.compile(r"-r(\d+)$")
 # A completed run with fewer logged steps than this after its warm-up (`log.skip_steps`) is "too short to measure":
@@ -98,7 +99,7 @@ def _path_ratio(runs: Sequence[Any], num: str, den: str, key: str, values: Mappi
     data path."""
     from ..analysis import path_speedups
 
-    rows = path_speedups(runs, "padded", key)
+    rows = path_speedups(runs, BASELINE, key)
     values = _metric_values(runs, key) if values is None else values
     samples, ids = [], []
     for g in dict.fromkeys(r["group"] for r in rows):
@@ -116,7 +117,6 @@ def time_to_target_speedups(runs: Sequence[Any]) -> list[tuple[str, str, Estimat
     (`target_loss_choice`: one every compared run reaches)."""
     from ..analysis import all_metrics
     from ..analysis.metrics import resolve_target_loss
-    from ..datapaths import PRETOK_PAIRS
 
     target = resolve_target_loss(runs)
     if target is None:
@@ -135,7 +135,6 @@ def bench_loaders(bench: Mapping | None) -> list[tuple[str, str, Estimate | None
     """(pretokenized path, its on-the-fly baseline, tokens/s ratio, rows) from the loader benchmark's rounds with
     no DataLoader workers (in-process: the loader's own cost), each round's ratio paired."""
     from ..analysis.uncertainty import paired_ratio
-    from ..datapaths import PRETOK_PAIRS
 
     rows = (bench or {}).get("loaders") or {}
     out = []
@@ -204,12 +203,12 @@ def measured_findings(runs: Sequence[Any], bench: Mapping | None, flagged: Itera
     for pre, otf, e, ids in bench_loaders(loaders):
         out.append({**finding(f"loaders.{pre}", f"Loader speedup in isolation: {pre} / {otf} (tokens/s, no workers)",
                               e, "x", 1.0, check_isolated_speedup(e.median if e else None, ids)), "runs": ids})
-    for pre, otf in (("pretok-memmap", "padding-free"), ("pretok-padded", "padded")):
+    for pre, otf in ((k, PRETOK_PAIRS[k]) for k in STUDY_PRETOKENIZED):
         e, ids = _path_ratio(runs, pre, otf, "effective_tokens_per_s")
         if e:
             add(finding(f"tokenization.training.{pre}", f"Tokenization speedup in training: {pre} / {otf}",
                         e, "x", 1.0), ids)
-    for num, den in (("padding-free", "padded"), ("pretok-memmap", "pretok-padded")):
+    for num, den in PACKING_PAIRS:
         e, ids = _path_ratio(runs, num, den, "effective_tokens_per_s")
         if e:
             add(finding(f"packing.{num}", f"Packing gain: effective tokens/s {num} / {den}", e, "x", 1.0), ids)

@@ -11,6 +11,7 @@ from plotly.subplots import make_subplots
 
 from ..analysis.figures import LAYOUT, PATH_COLORS, empty_figure
 from ..analysis.plotting import fit_ticks
+from ..datapaths import FORMAT_OF, PARQUET_KINDS
 from ..datapaths import KINDS as PATH_ORDER
 
 METHOD_COLORS = {"(a)": "#d62728", "(b)": "#ff7f0e", "(c)": "#7f7f7f", "(d)": "#1f77b4"}
@@ -69,7 +70,7 @@ def compression_figure(res: Mapping[str, Any]) -> go.Figure:
     if not rows:
         return empty_figure(title, "no compression results")
     fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes on disk per token", "read tokens/s (warm cache)"))
-    for fmt, color in (("padded", PATH_COLORS["pretok-padded"]), ("token-list", PATH_COLORS["pretok-token-list"])):
+    for fmt, color in ((FORMAT_OF[k], PATH_COLORS[k]) for k in PARQUET_KINDS):
         rs = [r for r in rows if r["format"] == fmt]
         if not rs:
             continue

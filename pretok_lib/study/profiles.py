@@ -21,7 +21,7 @@ from typing import Any
 
 from ..corpus import SPECIAL_TOKENS
 from ..cpu_affinity import usable_cpus
-from ..datapaths import KINDS
+from ..datapaths import BASELINE, DEFAULT, KINDS
 from ..errors import PretokError
 from ..formats import CODEC_GRID, TRAIN_COMPRESSION
 from ..sweep import LAUNCHERS
@@ -48,13 +48,13 @@ PROFILES: dict[str, dict[str, Any]] = {
         "compressions": CODECS, "workers": 2, "bench_loop_mb": 2.0, "bench_repeats": 3,
         "micro_batch": 8, "loader_workers": "0,2", "loader_batches": 500, "loader_slow_batches": 40,
         "loader_repeats": 3,
-        "config": "configs/tiny.yaml", "train_data_kind": "pretok-memmap", "train_world": 1,
+        "config": "configs/tiny.yaml", "train_data_kind": DEFAULT, "train_world": 1,
         "train_overrides": {"train.steps": 60, "train.warmup_steps": 5, "eval.every": 20,
                             "train.time_budget_s": 45, **QUIET_RUN},
         # the world-1 paths repeated 3 times (interleaved): the packing gain and the speedups in training get
         # intervals; world 2 and the precisions once each (their findings say "not resolved" and why)
         "sweep_grids": [{"data": PATHS, "world": [1], "repeats": 3}, {"data": PATHS, "world": [2]},
-                        {"data": ["pretok-memmap"], "precision": ["fp32", "bf16"]}],
+                        {"data": [DEFAULT], "precision": ["fp32", "bf16"]}],
         "sweep_base": {"train.steps": 40, "train.warmup_steps": 5, "train.precision": "auto", "eval.every": 20,
                        "train.time_budget_s": 15, **QUIET_RUN, **NO_EXPORT},
         "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 900, "sweep_repeats": 1,
@@ -66,11 +66,11 @@ PROFILES: dict[str, dict[str, Any]] = {
         "compressions": CODECS, "workers": 0, "bench_loop_mb": 20.0, "bench_repeats": 3,  # workers 0: every CPU
         "micro_batch": 4, "loader_workers": "0,2,4", "loader_batches": 500, "loader_slow_batches": 20,
         "loader_repeats": 3,
-        "config": "configs/study.yaml", "train_data_kind": "pretok-memmap", "train_world": 0,  # 0: every GPU
+        "config": "configs/study.yaml", "train_data_kind": DEFAULT, "train_world": 0,  # 0: every GPU
         "train_overrides": {"train.steps": 300, "eval.every": 100},
         "sweep_grids": [{"data": PATHS, "world": "gpus"},  # "gpus": 1, 2, 4, ... up to the GPUs present
-                        {"data": ["pretok-memmap"], "precision": ["fp32", "bf16"], "world": "max"},
-                        {"data": ["pretok-memmap"], "micro_batch": [1, 2, 4], "world": "max"}],
+                        {"data": [DEFAULT], "precision": ["fp32", "bf16"], "world": "max"},
+                        {"data": [DEFAULT], "micro_batch": [1, 2, 4], "world": "max"}],
         "sweep_base": {"train.steps": 300, "train.precision": "auto", "eval.every": 100, "checkpoint.every": 100,
                        **NO_EXPORT},
         "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": None, "sweep_repeats": 3,
@@ -82,11 +82,11 @@ PROFILES: dict[str, dict[str, Any]] = {
         "compressions": ["none", TRAIN_COMPRESSION], "workers": 2, "bench_loop_mb": 0.3, "bench_repeats": 1,
         "micro_batch": 4, "loader_workers": "0", "loader_batches": 20, "loader_slow_batches": 3,
         "loader_repeats": 1,
-        "config": "configs/tiny.yaml", "train_data_kind": "pretok-memmap", "train_world": 1,
+        "config": "configs/tiny.yaml", "train_data_kind": DEFAULT, "train_world": 1,
         # 5 steps: 3 measured after the 2 warm-up records (log.skip_steps), the least a run's rates need
         "train_overrides": {"train.steps": 5, "train.warmup_steps": 1, "eval.every": 5, "eval.batches": 1,
                             "model.hidden_size": 64, "model.num_layers": 1, **QUIET_RUN},
-        "sweep_grids": [{"data": ["padded", "pretok-memmap"], "world": [1]}, {"data": ["pretok-memmap"], "world": [2]}],
+        "sweep_grids": [{"data": [BASELINE, DEFAULT], "world": [1]}, {"data": [DEFAULT], "world": [2]}],
         "sweep_base": {"train.steps": 5, "train.warmup_steps": 1, "eval.every": 5, "eval.batches": 1,
                        "model.hidden_size": 64, "model.num_layers": 1, **QUIET_RUN, **NO_EXPORT},
         "launcher": "local", "sweep_prefix": "sweep", "sweep_timeout_s": 300, "sweep_repeats": 1,

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..datapaths import ON_THE_FLY, PRETOKENIZED
+from ..datapaths import BASELINE, ON_THE_FLY, PADDED, PADDING_FREE, PRETOK_MEMMAP, PRETOKENIZED
 
 if TYPE_CHECKING:
     from .steps import StudyPaths
@@ -107,17 +107,18 @@ def findings(runs: Sequence[Any], paths: StudyPaths) -> str:
     if ld:
         r = ld["loaders"]
         best = {k: max((v for n, v in r.items() if v.get("kind") == k), key=lambda v: v["tokens_per_s"], default=None)
-                for k in ("padded", "padding-free", "pretok-memmap")}
+                for k in (PADDED, PADDING_FREE, PRETOK_MEMMAP)}
         ceil = next((v for n, v in r.items() if n.startswith("ref: raw memmap")), None)
-        if best["pretok-memmap"] and best["padded"]:
-            out.append(f"- **Loading** (isolated, best worker count): pretok-memmap "
-                       f"{best['pretok-memmap']['tokens_per_s'] / 1e6:.3g} M tokens/s, "
-                       f"{_x(best['pretok-memmap']['tokens_per_s'] / best['padded']['tokens_per_s'])} the on-the-fly "
-                       f"padded path" + (f", {_x(best['pretok-memmap']['tokens_per_s'] / ceil['tokens_per_s'])} "
+        mm, pad = best[PRETOK_MEMMAP], best[PADDED]
+        if mm and pad:
+            out.append(f"- **Loading** (isolated, best worker count): {PRETOK_MEMMAP} "
+                       f"{mm['tokens_per_s'] / 1e6:.3g} M tokens/s, "
+                       f"{_x(mm['tokens_per_s'] / pad['tokens_per_s'])} the on-the-fly "
+                       f"padded path" + (f", {_x(mm['tokens_per_s'] / ceil['tokens_per_s'])} "
                                          "nanoGPT's raw-memmap get_batch" if ceil else "") + ".")
     ms = [m for m in all_metrics(runs) if m.status == "completed"]
     if ms:
-        rows = path_speedups(runs, "padded", "effective_tokens_per_s")
+        rows = path_speedups(runs, BASELINE, "effective_tokens_per_s")
         stall = {m.run_id: m.data_stall for m in ms}
         groups = dict.fromkeys(r["group"] for r in rows if r["baseline_value"] is not None)  # comparable groups
         out += ["", ("**In training** (effective tokens/s: labels that count, per second; data stall: share of the "

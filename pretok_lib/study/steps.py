@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..datapaths import BY_NAME
+from ..datapaths import BY_NAME, DEFAULT, PRETOK_PADDED
 from ..errors import PretokError
 from .datasets import (FORMATS, HELDOUT_FORMATS, KIND_OF, TRAIN_COMPRESSION, bench_tokenize, data_paths, eval_path,
                        hf_baselines_skipped, prepare_corpus, pretokenize_all, variant_name)
@@ -161,7 +161,7 @@ def run_overrides(index: Mapping, eval_batches: int | None = None) -> dict[str, 
     paths also on their own layout: `study_grid` links `own_eval_overrides` to the data path)."""
     over: dict[str, Any] = {"data.tokenizer": index["tokenizer"], "data.seq_len": index["seq_len"],
                             "data.bos": index.get("bos", "auto"), "data.eos": index.get("eos", "no"),
-                            "eval.kind": "pretok-memmap", "eval.path": eval_path(index, "pretok-memmap")}
+                            "eval.kind": DEFAULT, "eval.path": eval_path(index, DEFAULT)}
     if eval_batches is not None:
         over["eval.batches"] = eval_batches
     return over
@@ -173,7 +173,7 @@ def own_eval_overrides(index: Mapping, kind: str) -> dict[str, Any]:
     windows, which alone compares a padded run unfairly); none for the packed paths."""
     if kind not in BY_NAME or BY_NAME[kind].packed:
         return {}
-    return {"eval.own_kind": "pretok-padded", "eval.own_path": eval_path(index, "pretok-padded")}
+    return {"eval.own_kind": PRETOK_PADDED, "eval.own_path": eval_path(index, PRETOK_PADDED)}
 
 
 def study_grid(index: Mapping, axes: Mapping[str, Sequence[Any]], base: Mapping[str, Any] | None = None,
@@ -186,12 +186,12 @@ def study_grid(index: Mapping, axes: Mapping[str, Sequence[Any]], base: Mapping[
     linked = {"data": {kind: {"data.path": p, **own_eval_overrides(index, kind)}
                        for kind, p in index["paths"].items()}}
     if "data" not in axes and "data.kind" not in axes:
-        kind = merged.setdefault("data.kind", "pretok-memmap")
+        kind = merged.setdefault("data.kind", DEFAULT)
         merged["data.path"] = index["paths"][kind]
     return Grid(axes={k: list(v) for k, v in axes.items()}, base=merged, linked=linked, prefix=prefix)
 
 
-def train_one(paths: StudyPaths, index: Mapping, config: str, data_kind: str = "pretok-memmap", world: int = 1,
+def train_one(paths: StudyPaths, index: Mapping, config: str, data_kind: str = DEFAULT, world: int = 1,
               overrides: Mapping[str, Any] | None = None, prefix: str = "train", timeout_s: float | None = None):
     """One training run (as its own process) of `config` on the study's `data_kind` dataset; returns
     `(point, status)`. A completed run with the same id and config is not repeated; one of another config (the
@@ -209,7 +209,7 @@ def train_one(paths: StudyPaths, index: Mapping, config: str, data_kind: str = "
     return point, status
 
 
-def train_points(index: Mapping, data_kind: str = "pretok-memmap", world: int = 1,
+def train_points(index: Mapping, data_kind: str = DEFAULT, world: int = 1,
                  overrides: Mapping[str, Any] | None = None, prefix: str = "train") -> list:
     """The one point of `train_one`."""
     return study_grid(index, {}, {"data.kind": data_kind, "world": world, **(overrides or {})}, prefix).points()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from ..datapaths import ON_THE_FLY, global_batch
+from ..datapaths import DEFAULT, ON_THE_FLY, PARQUET_KINDS, PRETOK_PADDED, global_batch
 from .. import strict_yaml
 from ..errors import PretokError
 
@@ -53,7 +53,7 @@ class MixtureEntry:
 
 @dataclass
 class DataConfig:
-    kind: str = "pretok-memmap"     # one of pretok_lib.data.KINDS
+    kind: str = DEFAULT             # one of pretok_lib.data.KINDS
     path: str | list[str] = ""      # a `pretok tokenize` output dir, or text inputs for the on-the-fly baselines
     tokenizer: str | None = None    # required by the baselines; checked against pretokenized data when given
     seq_len: int = 256
@@ -100,11 +100,11 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    kind: str = "pretok-memmap"     # the held-out split; the same for every data path so losses compare
+    kind: str = DEFAULT             # the held-out split; the same for every data path so losses compare
     path: str | None = None         # no validation when empty
     every: int = 50
     batches: int = 8                # global batches (micro_batch x ranks x grad_accum samples each)
-    own_kind: str = "pretok-padded"  # a second held-out split in the training data's own layout (padded paths:
+    own_kind: str = PRETOK_PADDED    # a second held-out split in the training data's own layout (padded paths:
     own_path: str | None = None     # one document per row); its loss is val_loss_own beside val_loss. None: none
 
 
@@ -307,8 +307,8 @@ def validate(cfg: Config, source: str = "config") -> None:
             bad(why)
     if cfg.data.order not in (None, "exact", "block"):
         bad(f"data.order '{cfg.data.order}' is not exact or block")
-    if cfg.data.order == "block" and cfg.data.kind not in ("pretok-padded", "pretok-token-list"):
-        bad(f"data.order '{cfg.data.order}' applies to the parquet paths (pretok-padded, pretok-token-list), "
+    if cfg.data.order == "block" and cfg.data.kind not in PARQUET_KINDS:
+        bad(f"data.order '{cfg.data.order}' applies to the parquet paths ({', '.join(PARQUET_KINDS)}), "
             f"not data.kind '{cfg.data.kind}'")
     if cfg.train.schedule not in ("cosine", "constant"):
         bad(f"train.schedule '{cfg.train.schedule}' is not cosine or constant")

@@ -20,6 +20,7 @@ import torch
 
 from ..cpu_affinity import usable_cpus
 from ..environment import cpu_flags, cpu_model
+from .flops import ACCELERATOR_TABLE, match_accelerator
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # CPU feature flags of native bf16 arithmetic: x86 (/proc/cpuinfo "flags") and aarch64 ("Features").
@@ -28,27 +29,10 @@ CPU_SIZES = (256, 512, 1024)
 GPU_SIZES = (2048, 4096, 8192)
 CACHE_FILE = "cpu-matmul.json"
 
-# Dense peak TFLOP/s per device for bf16/fp16 tensor-core math (fp32 runs use the TF32 figure where one exists).
-# Vendor datasheets, without sparsity. Matched in order by substring of torch.cuda.get_device_name(), so a name
-# that contains another (GH200 ⊃ H200, A100 ⊃ A10, L40S ⊃ L4) comes first.
-PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "GB200": {"bf16": 2500.0, "fp32": 1250.0},
-    "B200": {"bf16": 2250.0, "fp32": 1125.0},
-    "GH200": {"bf16": 989.0, "fp32": 494.5},
-    "H200": {"bf16": 989.0, "fp32": 494.5},
-    "H100 PCIe": {"bf16": 756.0, "fp32": 378.0},
-    "H100 NVL": {"bf16": 835.0, "fp32": 417.5},
-    "H100": {"bf16": 989.0, "fp32": 494.5},
-    "A100": {"bf16": 312.0, "fp32": 156.0},
-    "L40S": {"bf16": 362.0, "fp32": 183.0},
-    "L40": {"bf16": 181.0, "fp32": 90.5},
-    "L4": {"bf16": 121.0, "fp32": 60.0},
-    "A10G": {"bf16": 70.0, "fp32": 35.0},
-    "A10": {"bf16": 125.0, "fp32": 62.5},
-    "V100": {"bf16": 125.0, "fp32": 15.7},
-    "MI300X": {"bf16": 1307.0, "fp32": 653.7},
-    "MI250X": {"bf16": 383.0, "fp32": 95.7},
-}
+# Dense peak TFLOP/s per device name substring (a view of flops.ACCELERATOR_TABLE, in its matching order): bf16,
+# fp16, and fp32 = the TF32 figure.
+PEAK_TFLOPS: dict[str, dict[str, float | None]] = {
+    a.key: {p: a.tflops(p) for p in ("bf16", "fp16", "fp32")} for a in ACCELERATOR_TABLE}
 
 
 @dataclass(frozen=True)
@@ -215,10 +199,11 @@ def peak_flops(device: torch.device, precision: str, override_tflops: float | No
         if precision == "fp32" and not tf32:  # IEEE fp32 runs on the CUDA cores: no datasheet row for it here
             rate = best_matmul_flops(device, torch.float32, GPU_SIZES, 0.5)
             return rate, f"measured GPU fp32 matmul, TF32 off ({name}): {_gflops(rate)} GFLOP/s"
-        for key, peaks in PEAK_TFLOPS.items():
-            if key in name:
-                dtype = "fp32" if precision == "fp32" else "bf16"
-                return peaks[dtype] * 1e12, f"datasheet {key} dense {'TF32' if dtype == 'fp32' else 'bf16/fp16'}"
+        acc = match_accelerator(name)
+        peak = acc.tflops(precision if precision in ("fp32", "fp16") else "bf16") if acc else None
+        if acc and peak:
+            figure = "TF32" if precision == "fp32" else "fp16" if precision == "fp16" else "bf16"
+            return peak * 1e12, f"datasheet {acc.key} dense {figure}"
         rates = {k: best_matmul_flops(device, dt, GPU_SIZES, 0.5) for k, dt in DTYPES.items()}
         best = max(rates, key=rates.get)
         return rates[best], (f"measured GPU matmul ({name}): best of "

@@ -1,4 +1,5 @@
-"""The model: a Llama-style causal LM from `ModelConfig` (transformers) and its FLOPs per token (MFU peaks: hardware.py)."""
+"""The model: a Llama-style causal LM from `ModelConfig` (transformers) and its FLOPs per token (the shape rules,
+the formula and the peaks: flops.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from ..errors import PretokError
 from .config import ModelConfig
+from .flops import flops_per_token, rounded_vocab
+from .flops import intermediate_size as _intermediate
+
+__all__ = ["build_model", "count_params", "flops_per_token", "hf_config", "intermediate_size", "matmul_params",
+           "model_flops_per_token", "vocab_size_for"]
 
 
 def vocab_size_for(cfg: ModelConfig, tokenizer_vocab: int) -> int:
@@ -16,12 +22,11 @@ def vocab_size_for(cfg: ModelConfig, tokenizer_vocab: int) -> int:
             raise PretokError(f"model.vocab_size {cfg.vocab_size} is below the tokenizer's vocab {tokenizer_vocab} "
                               "(its ids would index past the embedding); leave it unset or make it larger")
         return cfg.vocab_size
-    m = max(1, cfg.vocab_multiple)
-    return -(-tokenizer_vocab // m) * m
+    return rounded_vocab(tokenizer_vocab, cfg.vocab_multiple)
 
 
 def intermediate_size(cfg: ModelConfig) -> int:
-    return cfg.intermediate_size or -(-(8 * cfg.hidden_size // 3) // 64) * 64
+    return _intermediate(cfg.hidden_size, cfg.intermediate_size)
 
 
 def hf_config(cfg: ModelConfig, vocab_size: int, seq_len: int) -> LlamaConfig:
@@ -53,12 +58,6 @@ def matmul_params(model: torch.nn.Module) -> int:
     if out is emb:  # tied: the LM head matmul is real compute
         n += out.numel()
     return n
-
-
-def flops_per_token(n_matmul_params: int, num_layers: int, hidden_size: int, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward): 6·N for the weights plus 12·L·H·S for attention scores
-    and their weighted sum (PaLM appendix B; causal masking not discounted, as is customary)."""
-    return 6.0 * n_matmul_params + 12.0 * num_layers * hidden_size * seq_len
 
 
 def model_flops_per_token(model: torch.nn.Module, cfg: ModelConfig, seq_len: int) -> float:

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..data import make_dataset
+from ..datapaths import DEFAULT
 from . import distributed
 from .config import ModelConfig
 from .loop import forward_loss_sum, source_tokenizer
@@ -28,7 +29,7 @@ def _digest(tensors) -> torch.Tensor:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True, help="a pretokenized dataset dir (memmap/token-list/padded)")
-    ap.add_argument("--kind", default="pretok-memmap")
+    ap.add_argument("--kind", default=DEFAULT)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--micro-batch", type=int, default=4)
     args = ap.parse_args(argv)

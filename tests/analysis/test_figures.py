@@ -125,7 +125,7 @@ def test_time_to_target_shows_the_own_layout_of_padded_runs(tmp_path: Path) -> N
 def test_storage_figure(tmp_path: Path, bench: dict) -> None:
     from .test_metrics import _manifest
 
-    _manifest(tmp_path / "memmap", "memmap", 1000, [2000])
+    _manifest(tmp_path / "memmap", "memmap", 1000, [2000, 0])  # data.bin, data.idx
     fig = F.storage_figure([tmp_path])
     assert list(fig.data[0].y) == [2.0]
     assert _is_empty(F.storage_figure([]))

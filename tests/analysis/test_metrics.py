@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pretok_lib.analysis.metrics import (SUMMARY_COLUMNS, auto_target_loss, isolated_tokenization_speedups,
@@ -235,6 +235,7 @@ _val_rows = st.lists(st.tuples(_loss, st.floats(0.001, 5.0), st.one_of(st.none()
 
 @settings(max_examples=80, deadline=None)
 @given(rows=_val_rows, target=_loss)
+@example(rows=[(2.0, 1.9, None), (1.0, 4.828125, None)], target=1.0)  # the target on a record: its own time, not +1 ulp
 def test_summary_time_to_target_is_the_analysis_interpolation(rows, target) -> None:
     """summary.json's time to target (`train.metrics.summarize`) took the first val record at or below the target
     (up to eval.every steps late); it is now the analysis' interpolated crossing, on val_loss and on val_loss_own,
