@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from .cpu_affinity import usable_cpus
 from .errors import PretokError
 from .exits import READER_GONE, Terminated, at_boundary, escape_unencodable_output, reader_gone
+from .machine.cpu_affinity import usable_cpus
 
 
 def _env_int(name: str, fallback: int) -> int:
@@ -111,7 +111,7 @@ def tokenize_config(a: argparse.Namespace):
 
 
 def cmd_corpus(a: argparse.Namespace) -> None:
-    from .corpus import build_corpus
+    from .demo.corpus import build_corpus
 
     info = build_corpus(a.out, max_mb=a.max_mb, packages=a.packages)
     print(json.dumps(info.to_dict(), indent=2))
@@ -164,7 +164,7 @@ def cmd_verify(a: argparse.Namespace) -> None:
 
 
 def cmd_demo(a: argparse.Namespace) -> None:
-    from .demo import run_demo
+    from .demo.run import run_demo
 
     run_demo(Path(a.out), max_mb=a.max_mb, vocab_size=a.vocab_size, workers=a.workers)
 
@@ -204,7 +204,7 @@ def cmd_export(a: argparse.Namespace) -> None:
 
 
 def cmd_sweep(a: argparse.Namespace) -> None:
-    from .sweep import Grid, dry_run_lines, parse_axis, parse_setting, run_sweep
+    from .launch.sweep import Grid, dry_run_lines, parse_axis, parse_setting, run_sweep
 
     grid = Grid.from_yaml(a.grid) if a.grid else Grid()
     grid.axes.update(dict(parse_axis(x) for x in a.axis))
@@ -237,20 +237,20 @@ def cmd_study(a: argparse.Namespace) -> None:
 
 
 def cmd_report(a: argparse.Namespace) -> None:
-    from .runs_report import build_report
+    from .analysis.runs_report import build_report
 
     res = build_report(a.runs_dir, a.out, target_loss=a.target_loss, bench=a.bench, png=a.png, title=a.title)
     print(f"{res['report']}: report of the runs in {a.runs_dir} ({len(res) - 1} figures beside it)")
 
 
 def cmd_gpu_check(a: argparse.Namespace) -> int:
-    from .gpu_check import main
+    from .bench.gpu_check import main
 
     return main(a)
 
 
 def _kv(text: str) -> tuple[str, object]:
-    from .sweep import parse_setting
+    from .launch.sweep import parse_setting
 
     return parse_setting(text)
 
@@ -285,7 +285,7 @@ def _choices(command: str | None, subcommand: str, name: str) -> list[str] | Non
         return None
     import importlib
 
-    module = {"sweep": ".sweep", "study": ".study.profiles"}[subcommand]
+    module = {"sweep": ".launch.sweep", "study": ".study.profiles"}[subcommand]
     return list(getattr(importlib.import_module(module, __package__), name))
 
 
@@ -382,7 +382,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_report)
     p = sub.add_parser("gpu-check", help="acceptance of a GPU machine: DDP/NCCL, bf16, compile, kill + resume, smoke "
                        "study; prints a JSON verdict (docs/GPU_CHECK.md)")
-    from .gpu_check import add_args as add_gpu_check_args
+    from .bench.gpu_check import add_args as add_gpu_check_args
 
     add_gpu_check_args(p)
     p.set_defaults(fn=cmd_gpu_check)

@@ -83,7 +83,7 @@ def _exit_code(e: BaseException) -> int:
         return 143
     if isinstance(e, PretokError):
         print(f"pretok: error: {e}", file=sys.stderr)
-        return getattr(e, "exit_code", 1)  # 3: a sweep/study stopped by a signal (pretok_lib.procs.Stopped)
+        return getattr(e, "exit_code", 1)  # 3: a sweep/study stopped by a signal (pretok_lib.launch.procs.Stopped)
     if isinstance(e, BrokenPipeError) and reader_gone():
         return READER_GONE
     if isinstance(e, OSError):

@@ -49,7 +49,7 @@ WIKI_FR = CORPORA / "wikipedia-vital-summaries" / "summaries_fr-fr.json"
 
 def tiny_memmap(directory: Path) -> tuple[Path, Path]:
     """(memmap dir, tokenizer) in `directory`: 0.3 MB of stdlib source, a 512-token BPE, no ../shared."""
-    from pretok_lib.corpus import build_corpus, train_default_tokenizer
+    from pretok_lib.demo.corpus import build_corpus, train_default_tokenizer
     from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
     corpus = build_corpus(directory / "c.parquet", max_mb=0.3)

@@ -17,8 +17,8 @@ from pretok_lib.errors import PretokError
 from pretok_lib.sources import SourceOptions, expand_inputs, plan_units, read_unit
 
 from .conftest import GPT2_JSON, PYDOCS_JSONL, SHAKESPEARE
-from .test_bad_input import fails, tok
 from .engine.test_pretokenize import run_cli, stored_docs
+from .test_bad_input import fails, tok
 
 
 @pytest.fixture(scope="module")
@@ -173,8 +173,8 @@ def test_damaged_hf_dataset_skips_the_document_or_is_one_line(tmp_path):
 def test_wrong_key_with_null_or_unorderable_values_names_the_keys(tmp_path):
     """Records without the text key whose values are null (or any value that does not order): the error names
     the keys found (a Counter updated with the records themselves counted their values and raised TypeError)."""
-    from pretok_lib.input_checks import check_shape
     from pretok_lib.sources import expand_inputs
+    from pretok_lib.sources.input_checks import check_shape
 
     p = tmp_path / "nulls.jsonl"
     p.write_bytes(b'{"id": null, "meta": null}\n{"id": null, "meta": {"a": 1}}\n')

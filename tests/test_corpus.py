@@ -14,16 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from pretok_lib.corpus import (
-    METADATA_KEY,
-    CorpusInfo,
-    build_corpus,
-    default_corpus_and_tokenizer,
-    installed_packages,
-    iter_source_files,
-    read_corpus_info,
-    train_default_tokenizer,
-)
+from pretok_lib.demo.corpus import (METADATA_KEY, CorpusInfo, build_corpus, default_corpus_and_tokenizer,
+                                    installed_packages, iter_source_files, read_corpus_info, train_default_tokenizer)
 from pretok_lib.errors import PretokError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,7 +151,7 @@ def test_tokenizer_is_deterministic_across_processes(corpus, tok_dir, tmp_path):
     again = train_default_tokenizer(corpus.path, tmp_path / "a", vocab_size=1000, max_train_mb=2)
     expected = (tok_dir / "tokenizer.json").read_bytes()
     assert again.read_bytes() == expected
-    code = ("import sys; from pretok_lib.corpus import train_default_tokenizer as t; "
+    code = ("import sys; from pretok_lib.demo.corpus import train_default_tokenizer as t; "
             "t(sys.argv[1], sys.argv[2], vocab_size=1000, max_train_mb=2)")
     subprocess.run([sys.executable, "-c", code, corpus.path, str(tmp_path / "b")], check=True, cwd=ROOT)
     assert (tmp_path / "b" / "tokenizer.json").read_bytes() == expected
@@ -283,7 +275,7 @@ def test_a_stop_anywhere_in_the_write_path_leaves_no_temp_file_and_no_torn_outpu
     whole output when the rename had happened, never a temp file."""
     import pyarrow.parquet as pq_mod
 
-    import pretok_lib.corpus as corpus_mod
+    import pretok_lib.demo.corpus as corpus_mod
 
     real_writer, real_replace, real_sha = pq_mod.ParquetWriter, corpus_mod.os.replace, corpus_mod._sha256
 

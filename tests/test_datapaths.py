@@ -37,7 +37,7 @@ def test_every_layer_reads_the_registry() -> None:
 
 
 def test_registry_is_torch_free() -> None:
-    code = "import sys, pretok_lib.datapaths, pretok_lib.run_record, pretok_lib.analysis.runs; print('torch' in sys.modules)"
+    code = "import sys, pretok_lib.datapaths, pretok_lib.train.run_record, pretok_lib.analysis.runs; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
 

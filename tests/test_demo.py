@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import pretok_lib.demo as demo
+import pretok_lib.demo.run as demo
 from pretok_lib.cli import main
 from pretok_lib.pretokenize import FORMATS
 

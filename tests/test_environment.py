@@ -1,4 +1,4 @@
-"""What every output, run and benchmark records of the software that made it (`pretok_lib.environment`)."""
+"""What every output, run and benchmark records of the software that made it (`pretok_lib.machine.environment`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pretok_lib
-from pretok_lib.environment import environment
+from pretok_lib.machine.environment import environment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ def test_git_dirty_tells_a_commit_from_changed_code(tmp_path) -> None:
     files differ; untracked files are not code that ran; outside a checkout, None."""
     import subprocess
 
-    from pretok_lib.environment import git_commit, git_dirty
+    from pretok_lib.machine.environment import git_commit, git_dirty
 
     def git(*args: str) -> None:
         subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,

@@ -77,8 +77,8 @@ def test_the_cli_takes_its_choice_lists_from_their_modules() -> None:
     from pretok_lib.cli import build_parser
     from pretok_lib.engine.config import CHOICES
     from pretok_lib.engine.config import FORMATS as ENGINE_FORMATS
+    from pretok_lib.launch.sweep import LAUNCHERS
     from pretok_lib.study.profiles import PROFILES
-    from pretok_lib.sweep import LAUNCHERS
 
     sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
 
@@ -104,6 +104,6 @@ def test_run_and_study_files_are_read_by_their_readers() -> None:
     """run.json and config.yaml (run_record.py), study.json (study/reporting.py) and
     manifest.json (formats.manifest.read_manifest): gpu_check.py, train/export.py and the analysis parse none of
     them themselves."""
-    for rel in ("gpu_check.py", "train/export.py", "analysis/metrics.py", "analysis/bench_tables.py"):
+    for rel in ("bench/gpu_check.py", "train/export.py", "analysis/metrics.py", "analysis/bench_tables.py"):
         text = (PKG / rel).read_text()
         assert not re.search(r'/ "(run|study|manifest)\.json"|config\.yaml"\)\.read_text|yaml\.safe_load', text), rel

@@ -98,8 +98,8 @@ def test_the_first_screen_says_whether_the_machine_was_quiet(tmp_path: Path) -> 
 def test_study_sweep_repeats_are_interleaved_rotated_and_suffixed() -> None:
     """Training repeats for the study: every point once per round, the order rotated, ids -r<k> (what the
     findings pair by); one repeat leaves the points and their ids as they were."""
+    from pretok_lib.launch.sweep import expand_grid
     from pretok_lib.study.steps import repeated_points
-    from pretok_lib.sweep import expand_grid
 
     pts = expand_grid({"train.steps": 5}, {"data.kind": ["padded", "padding-free", "pretok-memmap"]})
     assert repeated_points(pts, 1) == pts and all(not p.run_id.endswith("-r0") for p in pts)
@@ -118,8 +118,8 @@ def test_per_point_repeats_run_each_point_its_count_interleaved(counts: list[int
     """A grid's own `repeats` (the quick profile repeats its world-1 paths only): each point runs exactly its
     count, in rounds (a point's k-th run after every point's (k-1)-th), never back to back while another point
     has runs left in the round, ids -r<k> only on the points that repeat."""
+    from pretok_lib.launch.sweep import expand_grid
     from pretok_lib.study.steps import repeated_points
-    from pretok_lib.sweep import expand_grid
 
     pts = expand_grid({"train.steps": 5}, {"train.seed": list(range(len(counts)))})
     per = {p.run_id: c for p, c in zip(pts, counts)}
@@ -200,7 +200,7 @@ def test_the_scaling_finding_states_threads_per_rank_and_unequal_threads_are_inv
 def test_findings_mark_the_runs_the_probe_flagged(tmp_path: Path) -> None:
     """Runs the sweep's machine probe flagged (launcher.json attempt `probe`) stay in the numbers but are marked:
     each finding drawn from them names them, the machine line says NOT quiet, the first screen says noisy."""
-    from pretok_lib.machine_probe import verdict
+    from pretok_lib.machine.probe import verdict
     from pretok_lib.study.measured import study_measures
 
     runs_dir = tmp_path / "runs"

@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pretok_lib.errors import PretokError
-from pretok_lib.input_checks import SAMPLE_LINES, check_skipped
 from pretok_lib.sources import SourceOptions, expand_inputs, plan_units, read_unit
+from pretok_lib.sources.input_checks import SAMPLE_LINES, check_skipped
 
 from .conftest import GPT2_JSON, ROOT, one_line
 

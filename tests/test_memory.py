@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from pretok_lib.memory import peak_rss_mb
+from pretok_lib.machine.memory import peak_rss_mb
 
 from .conftest import ROOT
 
@@ -17,7 +17,7 @@ from .conftest import ROOT
 def test_peak_rss_is_vmhwm_and_grows_with_an_allocation():
     status = dict(line.split(":", 1) for line in open("/proc/self/status"))
     assert abs(peak_rss_mb() - int(status["VmHWM"].split()[0]) / 1024) < 64  # the same counter (moments apart)
-    code = ("from pretok_lib.memory import peak_rss_mb; a = peak_rss_mb(); b = bytearray(200 << 20); "
+    code = ("from pretok_lib.machine.memory import peak_rss_mb; a = peak_rss_mb(); b = bytearray(200 << 20); "
             "b[::4096] = b'x' * len(b[::4096]); print(a, peak_rss_mb())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True, timeout=300)
     before, after = map(float, out.stdout.split())

@@ -93,7 +93,7 @@ def test_the_prefetch_thread_runs_on_every_core_a_pinned_process_was_allowed():
     allowed = sorted(os.sched_getaffinity(0))
     code = (
         "import json, os\n"
-        "from pretok_lib.cpu_affinity import pin_to_one_cpu\n"
+        "from pretok_lib.machine.cpu_affinity import pin_to_one_cpu\n"
         "from pretok_lib.sources.prefetch import prefetched\n"
         "pin_to_one_cpu(1)\n"
         "def producer():\n"

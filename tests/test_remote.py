@@ -1,4 +1,4 @@
-"""pretok_lib/remote.py without a network: `gs://` and `hf://` inputs served by fsspec memory filesystems
+"""pretok_lib/sources/remote.py without a network: `gs://` and `hf://` inputs served by fsspec memory filesystems
 registered under those protocols (the layer's URL, listing, identity and reading logic; gcsfs / huggingface_hub
 do the real requests), `file://` through fsspec's local filesystem, error classification and one-line messages,
 counted retries, credential refusal and scrubbing. The real-server tests are in tests/remote/."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pretok_lib.run_record import read_run_record, run_error, run_status
+from pretok_lib.train.run_record import read_run_record, run_error, run_status
 
 
 @pytest.mark.parametrize("content, why", [(None, "missing"), ("", "unreadable"), ('{"status": "compl', "unreadable"),

@@ -69,8 +69,8 @@ def test_study_grid_validates_padded_points_on_their_own_layout_too(grid) -> Non
     """Points of a path that is not packed (padded, pretok-padded) get the second validation on the study's
     pretok-padded dataset (eval.own_*), packed ones none; run ids are those of the grid without it."""
     from pretok_lib.datapaths import BY_NAME
+    from pretok_lib.launch.sweep import expand_grid, point_problem
     from pretok_lib.study.steps import run_overrides
-    from pretok_lib.sweep import expand_grid, point_problem
 
     for base in ({"train.steps": 5}, {"train.steps": 5, "data.kind": "pretok-padded"}):
         if "data.kind" in grid and "data.kind" in base:
@@ -126,7 +126,7 @@ def _notebooks(tmp_path: Path, config: Path, runs: Path) -> Path:
 
     d = tmp_path / "nb"
     d.mkdir()
-    cell = (f"import os\nos.environ['FAKE_SLEEP_S'] = '300'\nfrom pretok_lib.sweep import expand_grid, run_sweep\n"
+    cell = (f"import os\nos.environ['FAKE_SLEEP_S'] = '300'\nfrom pretok_lib.launch.sweep import expand_grid, run_sweep\n"
             f"run_sweep({str(config)!r}, expand_grid({{}}, {{'world': [2]}}), {str(runs)!r}, "
             f"module='tests.fake_train', echo=None)\n")
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)]), str(d / "01_sweep.ipynb"))

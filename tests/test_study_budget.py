@@ -54,11 +54,7 @@ def test_a_fitted_model_fits_its_budget_or_is_as_small_as_it_goes(vocab, budget_
 def test_the_estimate_counts_the_flops_the_trainer_counts(vocab: int, hidden: int, tie: bool) -> None:
     """The estimate's FLOPs per token are the trainer's (its MFU's), for a built model of a large vocabulary."""
     from pretok_lib.train.config import ModelConfig
-    from pretok_lib.train.model import (
-        build_model,
-        model_flops_per_token,
-        vocab_size_for,
-    )
+    from pretok_lib.train.model import build_model, model_flops_per_token, vocab_size_for
 
     cfg = ModelConfig(**{**TINY, "hidden_size": hidden, "tie_embeddings": tie})
     model = build_model(cfg, vocab_size_for(cfg, vocab), 64, 0)
@@ -219,7 +215,7 @@ def test_measure_step_times_a_real_step_with_the_runs_threads() -> None:
 def test_the_runs_are_timed_with_the_threads_their_ranks_get(monkeypatch) -> None:
     """Notebook 04's points share the cores by the sweep's largest world (a w1 point of quick ran 1 thread on 2
     cores, 1.5x slower than the 2 threads the study process timed with), notebook 03's run by its own world."""
-    monkeypatch.setattr("pretok_lib.cpu_affinity.usable_cpus", lambda: 16)
+    monkeypatch.setattr("pretok_lib.machine.cpu_affinity.usable_cpus", lambda: 16)
     q = PROFILES["quick"]
     assert budget.run_threads(q, "sweep_base") == 8 and budget.run_threads(q, "train_overrides") == 16
     assert budget.run_threads({"sweep_grids": [{"data": ["x"]}]}, "sweep_base") == 16

@@ -227,7 +227,7 @@ def test_the_default_bpe_is_trained_on_the_training_split_only_and_reused(tmp_pa
     split (its record names those bytes), is reused while they are the same, and retrained when they change."""
     import hashlib
 
-    from pretok_lib.corpus import trained_tokenizer
+    from pretok_lib.demo.corpus import trained_tokenizer
     from pretok_lib.study.datasets import prepare_corpus
     from pretok_lib.study.steps import StudyPaths
 

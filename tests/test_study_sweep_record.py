@@ -53,7 +53,7 @@ def test_run_study_sweep_records_its_points_before_running(tmp_path, monkeypatch
         seen["record"] = json.loads((paths.root / SWEEP_RECORD).read_text())
         return [(p, "completed") for p in points]
 
-    monkeypatch.setattr("pretok_lib.sweep.run_sweep", fake_run_sweep)
+    monkeypatch.setattr("pretok_lib.launch.sweep.run_sweep", fake_run_sweep)
     grids = [{"data": ["padded", "pretok-memmap"]}, {"data": ["pretok-memmap"], "precision": ["fp32", "bf16"]}]
     results = steps.run_study_sweep(paths, INDEX, "configs/tiny.yaml", grids, {"data.micro_batch": 2})
     ids = [p.run_id for p, _ in results]

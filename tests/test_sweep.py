@@ -16,20 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pretok_lib.cli import main as cli_main
-from pretok_lib.cpu_affinity import usable_cpus
 from pretok_lib.errors import PretokError
-from pretok_lib.sweep import (
-    Grid,
-    Point,
-    command,
-    expand_grid,
-    parse_axis,
-    parse_setting,
-    run_id,
-    run_sweep,
-    sweep_threads,
-    yaml_scalar,
-)
+from pretok_lib.launch.sweep import (Grid, Point, command, expand_grid, parse_axis, parse_setting, run_id, run_sweep,
+                                     sweep_threads, yaml_scalar)
+from pretok_lib.machine.cpu_affinity import usable_cpus
 
 from .conftest import SIGNAL_CONVERSIONS, signals_turned_into, tiny_memmap
 
@@ -224,7 +214,7 @@ def test_real_failure_is_recorded_with_the_trainers_error(tiny_config: Path, tmp
 
 
 def test_slurm_layout() -> None:
-    from pretok_lib.sweep import slurm_layout
+    from pretok_lib.launch.sweep import slurm_layout
 
     assert slurm_layout(2, 0) == {"nodes": 1, "ntasks_per_node": 2}  # CPU: all processes on one node
     assert slurm_layout(2, 4) == {"nodes": 1, "ntasks_per_node": 2, "gpus_per_node": 2}
@@ -372,7 +362,7 @@ def test_a_stop_signal_turned_into_another_error_still_stops_the_sweep(tmp_path:
     """The stop signal's exception turned into another error, while a point runs or after it: the sweep still
     ends as stopped (one line, exit 3, the attempt recorded), not as that error's traceback; later points never
     run; a sweep after it, failing the same way without a signal, is not taken for a stopped one."""
-    import pretok_lib.sweep as sweep
+    import pretok_lib.launch.sweep as sweep
 
     runs = tmp_path / "runs"
     launched: list[str] = []
@@ -436,7 +426,7 @@ def test_a_stop_while_starting_a_changed_point_over_never_leaves_half_a_run(tmp_
     skipped the point as completed with the old run's numbers. The directory is renamed aside first."""
     import shutil
 
-    import pretok_lib.sweep as sweep
+    import pretok_lib.launch.sweep as sweep
 
     data, _ = tiny_memmap(tmp_path)
     cfg = tmp_path / "cfg.yaml"

@@ -15,12 +15,12 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ..crossing import number
 from ..datapaths import global_batch
-from ..run_record import flatten, read_run_config, read_run_record
+from ..train.crossing import number
+from ..train.run_record import flatten, read_run_config, read_run_record
 
 TABLE_STATUSES = ("completed", "failed", "incomplete")
-RUN_FILES = ("run.json", "metrics.jsonl", "launcher.json")  # launcher.json: `pretok_lib.sweep` tried to start it
+RUN_FILES = ("run.json", "metrics.jsonl", "launcher.json")  # launcher.json: `pretok_lib.launch.sweep` tried to start it
 NOT_RUNS = {"checkpoints", "tb", ".pretok", "__pycache__", "mlruns"}   # mlruns: log.tracking's MLflow store
 
 # Where each key setting may live in config.yaml: dotted keys tried in order, then a unique key with the same leaf.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..crossing import crossing
+from ..train.crossing import crossing
 from .runs import Run
 
 

@@ -128,14 +128,14 @@ def resolve_tokenizer(spec: str | None, workdir: Path) -> str:
     for cand in (Path.cwd().parent / GPT2_REL, Path(__file__).resolve().parents[3] / GPT2_REL):
         if cand.is_file():
             return str(cand.resolve())
-    from ..corpus import default_corpus_and_tokenizer
+    from ..demo.corpus import default_corpus_and_tokenizer
 
     return str(default_corpus_and_tokenizer(workdir / "default-tokenizer")[1])
 
 
 def cached_corpus(workdir: Path, mb: float) -> Path:
     """`workdir/corpus-<mb>mb.parquet` (the embedded default corpus), built unless a matching one exists."""
-    from ..corpus import build_corpus, read_corpus_info
+    from ..demo.corpus import build_corpus, read_corpus_info
 
     path = workdir / f"corpus-{mb:g}mb.parquet"
     try:
@@ -158,7 +158,7 @@ def corpus_and_tokenizer(cfg: BenchConfig) -> tuple[Path, str, str]:
 
 def environment() -> dict:
     """The machine and software the results were measured on."""
-    from ..environment import environment as env
+    from ..machine.environment import environment as env
 
     return env()
 

@@ -21,12 +21,12 @@ import numpy as np
 import torch
 
 from ..analysis.uncertainty import estimate
-from ..cpu_affinity import usable_cpus
 from ..datapaths import BASELINE, FORMAT_OF, KINDS, ON_THE_FLY, PACKED, PARQUET_KINDS
 from ..datapaths import PRETOK_MEMMAP as MM
 from ..errors import PretokError
 from ..formats import CODEC_GRID, TRAIN_COMPRESSION
-from ..machine_probe import machine_line
+from ..machine.cpu_affinity import usable_cpus
+from ..machine.probe import machine_line
 from . import fmt_num
 from .common import (BenchConfig, add_common_args, add_output_args, at_least, check_targets, corpus_and_tokenizer,
                      counts, environment, from_args, offline, write_json)

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from ..datapaths import REGISTRY
 from ..errors import PretokError
-from ..memory import peak_rss_mb
-from ..procs import run_child
-from .common import at_least, positive
+from ..launch.procs import run_child
+from ..machine.memory import peak_rss_mb
 from . import fmt_num
+from .common import at_least, positive
 
 if TYPE_CHECKING:
     from .loaders import LoadersBench

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..analysis.uncertainty import Estimate, estimate, paired_ratio
-from ..machine_probe import Probe, machine
+from ..machine.probe import Probe, machine
 
 
 def rotated(items: Sequence[Any], k: int) -> list[Any]:

@@ -14,14 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cpu_affinity import usable_cpus
 from ..formats import FORMATS
+from ..machine.cpu_affinity import usable_cpus
 from .common import (GPT2_REL, BenchConfig, add_common_args, add_output_args, at_least, cached_corpus, check_targets,
                      environment, from_args, offline, positive, resolve_tokenizer, sizes, write_json)
-from .tokenize_methods import (ChildRss, ceiling_parallel, child_ceiling, child_datasets, child_loop, hf_tokenizer,
-                               in_child, iter_docs, run_engine, same_as_engine, scan_corpus)
 from .repeats import probed, rotated
 from .scaling import scaling, scaling_lines
+from .tokenize_methods import (ChildRss, ceiling_parallel, child_ceiling, child_datasets, child_loop, hf_tokenizer,
+                               in_child, iter_docs, run_engine, same_as_engine, scan_corpus)
 from .tokenize_report import (CEIL, LOOP, MAP, add_intervals, ceil_name, fastest, paired_ratio, phase_name,
                               print_repeats, rates, repeat_summary, table, targets)
 

@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..errors import PretokError
-from ..memory import peak_rss_mb
+from ..machine.memory import peak_rss_mb
+
 
 def iter_docs(path: str) -> Iterator[str]:
     """Documents of `path` in engine order, through the engine's readers and default bad-document policy."""
@@ -87,8 +88,8 @@ def same_as_engine(ids: np.ndarray, offsets: np.ndarray, ref: dict | None) -> bo
     """Whether the engine's memmap output `ref` starts with exactly these documents (after its BOS/EOS policy)."""
     if ref is None:
         return None
-    from ..formats.memmap import MemmapDataset
     from ..engine.parts import add_special
+    from ..formats.memmap import MemmapDataset
 
     ds = MemmapDataset(Path(ref["out"]) / "data")
     want, want_off = add_special(np.asarray(ids, np.uint32), np.asarray(offsets, np.int64), ref["bos"], ref["eos"])

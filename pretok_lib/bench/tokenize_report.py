@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from ..analysis.uncertainty import check_ceilings, check_isolated_speedup
-from ..machine_probe import machine_line
+from ..machine.probe import machine_line
 from . import fmt_num
 from .repeats import probes_of, ratio_estimate, sample_estimates, text, threshold_resolved
 

@@ -20,15 +20,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..analysis.uncertainty import estimate
 from ..datapaths import BASELINE, KINDS, ON_THE_FLY, PACKED, PRETOKENIZED
 from ..errors import PretokError
 from ..formats import TRAIN_COMPRESSION
-from ..procs import run_child
+from ..launch.procs import run_child
+from ..machine.probe import machine_line
 from . import fmt_num
 from .common import (BenchConfig, add_common_args, add_output_args, at_least, check_targets, corpus_and_tokenizer,
                      environment, from_args, write_json)
-from ..analysis.uncertainty import estimate
-from ..machine_probe import machine_line
 from .loaders import FORMAT_OF, pretokenize, render, variant_dir
 from .repeats import est_dict, probes_of, ratio_estimate, rounds, text, threshold_resolved
 

@@ -7,6 +7,7 @@
     zygote.py         the process that builds the encoder once and forks CPU-pinned workers
     memmap_place.py   memmap parts placed into one `.bin` by the workers at offsets handed out in order
     outdir.py         the output directory: lock, config check, resume state
+    finalize.py       the end of a run: skipped-document budget, manifest.json written last (a merge's too)
     boundaries.py     document boundaries: separator / truncated share in the manifest, their warnings, empty shards
     progress.py       the progress bar: MB/s, docs/s, tokens/s, ETA
     merge.py          `pretok merge`: join shard outputs

@@ -8,8 +8,8 @@ import sys
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from ..cpu_affinity import usable_cpus
 from ..formats import FORMATS, TRAIN_COMPRESSION
+from ..machine.cpu_affinity import usable_cpus
 
 if TYPE_CHECKING:
     from ..sources import SourceOptions

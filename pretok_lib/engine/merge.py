@@ -23,9 +23,10 @@ from ..formats import checksum
 from ..formats import memmap as mm
 from ..formats import parquet as pqf
 from ..formats.manifest import read_manifest, write_manifest
+from .finalize import build_manifest, sum_skipped
 from .outdir import output_lock, refuse_overlap, remove_output, resolve_output
 from .parts import unit_breaks
-from .run import MEMMAP_PREFIX, build_manifest, input_checksum, sum_skipped
+from .run import MEMMAP_PREFIX, input_checksum
 
 AGREE = ("format", "format_version", "dtype", "policy", "compression")
 SOURCE_AGREE = ("text_column", "separator", "part_bytes", "batch_bytes")  # bad_docs: in the policy (AGREE)

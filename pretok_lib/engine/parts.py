@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Callable, TypedDict
 import numpy as np
 import xxhash
 
-from .. import memory
 from ..atomic import atomic_write_json
 from ..errors import PretokError, os_error
 from ..formats import memmap as mm
 from ..formats import parquet as pqf
 from ..formats.manifest import Policy
-from ..remote import is_url, listed, remember, retries, take_retries
+from ..machine import memory
 from ..sources import SourceOptions, Stamp, Unit, check_stamps, read_unit
+from ..sources.remote import is_url, listed, remember, retries, take_retries
 
 if TYPE_CHECKING:
     from ..tokenizer import TokenizerInfo

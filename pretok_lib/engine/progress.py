@@ -11,7 +11,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from ..memory import cpu_seconds
+from ..machine.memory import cpu_seconds
 
 
 def _si(x: float) -> str:

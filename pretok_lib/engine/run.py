@@ -17,49 +17,25 @@ import os
 import sys
 import threading
 import time
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
-from .. import __version__
 from ..datapaths import window
-from ..environment import environment
 from ..errors import PretokError, os_error
 from ..formats import checksum
-from ..formats.manifest import FORMAT_VERSIONS, Policy, format_policy, read_manifest, write_manifest
-from ..input_checks import check_skipped
-from ..memory import cpu_seconds
-from ..remote import is_url, retries, schemes
-from ..sources import (
-    InputFile,
-    SourceOptions,
-    Unit,
-    check_stamps,
-    estimate_text_bytes,
-    expand_inputs,
-    plan_units,
-    sample_texts,
-    shard_units,
-)
-from ..tokenizer import (
-    TokenizerInfo,
-    backends_for,
-    id_dtype_for,
-    load_tokenizer,
-    select_backend,
-)
+from ..formats.manifest import Policy, format_policy, read_manifest
+from ..machine.memory import cpu_seconds
+from ..sources import (InputFile, SourceOptions, Unit, check_stamps, estimate_text_bytes, expand_inputs, plan_units,
+                       sample_texts, shard_units)
+from ..sources.input_checks import check_skipped
+from ..sources.remote import is_url, schemes
+from ..tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
 from ..tokenizer.specials import policy_id
-from .boundaries import boundary_warnings, document_boundaries, empty_shards_warning
+from .boundaries import boundary_warnings, empty_shards_warning
 from .config import TokenizeConfig
+from .finalize import Plan, finalize
 from .memmap_place import MemmapAssembler
-from .outdir import (
-    committed_parts,
-    output_lock,
-    prepare_output,
-    refuse_overlap,
-    remove_output,
-    resolve_output,
-)
+from .outdir import committed_parts, output_lock, prepare_output, refuse_overlap, remove_output, resolve_output
 from .parts import PART_HASH_KEY, STATE, Job, PartRecord, part_files_intact, part_hashes
 from .progress import Progress
 from .workers import Stopped, Work, Workers
@@ -256,8 +232,8 @@ def _run(cfg: TokenizeConfig, start: tuple[float, float], out: Path, workers: Wo
                 "finish_seconds": round(time.time() - last_record[0], 3),
                 **_cpu_accounts(cpu0, bar.first_update_cpu, [records[i] for i in records if i not in done],
                                 inline=workers.n == 0)}
-    manifest = _finalize(cfg, sopts, out, info, choice, policy, mine, records, inputs, hashes.values(), len(units),
-                         t0, files, timeline)
+    plan = Plan(cfg, sopts, out, info, policy, mine, inputs, len(units), t0)
+    manifest = finalize(plan, choice, records, hashes.values(), files, timeline)
     for line in filter(None, [empty_shards_warning(str(out), units, cfg.num_shards),
                               *boundary_warnings(str(out), manifest)]):
         print(line, file=sys.stderr, flush=True)
@@ -358,103 +334,3 @@ def _cpu_accounts(cpu0: float, first_cpu: float | None, tokenized: list[PartReco
     return {"workers_cpu_seconds": round(workers_cpu, 3), "main_cpu_seconds": round(max(0.0, now - cpu0 - own), 3),
             "main_cpu_streaming_seconds": round(max(0.0, now - (first_cpu if first_cpu is not None else cpu0) - own),
                                                 3)}
-
-
-def _finalize(cfg: TokenizeConfig, sopts: SourceOptions, out: Path, info: TokenizerInfo, choice, policy: Policy,
-              mine: list[Unit], records: dict[int, PartRecord], inputs: list, hashes: dict, total_units: int, t0: float,
-              files: list[dict] | None, timeline: dict) -> dict:
-    """Check the skipped-document budget, then write this run's manifest.json (last); returns it.
-
-    Args:
-        cfg, sopts: the run's settings and its source options.
-        out: the output directory.
-        info, choice: the tokenizer and the backend chosen for it (with the evidence).
-        policy: the resolved policy (`resolve_policy`).
-        mine, records: this shard's units and each one's committed part record, by unit index.
-        inputs, hashes: the input files' records and checksums (by path).
-        total_units: units of the whole input (all shards).
-        t0: when the run started (`time.time()`).
-        files: the memmap data files' records, or None for parquet (the parts' own files).
-        timeline: start-up, tokenize and finish seconds.
-    """
-    ordered = [records[u.index] for u in mine]
-    if mine:  # no manifest over an input read badly: too many documents skipped, or none read
-        check_skipped(sum(r["documents"] for r in ordered), sum_skipped(r["skipped"] for r in ordered),
-                      cfg.max_bad_fraction, cfg.inputs[0] if len(cfg.inputs) == 1 else _most_skipped(mine, ordered))
-    if files is None:
-        files = [f for r in ordered for f in r["files"]]
-    manifest = build_manifest(cfg.format, info.to_dict() | {"backend": choice.to_dict()}, policy,
-                              cfg.compression, ordered, files, inputs, hashes, cfg.command,
-                              {"num_shards": cfg.num_shards, "shard_index": cfg.shard_index,
-                               "units": [mine[0].index, mine[-1].index + 1] if mine else [0, 0],
-                               "total_units": total_units},
-                              {"wall_seconds": round(time.time() - t0, 3), **timeline, "workers": cfg.workers,
-                               "worker_peak_rss_mb": max((r.get("peak_rss_mb", 0) for r in ordered), default=0),
-                               **_retry_counts(inputs, ordered)},
-                              {"text_column": cfg.text_column, "separator": cfg.separator,
-                               "bad_docs": cfg.bad_docs, "max_bad_fraction": cfg.max_bad_fraction,
-                               "part_bytes": sopts.part_bytes,
-                               "batch_bytes": sopts.batch_bytes})
-    write_manifest(out, manifest)
-    return manifest
-
-
-def sum_skipped(counts: Iterable[dict[str, int]]) -> dict[str, int]:
-    """Skipped documents by reason, summed over parts or shards."""
-    total: dict[str, int] = {}
-    for c in counts:
-        for k, v in c.items():
-            total[k] = total.get(k, 0) + v
-    return total
-
-
-def _retry_counts(inputs: list[dict], records: list[PartRecord]) -> dict:
-    """Transient errors of remote stores retried: while planning and checking (this process) and while reading
-    each part (kept with its record across a resume). Absent for local inputs."""
-    if not any("version" in i for i in inputs):
-        return {}
-    return {"remote_retries": retries() + sum(r.get("remote_retries", 0) for r in records)}
-
-
-def _most_skipped(units: list[Unit], records: list[PartRecord]) -> str | None:
-    """The input file holding the most skipped documents (named in the error of a run that skipped too many)."""
-    per_file: dict[str, int] = {}
-    for u, r in zip(units, records):
-        if len(u.paths) == 1:  # a unit of many files (small text files) cannot say which one
-            per_file[u.paths[0]] = per_file.get(u.paths[0], 0) + sum(r["skipped"].values())
-    worst = max(per_file, key=per_file.get, default=None)
-    return worst if worst and per_file[worst] else None
-
-
-def build_manifest(fmt: str, tokenizer: dict, policy: Policy, compression: str, records: list[PartRecord], files: list,
-                   inputs: list, hashes: dict, command: list[str], shard: dict, run: dict, source: dict) -> dict:
-    """Assemble the manifest of a finished output (one shard or a merge of shards).
-
-    Args:
-        fmt: the format.
-        tokenizer: the tokenizer's identity and the backend chosen (`TokenizerInfo.to_dict()` + `backend`).
-        policy: the resolved policy.
-        compression: the parquet codec (recorded as None for memmap).
-        records: the part records in unit order (their counts are summed; each is listed in `parts`).
-        files: the data files' records (path, size, checksum).
-        inputs, hashes: the input files' records and their checksums by path (missing: None).
-        command: the command line that made it.
-        shard: which units of how many this output holds.
-        run: timings and resources of the run.
-        source: how the inputs were read (text column, separator, bad documents, part and batch sizes).
-    """
-    counts = {k: sum(r[k] for r in records) for k in ("documents", "tokens", "padding", "truncated", "input_bytes")}
-    counts["skipped"] = sum_skipped(r["skipped"] for r in records)
-    first = 0
-    parts = []
-    for r in records:
-        parts.append({"part": r["part"], "unit": r["unit"], "first_document": first, "documents": r["documents"],
-                      "tokens": r["tokens"], "files": [f["path"] for f in r["files"]]})
-        first += r["documents"]
-    return {"format": fmt, "format_version": FORMAT_VERSIONS[fmt], "dtype": policy["dtype"], "policy": policy,
-            "compression": compression if fmt != "memmap" else None, "tokenizer": tokenizer, "counts": counts,
-            "files": files, "parts": parts, "shard": shard, "source": source,
-            "boundaries": document_boundaries(fmt, policy, counts),
-            "inputs": [dict(i, checksum=hashes.get(i["path"])) for i in inputs],
-            "tool": {"name": "pretok", "version": __version__}, "created": datetime.now(timezone.utc).isoformat(),
-            "command": command, "run": run, "environment": environment()}

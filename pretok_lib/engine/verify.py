@@ -16,11 +16,10 @@ from ..errors import PretokError, os_error
 from ..formats import memmap as mm
 from ..formats import parquet as pqf
 from ..formats.manifest import read_manifest
-from ..remote import is_url
 from ..sources import SourceOptions, Unit, read_unit
+from ..sources.remote import is_url
 from .parts import add_special, unit_breaks
 from .run import MEMMAP_PREFIX, input_checksum
-
 
 MIN_TIMED_SECONDS = 0.1  # a rate is printed only from a phase at least this long (timings are rounded to 1 ms)
 
@@ -244,7 +243,6 @@ def _file_problems(out: Path, m: dict, f: dict) -> list[str]:
 def verify(out_dir: str | os.PathLike, sources: Sequence[str] | None = None, sample: int = 64,
            seed: int = 0) -> VerifyReport:
     """Check checksums and structure, then re-tokenize a sample of documents from the source and compare."""
-    from ..formats import checksum
     from ..tokenizer import backends_for, load_tokenizer, make_encoder
 
     out, rep = Path(out_dir), VerifyReport()

@@ -119,13 +119,7 @@ def _prepare(spec: str, backend: str | None, build: threading.Thread, early: lis
     """Identify the tokenizer while `build` runs `_early_fastokens` (result in `early`), adopt that build (or its
     failure) if identify found that very file an hf-json tokenizer to be run by fastokens, then build the first
     candidate (or `backend`) that can be built."""
-    from ..tokenizer import (
-        BackendUnavailable,
-        _reason,
-        backends_for,
-        fastokens_encoder,
-        identify,
-    )
+    from ..tokenizer import BackendUnavailable, _reason, backends_for, fastokens_encoder, identify
 
     try:
         _INFO.append(identify(spec))
@@ -175,7 +169,7 @@ def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, rea
     from .. import sources  # noqa: F401 — what the workers run, imported beside the build
     from . import parts  # noqa: F401 — likewise
     if preload:
-        from ..remote import preload_filesystems
+        from ..sources.remote import preload_filesystems
 
         preload_filesystems(preload)
     report = _prepare(spec, backend, build, early)
@@ -287,7 +281,7 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
         os._exit(0)
     limit_threads_to_one_cpu(slot)
     if preload:
-        from ..remote import warm_filesystems
+        from ..sources.remote import warm_filesystems
 
         warm_filesystems(preload)
     report = _Progress(results)

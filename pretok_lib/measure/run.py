@@ -26,8 +26,8 @@ import yaml
 
 from ..atomic import atomic_write_json, atomic_write_text
 from ..errors import PretokError
-from ..run_record import read_run_record
 from ..train.config import SKIP_STEPS
+from ..train.run_record import read_run_record
 from .counts import Counts, batch_counts
 
 RUN_VERSION = 1
@@ -69,7 +69,7 @@ def _torch() -> Any:
 
 def _device() -> tuple[str, str]:
     """(device type, its name): CUDA when the caller's torch has initialised it, else this CPU."""
-    from ..environment import cpu_model
+    from ..machine.environment import cpu_model
 
     torch = _torch()
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -78,7 +78,7 @@ def _device() -> tuple[str, str]:
 
 
 def _peak_mem_mb(device: str) -> float:
-    from ..memory import peak_rss_mb
+    from ..machine.memory import peak_rss_mb
 
     torch = _torch()
     if device == "cuda" and torch is not None:
@@ -220,7 +220,7 @@ class Run:
         return summarize(records, self.skip_steps, self.target_loss, settings)
 
     def _info(self, status: str, error: str | None = None) -> dict[str, Any]:
-        from ..environment import environment
+        from ..machine.environment import environment
 
         env = environment()
         device, name = _device()

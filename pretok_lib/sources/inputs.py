@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import PretokError
-from ..remote import expand_all as expand_urls
-from ..remote import is_url
+from .remote import expand_all as expand_urls
+from .remote import is_url
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")

@@ -10,12 +10,12 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from ..arrow_text import is_text_type, parquet_leaves
 from ..errors import PretokError
-from ..input_checks import check_shape
-from ..remote import is_url
-from ..remote_file import RemoteFile, open_input
+from .arrow_text import is_text_type, parquet_leaves
+from .input_checks import check_shape
 from .inputs import InputFile, SourceOptions, Unit, compile_separator
+from .remote import is_url
+from .remote_file import RemoteFile, open_input
 
 # Row groups are split across units only above this size: every unit reading a slice of a row group must
 # decode the group up to its slice, so splitting small groups costs more decoding than it gains in parallelism.

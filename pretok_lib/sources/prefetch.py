@@ -7,7 +7,7 @@ import queue
 import threading
 from typing import Iterator, TypeVar
 
-from ..cpu_affinity import unpin_this_thread
+from ..machine.cpu_affinity import unpin_this_thread
 
 T = TypeVar("T")
 _DONE = object()

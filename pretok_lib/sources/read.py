@@ -9,22 +9,15 @@ import codecs
 import re
 from typing import Iterable, Iterator, Protocol, Sequence
 
-from ..arrow_text import (
-    INVALID,
-    MISSING,
-    as_string_array,
-    decode_each,
-    is_text_type,
-    utf8_valid,
-)
-from ..arrow_text import byte_lengths as _byte_lengths
 from ..errors import PretokError
-from ..remote import is_url
-from ..remote_file import RemoteFile, open_input, read_bytes
-from ..streams import jsonl_lines, parse_jsonl_line, without_bom
+from .arrow_text import INVALID, MISSING, as_string_array, decode_each, is_text_type, utf8_valid
+from .arrow_text import byte_lengths as _byte_lengths
 from .inputs import DocBatch, SourceOptions, Unit, compile_separator
 from .plan import _load_hf, _parquet_file, _text_column_index
 from .prefetch import prefetched
+from .remote import is_url
+from .remote_file import RemoteFile, open_input, read_bytes
+from .streams import jsonl_lines, parse_jsonl_line, without_bom
 
 # Kinds of skipped (damaged or unusable) documents: text null / key missing / not a string / empty / invalid
 # (bad UTF-8, a lone surrogate, a line that is not JSON or not an object).

@@ -102,7 +102,7 @@ def run_threads(params: Mapping[str, Any], key: str) -> int:
     """Torch threads of one rank of the run `key` on this machine's CPU, as the trainer sets them: notebook 04's
     points share the cores by the sweep's largest world size (`sweep.sweep_threads`), notebook 03's run by its own
     (`train_world`; 0: one rank per GPU, one here)."""
-    from ..cpu_affinity import usable_cpus
+    from ..machine.cpu_affinity import usable_cpus
 
     if key == "sweep_base":
         worlds = [w for g in params.get("sweep_grids") or [] if isinstance(g, Mapping)
@@ -173,7 +173,7 @@ def tokenizer_vocab(params: Mapping[str, Any]) -> int | None:
 
 def _config(path: Any, overrides: Mapping[str, Any], seq_len: int):
     from ..errors import PretokError
-    from ..sweep import ALIASES
+    from ..launch.sweep import ALIASES
     from ..train.config import load_config
 
     keys = {ALIASES.get(k, k): v for k, v in overrides.items()}

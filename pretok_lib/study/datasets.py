@@ -34,7 +34,7 @@ def prepare_corpus(paths: StudyPaths, corpus: str | Sequence[str] = "", corpus_m
     fraction held out for validation). Without a tokenizer, a byte-level BPE of `vocab_size` is trained on the
     training documents only (never on the held-out ones; reused while they are the same bytes); a tokenizer is a
     path or a hub name."""
-    from ..corpus import default_corpus, read_corpus_info, trained_tokenizer
+    from ..demo.corpus import default_corpus, read_corpus_info, trained_tokenizer
     from .split import split_corpus
     from .steps import resolve
 

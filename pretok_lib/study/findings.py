@@ -288,7 +288,7 @@ def findings_html(findings: Sequence[Finding], subtitle: str = "", measured: Seq
     the number as a finding), and the row's `context` beside them.
     `too_short`: the ids of runs too short to measure (named, left out of every number); `failure`: the alarm of
     a study that did not finish (`failure_html`), first."""
-    from ..machine_probe import machine_line
+    from ..machine.probe import machine_line
     from .measured import ROW, too_short_text
 
     e = html.escape

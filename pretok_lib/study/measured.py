@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..analysis.uncertainty import (Estimate, check_efficiency, check_fraction, check_isolated_speedup,
-                                    check_times, estimate, finding)
+from ..analysis.uncertainty import (Estimate, check_efficiency, check_fraction, check_isolated_speedup, check_times,
+                                    estimate, finding)
 from ..datapaths import BASELINE, PACKING_PAIRS, PRETOK_PAIRS, STUDY_PRETOKENIZED
 
 _REPEAT = re.compile(r"-r(\d+)$")
@@ -267,7 +267,7 @@ def run_machine(runs: Sequence[Any]) -> dict:
     """The machine probe summary (`machine_probe.machine`) of the sweep's runs: each run's last launch attempt's
     `probe` (launcher.json, written by the local sweep launcher)."""
     from ..analysis.runs import last_launch
-    from ..machine_probe import machine
+    from ..machine.probe import machine
 
     return machine(last_launch(Path(r.path)).get("probe") for r in runs)
 

@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..corpus import SPECIAL_TOKENS
-from ..cpu_affinity import usable_cpus
 from ..datapaths import BASELINE, DEFAULT, KINDS
+from ..demo.corpus import SPECIAL_TOKENS
 from ..errors import PretokError
 from ..formats import CODEC_GRID, TRAIN_COMPRESSION
-from ..sweep import LAUNCHERS
+from ..launch.sweep import LAUNCHERS
+from ..machine.cpu_affinity import usable_cpus
 from ..train.config import _NONNEG, _ONE, _POS, Limit
 from .budget import fit_runs
 
@@ -208,7 +208,7 @@ def check_runs(params: dict[str, Any], notebooks: Sequence[str]) -> None:
     `notebooks` would start, its config checked as its run will check it (train/config.py, through
     `sweep.check_points`) with stand-ins for what notebook 01 makes (dataset paths, tokenizer): one line naming the
     notebook and run, before any notebook runs."""
-    from ..sweep import point_problem
+    from ..launch.sweep import point_problem
     from .datasets import HELDOUT_FORMATS
     from .steps import resolve, sweep_points, train_points
 

@@ -15,17 +15,29 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import procs
 from ..errors import PretokError
+from ..launch import procs
+from .budget import refit
 from .home import NOTEBOOKS, default_out, is_home, kernel_environment, study_home
 from .kernels import encrypted_kernel_channels
 from .measured import study_measures
-from .budget import refit
 from .profiles import check_parameters, check_runs, profile_parameters
-from .reporting import (TITLES, _ended, _now, combined_notebook, figure_counts, png_hint, ran,  # noqa: F401
-                        read_record, remove_report, summary, write_record, write_report)
-from .stopping import Stop as _Stop
+from .reporting import (  # noqa: F401
+    TITLES,
+    _ended,
+    _now,
+    combined_notebook,
+    figure_counts,
+    png_hint,
+    ran,
+    read_record,
+    remove_report,
+    summary,
+    write_record,
+    write_report,
+)
 from .steps import ROOT, resolve
+from .stopping import Stop as _Stop
 
 NOTEBOOK_DIR = ROOT / "notebooks"  # the source tree's; a study runs its home's (notebook_dir)
 _SOURCE_NOTEBOOKS = NOTEBOOK_DIR

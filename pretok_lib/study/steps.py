@@ -180,7 +180,7 @@ def study_grid(index: Mapping, axes: Mapping[str, Sequence[Any]], base: Mapping[
                prefix: str = "sweep"):
     """A sweep `Grid` over the study's datasets: `data.path` follows the data path (`data` axis or base), and so
     does the padded paths' own-layout validation (`own_eval_overrides`; linked, so the run ids stay as they were)."""
-    from ..sweep import ALIASES, Grid
+    from ..launch.sweep import ALIASES, Grid
 
     merged = {**run_overrides(index), **{ALIASES.get(k, k): v for k, v in (base or {}).items()}}
     linked = {"data": {kind: {"data.path": p, **own_eval_overrides(index, kind)}
@@ -202,7 +202,7 @@ def train_one(paths: StudyPaths, index: Mapping, config: str, data_kind: str = D
         data_kind: the data path; world: ranks; overrides: dotted config keys; prefix: of the run id.
         timeout_s: stop the run after this long (None: no limit).
     """
-    from ..sweep import run_sweep
+    from ..launch.sweep import run_sweep
 
     [(point, status)] = run_sweep(resolve(config), train_points(index, data_kind, world, overrides, prefix),
                                   paths.runs, timeout_s=timeout_s, changed="rerun")
@@ -227,7 +227,7 @@ def run_study_sweep(paths: StudyPaths, index: Mapping, config: str, grids: Itera
         grids: axes dicts; base: dotted config keys shared by every point; launcher: local or slurm.
         prefix: of the run ids; timeout_s: per run (None: no limit); repeats: runs per point (> 1: ids -r<k>).
     """
-    from ..sweep import run_sweep
+    from ..launch.sweep import run_sweep
 
     points = repeated_points(sweep_points(index, grids, base, prefix), repeats, point_repeats(index, grids, base,
                                                                                             prefix, repeats))
@@ -292,7 +292,7 @@ def dataset_dirs(paths: StudyPaths) -> list[str]:
 
 def require_completed(results: Sequence[tuple[Any, str]], paths: StudyPaths) -> None:
     """Raise (with the end of its launcher.log) if a run did not complete: a notebook cell then fails."""
-    from ..sweep import tail
+    from ..launch.sweep import tail
 
     bad = [p for p, s in results if s == "failed"]
     if bad:

@@ -6,7 +6,7 @@ import signal
 import threading
 import time
 
-from .. import procs
+from ..launch import procs
 
 CUT_AFTER_S = 30.0  # a stopped notebook whose kernel has no process of its own left is cut after this long
 
@@ -14,7 +14,7 @@ CUT_AFTER_S = 30.0  # a stopped notebook whose kernel has no process of its own 
 class Stop:
     """The study's handler of SIGTERM/SIGINT/SIGHUP: remember the signal and interrupt the notebook kernel (our
     child, in its own session) every 2 s until the running notebook ends: a sweep running in it then stops its
-    runs, which checkpoint (pretok_lib.sweep); an idle kernel ignores SIGINT, so it is repeated. A second
+    runs, which checkpoint (pretok_lib.launch.sweep); an idle kernel ignores SIGINT, so it is repeated. A second
     signal while a notebook runs (`cuttable`) stops it at once: KeyboardInterrupt in papermill, which kills the
     kernel (its runs still get SIGTERM, PR_SET_PDEATHSIG), and run_study records the notebook `stopped`. Raised
     anywhere else (recording, writing the report), it printed a traceback and left study.json saying the notebooks

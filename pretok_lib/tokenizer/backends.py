@@ -15,8 +15,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..cpu_affinity import pin_to_one_cpu
 from ..errors import PretokError
+from ..machine.cpu_affinity import pin_to_one_cpu
 from .files import (TokenizerInfo, _auto_load, _detect_dir, _hf_from_str, _parse_json, _parse_tiktoken, _read_bytes,
                     _sha, _sp_from_bytes, _tekken_parts, _tiktoken_constants)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import yaml
 
 from ..datapaths import DEFAULT, ON_THE_FLY, PARQUET_KINDS, PRETOK_PADDED, global_batch
-from .. import strict_yaml
 from ..errors import PretokError
+from . import strict_yaml
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 SKIP_STEPS = 2  # log.skip_steps: the warm-up steps every summary of a run leaves out (trainer, analysis, measure)

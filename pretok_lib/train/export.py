@@ -28,10 +28,11 @@ import torch
 from ..atomic import atomic_write_json
 from ..errors import PretokError
 from ..formats.manifest import data_identity, read_manifest
-from ..run_record import FILE as RUN_RECORD, read_run_record
 from . import checkpoint, hf_tokenizer
 from .config import Config, load_config
 from .model import build_model
+from .run_record import FILE as RUN_RECORD
+from .run_record import read_run_record
 
 DEFAULT_DIR = "hf"
 RECORD = "pretok_export.json"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ..cpu_affinity import usable_cpus
-from ..environment import cpu_flags, cpu_model
+from ..machine.cpu_affinity import usable_cpus
+from ..machine.environment import cpu_flags, cpu_model
 from .flops import ACCELERATOR_TABLE, match_accelerator
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -23,13 +23,13 @@ from typing import Any
 
 import yaml
 
-from .. import strict_yaml
 from ..data.blend import rational_weights
 from ..datapaths import ON_THE_FLY
 from ..errors import PretokError
 from ..formats.manifest import data_identity, read_manifest
-from ..run_record import flatten, read_run_record
+from . import strict_yaml
 from .config import Config
+from .run_record import flatten, read_run_record
 
 EXEMPT_KEYS = {"name", "run.id", "run.dir", "run.overwrite", "data.num_workers", "data.verify_on_open",
                "data.cache_mb", "data.micro_batch", "train.grad_accum", "hardware.device"}

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..atomic import atomic_write_text
-from ..crossing import number, records_crossing
-from ..memory import peak_rss_mb
+from ..machine.memory import peak_rss_mb
+from .crossing import number, records_crossing
 
 if TYPE_CHECKING:
     import torch
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 def peak_memory_mb(device: torch.device) -> float:
     """Peak accelerator memory allocated (CUDA) or this process's peak RSS (CPU), in MB."""
-    import torch   # here: summarize() and read_records() serve torch-free callers too (pretok_lib.measure)
+    import torch  # here: summarize() and read_records() serve torch-free callers too (pretok_lib.measure)
 
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20

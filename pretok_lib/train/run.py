@@ -22,15 +22,15 @@ from pathlib import Path
 import torch
 
 from ..atomic import atomic_write_json
-from ..cpu_affinity import THREADS_ENV, usable_cpus
-from ..environment import environment
 from ..errors import NonFiniteLoss, PretokError, os_error
-from ..run_record import RECORD_STATUSES, read_run_record
+from ..machine.cpu_affinity import THREADS_ENV, usable_cpus
+from ..machine.environment import environment
 from . import distributed
 from .checkpoint import names_path
 from .config import Config, load_config, save_config
 from .identity import changed, inputs_inside, refusal
 from .metrics import MetricsLog, read_records, summarize
+from .run_record import RECORD_STATUSES, read_run_record
 
 RUN_VERSION = 1
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_ABORTED = 1, 2, 3, 130

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..atomic import atomic_write_json
 from ..errors import PretokError
-from ..run_record import flatten
+from .run_record import flatten
 
 TRACKERS = {"mlflow": "mlflow", "wandb": "wandb"}          # log.tracking name -> the module it needs
 WANDB_MODES = ("offline", "online", "disabled")

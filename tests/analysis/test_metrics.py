@@ -10,9 +10,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pretok_lib.analysis.metrics import (SUMMARY_COLUMNS, auto_target_loss, isolated_tokenization_speedups,
-                                         path_speedups, precision_groups, rows_to_text, run_metrics,
-                                         scaling_efficiency, storage_rows, summary_table, time_to_target,
-                                         tokenization_speedups)
+                                         path_speedups, precision_groups, rows_to_text, run_metrics, scaling_efficiency,
+                                         storage_rows, summary_table, time_to_target, tokenization_speedups)
 from pretok_lib.analysis.runs import Records, Run, load_run, load_runs
 
 from .helpers import add_own_val, simple_run, train_record, val_record, write_run
@@ -239,7 +238,7 @@ _val_rows = st.lists(st.tuples(_loss, st.floats(0.001, 5.0), st.one_of(st.none()
 def test_summary_time_to_target_is_the_analysis_interpolation(rows, target) -> None:
     """summary.json's time to target (`train.metrics.summarize`) took the first val record at or below the target
     (up to eval.every steps late); it is now the analysis' interpolated crossing, on val_loss and on val_loss_own,
-    for any series (one helper: pretok_lib/crossing.py)."""
+    for any series (one helper: pretok_lib/train/crossing.py)."""
     from pretok_lib.train.metrics import summarize
 
     val, wall = [], 0.0

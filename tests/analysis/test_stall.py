@@ -93,7 +93,7 @@ def test_cores_per_rank_scales_worker_rows_only() -> None:
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, shared_data) -> dict[str, Path]:
     """Wikipedia summaries and a 512-token BPE trained on them (a small LM head keeps the model fast)."""
-    from pretok_lib.corpus import train_default_tokenizer
+    from pretok_lib.demo.corpus import train_default_tokenizer
     from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
     base = tmp_path_factory.mktemp("stall-data")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from pretok_lib.bench.scaling import (cpu_per_gb, fitted_serial_fraction, per_byte, predicted_gb_per_s, scaling,
                                       scaling_lines, serial_fraction)
-from pretok_lib.memory import cpu_seconds
+from pretok_lib.machine.memory import cpu_seconds
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
 from ..test_tokenizer_specials import tiny_bpe

@@ -50,7 +50,7 @@ def _raise(exc: BaseException):
 # the finishing (memmap append), the manifest's writing
 FAULTS = [("expand_inputs", PretokError("injected", "x")), ("load_tokenizer", OSError(errno.EIO, "injected")),
           ("prepare_output", KeyboardInterrupt()), ("_resume_places", Terminated()),
-          ("check_stamps", OSError(errno.ENOSPC, "injected")), ("_finalize", PretokError("injected")),
+          ("check_stamps", OSError(errno.ENOSPC, "injected")), ("finalize", PretokError("injected")),
           ("write_manifest", KeyboardInterrupt())]
 
 

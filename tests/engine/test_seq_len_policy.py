@@ -35,7 +35,7 @@ def small_tok(tmp_path_factory) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pretok_lib.corpus import train_default_tokenizer
+    from pretok_lib.demo.corpus import train_default_tokenizer
 
     d = tmp_path_factory.mktemp("tok")
     pq.write_table(pa.table({"text": [json.loads(line)["text"] for line in INPUT.open()]}), d / "c.parquet")

@@ -147,7 +147,7 @@ from pretok_lib.engine import zygote
 build, early = zygote._start_early_build({str(path)!r}, None)
 from pretok_lib import sources
 from pretok_lib.engine import parts
-from pretok_lib.remote import preload_filesystems
+from pretok_lib.sources.remote import preload_filesystems
 preload_filesystems({preload!r})
 ready = zygote._prepare({str(path)!r}, None, build, early)
 import time
@@ -257,10 +257,10 @@ def test_an_answer_that_cannot_be_sent_is_an_error_for_the_main_process(monkeypa
 
 
 def _tokenize_in_a_pool_worker(corpus: str, out: str, workers: int) -> tuple[str, object]:
-    from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
-
     import contextlib
     import io
+
+    from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
     err = io.StringIO()  # the worker's own stderr: a forkserver started by an earlier test is not this test's capfd
     try:

@@ -12,8 +12,8 @@ pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate:
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
 
 from pretok_lib.analysis import load_runs, summary_table  # noqa: E402
+from pretok_lib.analysis.runs_report import build_report  # noqa: E402
 from pretok_lib.measure import PretokCallback  # noqa: E402
-from pretok_lib.runs_report import build_report  # noqa: E402
 from tests.analysis.helpers import simple_run  # noqa: E402
 
 SEQ, MICRO, ACCUM, STEPS = 16, 4, 2, 6

@@ -23,7 +23,7 @@ import nbformat
 import pytest
 import yaml
 
-from pretok_lib.procs import stop_tree
+from pretok_lib.launch.procs import stop_tree
 from pretok_lib.study import NOTEBOOKS, run_study
 from pretok_lib.study.profiles import PROFILES
 from pretok_lib.study.run import KERNEL, NOTEBOOK_DIR, declared_parameters

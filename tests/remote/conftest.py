@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from pretok_lib.launch.procs import stop_tree
+
 from ..conftest import GPT2_JSON, PYDOCS_JSONL, ROOT, SHAKESPEARE, WIKITEXT_VALID
-from pretok_lib.procs import stop_tree
 
 SECRET = "pretok-SECRET-marker-7f3a9c"  # AWS_SECRET_ACCESS_KEY of every run: must appear in no output
 KEY_ID = "pretokKEYIDmarker42"

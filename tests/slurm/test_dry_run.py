@@ -1,5 +1,5 @@
 """Dry runs of the SLURM submission (issue 36, item 10): slurm/submit.sh and slurm/pretokenize.sh `--dry-run`,
-`pretok_lib.slurm.submit(dry_run=True)` and `pretok sweep --launcher slurm --dry-run` print the full sbatch lines and
+`pretok_lib.launch.slurm.submit(dry_run=True)` and `pretok sweep --launcher slurm --dry-run` print the full sbatch lines and
 submit nothing (a stand-in sbatch first on PATH records any call; no slurmctld). GPUs asked for as
 PRETOK_GPU_REQUEST says: `--gpus-per-node=N` or `--gres=gpu:N`. Settings are generated; the lines are parsed."""
 
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from pretok_lib import slurm
 from pretok_lib.cli import main as cli_main
-from pretok_lib.sweep import expand_grid
-from pretok_lib.sweep_slurm import dry_run
+from pretok_lib.launch.sweep import expand_grid
+from pretok_lib.launch.sweep_slurm import dry_run
 
 from ..conftest import ROOT
 from .helpers import SLURM

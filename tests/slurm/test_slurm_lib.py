@@ -1,4 +1,4 @@
-"""pretok_lib.slurm and slurm/submit.sh without a cluster: fake sbatch/scontrol on PATH record what they get.
+"""pretok_lib.launch.slurm and slurm/submit.sh without a cluster: fake sbatch/scontrol on PATH record what they get.
 
 Option translation from slurm/cluster.env (defaults, env overrides, per-script options, caller options last),
 job ids, and the one-line errors: sbatch missing, sbatch refusing, scontrol missing, timeouts."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pretok_lib.sweep import expand_grid, run_sweep
+from pretok_lib.launch.sweep import expand_grid, run_sweep
 
 from ..conftest import ROOT
 from ..test_sweep import tiny_config  # noqa: F401  (fixture)

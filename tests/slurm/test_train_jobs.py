@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pretok_lib import slurm
-from pretok_lib.corpus import train_default_tokenizer
+from pretok_lib.demo.corpus import train_default_tokenizer
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
 from ..conftest import PYDOCS_JSONL

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pretok_lib.train.config import Config, load_config, save_config
-from pretok_lib.run_record import flatten as _flat
 from pretok_lib.train.identity import EXEMPT_KEYS, EXEMPT_SECTIONS, RESOLVED_AT_RUN_TIME, changed, differences
+from pretok_lib.train.run_record import flatten as _flat
 
 
 def _other(v):

@@ -34,7 +34,7 @@ def test_every_data_path_trains_and_writes_the_run_contract(kind, train_data, tm
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "completed" and info["world_size"] == 1 and info["backend"] is None
     assert info["versions"]["torch"] and info["flops_per_token"] > 0 and info["peak_flops"] > 0
-    from pretok_lib.environment import cpu_model
+    from pretok_lib.machine.environment import cpu_model
     assert info["device_name"] == info["cpu_model"] == cpu_model() and info["git_dirty"] in (True, False, None)
     assert yaml.safe_load((run / "config.yaml").read_text())["data"]["kind"] == kind
     rec = records(run)
@@ -158,8 +158,9 @@ def test_a_non_finite_gradient_stops_the_run_before_the_update(train_data, tmp_p
     optimizer made the weights NaN, the loss was checked only after it, so a checkpoint at that step kept NaN
     weights; the run failed one step later and every rerun resumed from them and failed again. Now the run stops
     at that step before the update; the checkpoints hold finite weights and a rerun without the fault completes."""
-    import pretok_lib.train.loop as loop
     import torch
+
+    import pretok_lib.train.loop as loop
 
     real, poison = loop.Trainer.step, [True]
 

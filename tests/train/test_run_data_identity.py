@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pretok_lib.launch.sweep import Point, run_sweep
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
-from pretok_lib.sweep import Point, run_sweep
 from pretok_lib.train.config import load_config
 from pretok_lib.train.identity import data_fingerprint
 from pretok_lib.train.run import EXIT_BAD_INPUT, _prepare_dir, train

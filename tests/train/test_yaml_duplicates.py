@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from pretok_lib import strict_yaml
 from pretok_lib.errors import PretokError
-from pretok_lib.sweep import Grid, parse_value
+from pretok_lib.launch.sweep import Grid, parse_value
 from pretok_lib.train.config import load_config
 
 names = st.text("abcdefghij_", min_size=1, max_size=6)

@@ -23,11 +23,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from . import procs
-from .cpu_affinity import usable_cpus
-from .datapaths import BASELINE, PRETOK_MEMMAP
-from .errors import PretokError
-from .run_record import read_run_config, read_run_record
+from ..datapaths import BASELINE, PRETOK_MEMMAP
+from ..errors import PretokError
+from ..launch import procs
+from ..machine.cpu_affinity import usable_cpus
+from ..train.run_record import read_run_config, read_run_record
 
 VERDICT_VERSION = 1
 CHECKS = ("cuda", "pin_memory", "data", "train", "nccl", "bf16", "compile", "tf32", "resume", "study")
@@ -191,7 +191,7 @@ def _tail(path: Path, n: int = 6) -> str:
 
 
 def _records(run_dir: Path) -> list[dict]:
-    from .train.metrics import read_records
+    from ..train.metrics import read_records
 
     return [r for r in read_records(run_dir / "metrics.jsonl") if r["kind"] == "train"]
 
@@ -208,8 +208,8 @@ def _finished_run(out: Path, run_id: str, rc: int) -> tuple[dict, list[dict]]:
 def prepare_data(out: Path, a: argparse.Namespace, seq_len: int) -> dict:
     """A small memmap dataset, built offline: the embedded corpus (Python sources) and a BPE trained on it,
     unless --corpus / --tokenizer are given."""
-    from .corpus import default_corpus_and_tokenizer, train_default_tokenizer
-    from .pretokenize import TokenizeConfig, run_tokenize
+    from ..demo.corpus import default_corpus_and_tokenizer, train_default_tokenizer
+    from ..pretokenize import TokenizeConfig, run_tokenize
 
     if a.corpus:
         corpus = str(Path(a.corpus).resolve())
@@ -227,7 +227,7 @@ def fp32_matmul_rates() -> dict[str, float]:
     """This GPU's best fp32 matmul TFLOP/s with TF32 tensor cores allowed ("high") and in IEEE fp32 ("highest")."""
     import torch
 
-    from .train.hardware import GPU_SIZES, best_matmul_flops
+    from ..train.hardware import GPU_SIZES, best_matmul_flops
 
     before, dev = torch.get_float32_matmul_precision(), torch.device("cuda", 0)
     try:
@@ -265,7 +265,7 @@ def tf32_verdict(info: dict, recs: list[dict], steps: int, rates: dict[str, floa
 
 def check_pinned(data: str, seq_len: int) -> dict:
     """The loader's batches come out of page-locked memory on a CUDA machine (asynchronous host-to-device copy)."""
-    from .data import make_dataset, make_loader
+    from ..data import make_dataset, make_loader
 
     loader = make_loader(make_dataset(PRETOK_MEMMAP, data, seq_len, micro_batch=2, rank=0, world=1))
     batch = next(iter(loader))
@@ -276,7 +276,7 @@ def check_pinned(data: str, seq_len: int) -> dict:
 
 def kill_and_resume(out: Path, cmd: list[str], run_id: str, timeout: float) -> int:
     """Start `cmd`, SIGKILL its whole process group once its first checkpoint is complete, then run it again."""
-    from .train.checkpoint import list_checkpoints
+    from ..train.checkpoint import list_checkpoints
 
     ckpt = out / "runs" / run_id / "checkpoints"
     log = out / "runs" / run_id / "launcher.log"
@@ -402,7 +402,7 @@ def run_check(a: argparse.Namespace) -> dict:
     v.run("study", lambda: run_study_check(out, world, a.timeout), study_skip)
     verdict = v.to_dict()
     text = json.dumps(verdict, indent=2, default=str) + "\n"
-    from .atomic import atomic_write_text
+    from ..atomic import atomic_write_text
 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "verdict.json", text)
@@ -414,7 +414,7 @@ def run_check(a: argparse.Namespace) -> dict:
 
 def study_command(out: Path, world: int) -> list[str]:
     """The smoke study with its sweep on world sizes 1, 2, 4, ... up to `world` (one process per GPU)."""
-    from .study.profiles import world_sizes
+    from ..study.profiles import world_sizes
 
     grids = [{"data": [BASELINE, PRETOK_MEMMAP], "world": world_sizes(world)}]
     return [sys.executable, "-m", "pretok_lib.cli", "study", "--profile", "smoke", "--out", str(out / "study"),
@@ -435,7 +435,7 @@ def run_study_check(out: Path, world: int, timeout: float) -> dict:
                               f"{type(e).__name__}: {e}") from None
     log = out / "study.log"
     rc = _launch(study_command(out, world), log, timeout)
-    from .study.reporting import read_record
+    from ..study.reporting import read_record
 
     rec = read_record(out / "study")
     if rc != 0 or rec is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
-from .errors import PretokError
+from ..errors import PretokError
 from .remote import is_url
 from .streams import jsonl_lines, parse_jsonl_line, without_bom
 

@@ -13,7 +13,7 @@ import json
 import zlib
 from typing import BinaryIO, Iterator
 
-from .errors import PretokError
+from ..errors import PretokError
 from .remote import is_url
 from .remote_file import open_input
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from . import strict_yaml
-from .errors import PretokError
+from ..errors import PretokError
+from ..train import strict_yaml
 from .sweep_values import numbers, yaml_scalar
 
 # Short axis names -> the trainer's config keys (any dotted key works as an axis too). "world" is the number of
@@ -158,7 +158,7 @@ def check_points(config: str | os.PathLike, points: Iterable[Point], runs_dir: s
 
 def point_problem(config: str | os.PathLike, point: Point, runs_dir: str | os.PathLike = "runs") -> str | None:
     """Why the trainer would refuse the config of `point` (the file `config` with its overrides), or None."""
-    from .train.config import load_config
+    from ..train.config import load_config
 
     try:
         load_config(config, [*point.cli_overrides(), f"run.id={point.run_id}", f"run.dir={runs_dir}"])

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import PretokError
 from . import slurm
-from .errors import PretokError
 from .sweep import SBATCH_SCRIPT, Point, _attempts, _now, _outcome, _record, command
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from . import strict_yaml
-from .errors import PretokError
+from ..errors import PretokError
+from ..train import strict_yaml
 
 
 def yaml_scalar(v: Any) -> str:

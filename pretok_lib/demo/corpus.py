@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import PretokError, os_error
+from ..errors import PretokError, os_error
 
 DEFAULT_PACKAGES = ("numpy", "pyarrow", "transformers", "datasets", "torch")
 STDLIB = "stdlib"

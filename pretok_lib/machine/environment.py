@@ -77,7 +77,7 @@ def environment() -> dict:
     `PACKAGES`, the git commit (and whether tracked files differ from it) and the SLURM job, if any."""
     import importlib.metadata  # here, not at import: ~15 ms that every worker would pay
 
-    from . import __version__
+    from .. import __version__
 
     versions = {"pretok": __version__}
     for name in PACKAGES:

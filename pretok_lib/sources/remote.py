@@ -23,7 +23,7 @@ import time
 from datetime import datetime, timezone
 from typing import Callable, TypeVar
 
-from .errors import PretokError
+from ..errors import PretokError
 
 T = TypeVar("T")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")

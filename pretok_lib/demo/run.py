@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import PretokError
+from ..pretokenize import FORMATS, TokenizeConfig, format_inspect, inspect, run_tokenize, verify
 from .corpus import default_corpus_and_tokenizer
-from .errors import PretokError
-from .pretokenize import FORMATS, TokenizeConfig, format_inspect, inspect, run_tokenize, verify
 
 
 def run_demo(out: Path, max_mb: float = 20.0, vocab_size: int = 8192, workers: int = 2) -> dict:

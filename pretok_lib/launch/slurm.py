@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from .errors import PretokError
+from ..errors import PretokError
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM_DIR = ROOT / "slurm"

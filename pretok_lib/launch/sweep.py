@@ -29,12 +29,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..errors import PretokError
+from ..machine.cpu_affinity import THREADS_ENV, usable_cpus
+from ..machine.probe import Probe
+from ..train.run_record import run_error, run_status
 from . import procs
-from .cpu_affinity import THREADS_ENV, usable_cpus
-from .errors import PretokError
-from .machine_probe import Probe
 from .procs import SweepStopped, stop_signals
-from .run_record import run_error, run_status
 from .sweep_grid import (ALIASES, WORLD, Grid, Linked, Point, check_points, expand_grid, point_problem, run_id,
                          sweep_table)
 from .sweep_values import numbers, parse_axis, parse_setting, parse_value, yaml_problem, yaml_scalar
@@ -144,8 +144,8 @@ def _changed(config: Path, p: Point, runs: Path) -> str | None:
     """Why the run directory of point `p` (an earlier attempt) is not this point's run (another config:
     train/identity.py), or None when it is or holds nothing; RERUN when it is not but the point says
     run.overwrite=true."""
-    from .train.config import load_config
-    from .train.identity import changed, inputs_inside, refusal
+    from ..train.config import load_config
+    from ..train.identity import changed, inputs_inside, refusal
 
     if not (runs / p.run_id / "config.yaml").exists():  # no earlier attempt's config to compare with
         return None

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .atomic import atomic_write_text
-from .errors import PretokError
+from ..atomic import atomic_write_text
+from ..errors import PretokError
 
 REPORT_DIR = "report"   # default output folder inside RUNS_DIR (not a run: it holds no run.json)
 
@@ -55,9 +55,9 @@ def failures_html(runs: Sequence[Any]) -> str:
 
 def runs_table_html(runs: Sequence[Any], target_loss: float | None = None) -> str:
     """Every run with its numbers (`metrics.summary_table`), as an HTML table."""
-    from .analysis.metrics import SUMMARY_COLUMNS, summary_table
-    from .analysis.text import format_value
-    from .analysis.plotting import PERCENT, percent_text
+    from .metrics import SUMMARY_COLUMNS, summary_table
+    from .plotting import PERCENT, percent_text
+    from .text import format_value
 
     e = html.escape
     rows = summary_table(runs, target_loss=target_loss)
@@ -75,10 +75,10 @@ def runs_table_html(runs: Sequence[Any], target_loss: float | None = None) -> st
 def report_html(runs: Sequence[Any], figs: dict[str, Any], title: str, bench: dict | None = None,
                 target_loss: float | None = None, source: str = "") -> str:
     """The whole report as one HTML page: title, failures, findings (with intervals), figures with captions, runs."""
-    from .analysis.captions import caption_html, runs_device
-    from .study.findings import findings_html, study_findings
-    from .study.measured import study_measures
-    from .study.present import figure_anchor
+    from ..study.findings import findings_html, study_findings
+    from ..study.measured import study_measures
+    from ..study.present import figure_anchor
+    from .captions import caption_html, runs_device
 
     dev = runs_device(runs)
     measured = study_measures(Path(source or "."), {}, runs)
@@ -109,9 +109,9 @@ def build_report(runs_dir: str | Path, out: str | Path | None = None, *, target_
     """Figures and report.html for every run under `runs_dir` (default out: RUNS_DIR/report). Bad input (no such
     directory, no runs, an unreadable benchmark) is a PretokError before anything is written; report.html is
     written last, atomically."""
-    from .analysis import load_runs
-    from .analysis.figures import all_figures
-    from .analysis.report import save_figures
+    from . import load_runs
+    from .figures import all_figures
+    from .report import save_figures
 
     root = Path(runs_dir)
     if not root.is_dir():

@@ -1,0 +1,1 @@
+"""Launching runs: sweeps (grid, values, local and SLURM launchers), SLURM jobs, processes."""
