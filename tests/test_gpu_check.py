@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pretok_lib import gpu_check as G
+from pretok_lib.bench import gpu_check as G
 from pretok_lib.cli import main as cli_main
 from pretok_lib.errors import PretokError
 

@@ -12,7 +12,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pretok_lib import machine_probe as mp
+from pretok_lib.machine import probe as mp
 
 # the hog is started by a child that exits at once: reparented, it is outside this process's tree (as another
 # user's job is), and its pid is printed so the test ends exactly it

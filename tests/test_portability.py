@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pretok_lib import cpu_affinity, memory
+from pretok_lib.machine import cpu_affinity
+from pretok_lib.machine import memory
 from pretok_lib.engine import memmap_place
 from pretok_lib.engine.memmap_place import NO_KERNEL_COPY, append_bytes
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pretok_lib import procs
+from pretok_lib.launch import procs
 
 CHILD = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
 
@@ -50,7 +50,7 @@ def test_the_child_does_not_outlive_its_parent(tmp_path: Path, sig: int) -> None
     """The parent, stopped by `sig` (SIGTERM raises in it as in the CLI; SIGKILL runs nothing), leaves no child."""
     parent_code = textwrap.dedent(f"""
         import signal, sys
-        from pretok_lib import procs
+        from pretok_lib.launch import procs
 
         def stop(signum, frame):
             raise KeyboardInterrupt

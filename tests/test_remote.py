@@ -14,7 +14,8 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from pretok_lib import remote, remote_file
+from pretok_lib.sources import remote
+from pretok_lib.sources import remote_file
 from pretok_lib.engine.run import _check_unchanged
 from pretok_lib.errors import PretokError
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize

@@ -340,7 +340,7 @@ def test_the_end_of_a_notebook_is_told_while_its_kernel_still_runs(fails: bool, 
     ids the source does not have) has no last cell to recognise: never `ended` early, only by a failure."""
     import nbformat
 
-    from pretok_lib import procs
+    from pretok_lib.launch import procs
     from pretok_lib.analysis.report import ensure_kernel
     from pretok_lib.study import run as study_run
 

@@ -32,7 +32,7 @@ from ..train.run_record import read_run_config, read_run_record
 VERDICT_VERSION = 1
 CHECKS = ("cuda", "pin_memory", "data", "train", "nccl", "bf16", "compile", "tf32", "resume", "study")
 NO_CUDA = "no CUDA (cpu mode)"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
 CUDA_LOSS_TOL = 0.05   # a resumed bf16 run on a GPU is not bit-identical (non-deterministic kernels)
 MARKER = ".pretok-gpu-check"  # names a work directory this command may empty

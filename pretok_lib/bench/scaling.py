@@ -22,6 +22,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 CORES = (16, 72, 288)
+MIN_SLOPE = 1e-3  # CPU-s per GB below which a fitted slope is taken for noise around a constant
 CPU_KEYS = ("main_cpu_seconds", "main_cpu_streaming_seconds", "workers_cpu_seconds")
 ASSUMPTIONS = ("one core per worker and one for the main process; each worker as fast as this machine's; the "
                "per-byte CPU of the main process in series with the workers; no limit of memory bandwidth, disk or "
@@ -95,13 +96,16 @@ def scaling(runs: Mapping[str, Sequence[Mapping]], rounds: Sequence[Mapping[str,
     if cpu is None:
         return None
     slopes = per_byte(scan)
-    s_main, w = ((slopes["main_streaming_s_per_gb"], slopes["workers_s_per_gb"]) if slopes
+    # the slopes drive the prediction when both are positive: over sizes too small to show the per-byte CPU (a
+    # smoke run), the main process's slope is noise around its constant and can come out at or below 0
+    use = slopes is not None and min(slopes["main_streaming_s_per_gb"], slopes["workers_s_per_gb"]) > MIN_SLOPE
+    s_main, w = ((slopes["main_streaming_s_per_gb"], slopes["workers_s_per_gb"]) if use
                  else (cpu["main_streaming_s_per_gb"], cpu["workers_s_per_gb"]))
-    s_main = max(s_main, 0.0)  # a slope of noise around a constant can come out below 0
     fits = [f for r in rounds if (t1 := r.get(one + phase)) and (tn := r.get(name + phase))
             and (f := fitted_serial_fraction(t1, tn, n)) is not None]
     units = runs[name][0].get("units")
-    return {"method": name, **cpu, "per_byte": slopes, "serial_fraction": serial_fraction(s_main, w),
+    return {"method": name, **cpu, "per_byte": slopes, "from_slopes": use,
+            "serial_fraction": serial_fraction(s_main, w),
             "fitted_serial_fraction": statistics.median(fits) if fits else None, "fitted_rounds": len(fits),
             "units": units, "assumptions": ASSUMPTIONS,
             "predicted_gb_per_s": {str(c): {"this_input": predicted_gb_per_s(s_main, w, c, units),
@@ -123,7 +127,7 @@ def scaling_lines(sc: Mapping | None) -> list[str]:
                      f"CPU-s from the first batch on ({pb['main_s_per_gb']:.3f} in all; per run "
                      f"{pb['main_constant_s']:.2f} CPU-s), workers {pb['workers_s_per_gb']:.2f} CPU-s")
     lines += [f"serial fraction {sc['serial_fraction']:.3f} ("
-              + ("per-byte: the main process's slope / it + the workers' slope" if pb else
+              + ("per-byte: the main process's slope / it + the workers' slope" if sc.get("from_slopes") else
                  "main CPU from the first batch on / it + workers' CPU; it holds per-run constants too, such as the "
                  "backend check's sample, which dominate small inputs: an upper bound of the per-byte share")
               + "); fitted from the tokenizing phase at 1 and N workers: "

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import PretokError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SLURM_DIR = ROOT / "slurm"
 CLUSTER_ENV = SLURM_DIR / "cluster.env"
 

@@ -42,7 +42,7 @@ from .sweep_values import numbers, parse_axis, parse_setting, parse_value, yaml_
 POINT_OUTCOMES = ("completed", "skipped", "failed")  # run_sweep: ran to completion now / completed before / did not
 LAUNCHERS = ("local", "slurm")
 TRAIN_MODULE = "pretok_lib.train"
-SBATCH_SCRIPT = Path(__file__).resolve().parents[1] / "slurm" / "train.sbatch"
+SBATCH_SCRIPT = Path(__file__).resolve().parents[2] / "slurm" / "train.sbatch"
 
 
 def command(point: Point, config: str | os.PathLike, launcher: str = "local", runs_dir: str | os.PathLike = "runs",

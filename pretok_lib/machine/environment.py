@@ -20,7 +20,7 @@ def git_state(root: Path | None = None) -> tuple[str | None, bool | None]:
     """(HEAD commit, whether tracked files differ from it) of pretok's checkout (or `root`'s), from one `git status`;
     (None, None) outside a git checkout (an installed package)."""
     try:
-        root = root or Path(__file__).resolve().parents[1]
+        root = root or Path(__file__).resolve().parents[2]
         out = subprocess.run(["git", "-C", str(root), "status", "--porcelain=v2", "--branch", "--untracked-files=no"],
                              capture_output=True, text=True, timeout=10)
     except Exception:

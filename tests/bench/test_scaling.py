@@ -64,7 +64,7 @@ def test_the_manifest_accounts_for_the_runs_cpu(tmp_path, workers):
     assert sum(p["cpu_seconds"] for p in parts) == pytest.approx(run["workers_cpu_seconds"], abs=0.01)
 
 
-@given(main=st.floats(0, 2), main0=st.floats(0, 5), work=st.floats(1, 20), work0=st.floats(0, 5),
+@given(main=st.one_of(st.just(0.0), st.floats(0.01, 2)), main0=st.floats(0, 5), work=st.floats(1, 20), work0=st.floats(0, 5),
        sizes=st.lists(st.integers(10, 5000), min_size=2, max_size=5, unique=True))
 def test_the_per_byte_shares_are_the_slopes_over_sizes_and_drive_the_prediction(main, main0, work, work0, sizes):
     """CPU = constant + slope x GB at every size of the scan: the slopes and constants come back, and the serial
@@ -79,7 +79,11 @@ def test_the_per_byte_shares_are_the_slopes_over_sizes_and_drive_the_prediction(
     assert got["workers_s_per_gb"] == pytest.approx(work, rel=1e-6)
     runs = {"(d) engine memmap w2": [{"units": 64, "cpu": scan[0]["cpu"]}]}
     sc = scaling(runs, [], sizes[0] * 10**6, 2, scan=scan)
-    assert sc["serial_fraction"] == pytest.approx(main / (main + work), abs=1e-6)
-    assert sc["predicted_gb_per_s"]["288"]["enough_units"] == pytest.approx(1 / (main + work / 288), rel=1e-5)
+    assert sc["from_slopes"] == (main > 0)
+    if main:
+        assert sc["serial_fraction"] == pytest.approx(main / (main + work), abs=1e-6)
+        assert sc["predicted_gb_per_s"]["288"]["enough_units"] == pytest.approx(1 / (main + work / 288), rel=1e-5)
     assert "per extra GB (slopes over" in "\n".join(scaling_lines(sc))
     assert per_byte(scan[:1]) is None and per_byte([{**scan[0], "cpu": None}, scan[1]]) is None
+    flat = [{**r, "cpu": {**r["cpu"], "main_cpu_streaming_seconds": main0}} for r in scan]  # no per-byte share seen
+    assert not scaling(runs, [], sizes[0] * 10**6, 2, scan=flat)["from_slopes"]  # tiny sizes: one size's numbers

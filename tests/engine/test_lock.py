@@ -15,6 +15,7 @@ import pytest
 
 from pretok_lib.cli import Terminated, main
 from pretok_lib.engine import merge as merge_mod
+from pretok_lib.engine import finalize as finalize_mod
 from pretok_lib.engine import run as run_mod
 from pretok_lib.engine.outdir import lock_path, output_lock
 from pretok_lib.errors import PretokError
@@ -47,7 +48,7 @@ def _raise(exc: BaseException):
 
 
 # (where in the run, what it raises): the planning, the tokenizer, the output's preparation, the tokenizing,
-# the finishing (memmap append), the manifest's writing
+# the finishing (memmap placement), the manifest's writing (engine/finalize.py)
 FAULTS = [("expand_inputs", PretokError("injected", "x")), ("load_tokenizer", OSError(errno.EIO, "injected")),
           ("prepare_output", KeyboardInterrupt()), ("_resume_places", Terminated()),
           ("check_stamps", OSError(errno.ENOSPC, "injected")), ("finalize", PretokError("injected")),
@@ -59,7 +60,7 @@ def test_no_lock_is_left_by_a_run_failing_anywhere(small, tmp_path, capsys, monk
     """A failed tokenize left `.NAME.lock` beside its output; now the lock file is removed however the run
     ends, and the same command then finishes."""
     out = tmp_path / "o"
-    monkeypatch.setattr(run_mod, name, _raise(exc))
+    monkeypatch.setattr(run_mod if hasattr(run_mod, name) else finalize_mod, name, _raise(exc))
     rc = {KeyboardInterrupt: 130, Terminated: 143}.get(type(exc), 1)
     assert main(args(small, out)) == rc
     assert not lock_path(out).exists()

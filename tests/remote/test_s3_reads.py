@@ -15,7 +15,7 @@ from .conftest import BUCKET
 def s3_env(s3_server, monkeypatch):
     from s3fs import S3FileSystem
 
-    from pretok_lib import remote
+    from pretok_lib.sources import remote
 
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)

@@ -216,7 +216,7 @@ def test_connection_resets_reach_the_retry_layer(s3_server, bucket, local_corpus
     once; the documents read equal the local file's."""
     from s3fs import S3FileSystem
 
-    from pretok_lib import remote
+    from pretok_lib.sources import remote
     from pretok_lib.sources import SourceOptions, expand_inputs, plan_units, read_unit
 
     opts = SourceOptions(part_bytes=300_000)

@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from pretok_lib import slurm
+from pretok_lib.launch import slurm
 
 from ..conftest import ROOT
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pretok_lib import slurm
+from pretok_lib.launch import slurm
 from pretok_lib.cli import main as cli_main
 from pretok_lib.launch.sweep import expand_grid
 from pretok_lib.launch.sweep_slurm import dry_run

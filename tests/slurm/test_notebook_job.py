@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from pretok_lib import slurm
+from pretok_lib.launch import slurm
 
 from ..conftest import ROOT
 from .helpers import SLURM, job_logs, wait_ok

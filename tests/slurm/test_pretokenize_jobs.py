@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pretok_lib import slurm
+from pretok_lib.launch import slurm
 from pretok_lib.formats.manifest import read_manifest
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pretok_lib import slurm
+from pretok_lib.launch import slurm
 from pretok_lib.errors import PretokError
 
 from .helpers import SLURM

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pretok_lib import slurm
+from pretok_lib.launch import slurm
 from pretok_lib.demo.corpus import train_default_tokenizer
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 

@@ -10,7 +10,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pretok_lib import strict_yaml
+from pretok_lib.train import strict_yaml
 from pretok_lib.errors import PretokError
 from pretok_lib.launch.sweep import Grid, parse_value
 from pretok_lib.train.config import load_config
