@@ -209,7 +209,11 @@ def _run(cfg: TokenizeConfig, start: tuple[float, float], out: Path, workers: Wo
         check.start(guess)
         work.backend, work.placements = guess, placements
         workers.run(work, bar, check.raise_if_other)
-        choice = check.result()
+        try:
+            choice = check.result()
+        except PretokError:  # its encoder ran in the zygote: a worker that died (the zygote exits with it) is
+            workers.check_alive(wait=0.5)  # the cause, not the check (an idle worker killed as the last parts ended)
+            raise
         choice.rejected = {**rejected, **choice.rejected}
     except BaseException as e:
         stop_check.set()

@@ -307,8 +307,13 @@ class Workers:
                 raise msg[0]  # a worker's PretokError, with its one-line message
         self.drained = True
 
-    def check_alive(self) -> None:
-        """Raise if the zygote ended during the run: a worker died (it then exits at once) or it never started."""
+    def check_alive(self, wait: float = 0.0) -> None:
+        """Raise if the zygote ended during the run (waiting up to `wait` s for an end under way): a worker died
+        (it then exits at once) or it never started."""
+        if self.zygote is None:  # inline: no worker processes
+            return
+        if wait:
+            self.zygote.join(wait)
         code = self.zygote.exitcode
         if code is None:
             return
