@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import time
+from unittest import mock
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -152,3 +155,35 @@ def test_an_input_named_with_glob_characters_is_that_file(tmp_path, name):
     assert [f.path for f in expand_inputs([spec])] == [spec]
     (tmp_path / name).unlink()   # without the literal file it is a pattern again
     assert spec not in [f.path for f in expand_inputs([spec])]
+
+
+def test_units_of_a_parquet_file_share_one_parsed_footer_and_read_only_their_row_groups(tmp_path):
+    """A worker reads many units of one file: each unit parsed the whole footer and walked every row group before
+    it (~6 ms a unit at 970 row groups, quadratic in the file's size). The footer is now parsed once per file
+    version and the unit's first row group found by bisection; every unit still reads exactly its rows, and a
+    rewritten file is parsed again."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pretok_lib.sources import read as read_mod
+
+    docs = [f"document {i} " * (1 + i % 7) for i in range(3000)]
+    path = tmp_path / "many.parquet"
+    pq.write_table(pa.table({"text": docs}), path, row_group_size=7)   # 429 row groups, the last one short
+    files = expand_inputs([str(path)])
+    opts = SourceOptions(part_bytes=2_000)
+    units = plan_units(files, opts)
+    assert len(units) > 50
+    read_mod._local_footer.cache_clear()
+    got = [t for u in units for b in read_unit(u, opts) for t in b.texts]
+    assert got == docs and read_mod._local_footer.cache_info().misses == 1
+    walked = []
+    real = read_mod._row_group_arrays
+    with mock.patch.object(read_mod, "_row_group_arrays", lambda pf, rg, *a: walked.append(rg) or real(pf, rg, *a)):
+        list(read_unit(units[-1], opts))
+    last = units[-1]
+    assert walked == list(range(last.start // 7, (last.stop - 1) // 7 + 1))  # its row groups, each once
+    pq.write_table(pa.table({"text": docs[::-1]}), path, row_group_size=7)
+    os.utime(path, ns=(time.time_ns() + 10**9,) * 2)  # another version of the file, whatever the clock's grain
+    assert [t for u in plan_units(expand_inputs([str(path)]), opts) for b in read_unit(u, opts) for t in b.texts] \
+        == docs[::-1] and read_mod._local_footer.cache_info().misses == 2

@@ -22,13 +22,15 @@ from .remote_file import RemoteFile, open_input
 SPLIT_ROW_GROUP_BYTES = 64_000_000
 
 
-def _parquet_file(path: str, source=None):
+def _parquet_file(path: str, source=None, metadata=None):
+    """The file opened for reading (`metadata`: its footer, parsed before, not read again)."""
     import pyarrow.parquet as pq
 
     if source is None:  # a URL: read by range requests, the footer first, then only the column chunks asked for
         source = RemoteFile(path) if is_url(path) else path
     try:
-        return pq.ParquetFile(source, page_checksum_verification=True)  # checked where pages carry a CRC
+        # pages are checked where they carry a CRC
+        return pq.ParquetFile(source, metadata=metadata, page_checksum_verification=True)
     except PretokError:
         raise
     except Exception as e:  # pyarrow raises several types for corrupt files

@@ -5,7 +5,10 @@ Every input kind has one reader (`Reader`), which feeds a `_Collector` (the bad-
 
 from __future__ import annotations
 
+import bisect
 import codecs
+import functools
+import os
 import re
 from typing import Iterable, Iterator, Protocol, Sequence
 
@@ -112,12 +115,18 @@ def _read_parquet(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
     decompression and decoding, which run without the GIL, overlap the encoding of the batch before."""
     path = unit.paths[0]
     remote = RemoteFile(path) if is_url(path) else None
-    pf = _parquet_file(path, remote)
+    if remote is None:
+        st = os.stat(path)
+        meta, starts = _local_footer(path, st.st_size, st.st_mtime_ns)
+        pf = _parquet_file(path, metadata=meta)
+    else:
+        pf = _parquet_file(path, remote)
+        starts = _row_starts(pf.metadata)
     col = _text_column_index(pf, path, c.opts.text_column)
     if remote is not None:  # the unit's text column chunks, consecutive ones fetched together
         remote.expect(_chunk_ranges(pf.metadata, col, unit.start, unit.stop))
     try:
-        for arr, where in prefetched(_parquet_arrays(pf, col, unit, c.opts)):
+        for arr, where in prefetched(_parquet_arrays(pf, col, unit, c.opts, starts)):
             yield from c.add_arrow(arr, where)
     except PretokError:
         raise
@@ -125,19 +134,37 @@ def _read_parquet(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
         raise PretokError(f"corrupt parquet data ({type(e).__name__}: {str(e).splitlines()[0]})", path) from None
 
 
-def _parquet_arrays(pf, col: int, unit: Unit, opts: SourceOptions) -> Iterator[tuple[object, str]]:
-    """(text array, where) of the unit's rows, row group by row group; the only code that reads `pf`."""
-    meta, first = pf.metadata, 0
+def _row_starts(meta) -> tuple[int, ...]:
+    """The first row of every row group, and the total rows last."""
+    starts = [0]
     for rg in range(meta.num_row_groups):
-        rgm = meta.row_group(rg)
+        starts.append(starts[-1] + meta.row_group(rg).num_rows)
+    return tuple(starts)
+
+
+@functools.lru_cache(maxsize=64)
+def _local_footer(path: str, size: int, mtime_ns: int) -> tuple[object, tuple[int, ...]]:
+    """A local parquet file's footer and row-group starts, parsed once per process and file version: a worker
+    reads many units of one file, and parsing a footer of 970 row groups and walking it to the unit cost ~6 ms a
+    unit (23% of the workers' CPU on 2 GB cut into 2 MB units)."""
+    meta = _parquet_file(path).metadata
+    return meta, _row_starts(meta)
+
+
+def _parquet_arrays(pf, col: int, unit: Unit, opts: SourceOptions,
+                    starts: tuple[int, ...]) -> Iterator[tuple[object, str]]:
+    """(text array, where) of the unit's rows, row group by row group (`starts`: each group's first row, found by
+    bisection); the only code that reads `pf`."""
+    meta = pf.metadata
+    rg = max(0, bisect.bisect_right(starts, unit.start) - 1)
+    while rg < meta.num_row_groups and starts[rg] < unit.stop:
+        rgm, first = meta.row_group(rg), starts[rg]
         lo, hi = max(unit.start, first), min(unit.stop, first + rgm.num_rows)
         if lo < hi:
             where = f"{unit.paths[0]} (row group {rg})"
             for arr in _row_group_arrays(pf, rg, rgm, col, lo - first, hi - first, opts):
                 yield arr, where
-        first += rgm.num_rows
-        if first >= unit.stop:
-            break
+        rg += 1
 
 
 def _chunk_ranges(meta, col: int, start: int, stop: int) -> list[tuple[int, int]]:
