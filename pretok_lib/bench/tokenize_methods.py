@@ -58,16 +58,30 @@ def in_child(fn: Callable[..., dict], *args: Any) -> dict:
         return ex.submit(fn, *args).result()
 
 
+def _engine_cpu(run: dict, sampler_cpu: float) -> dict:
+    """The manifest's CPU accounts less the RSS sampler's CPU (a thread of this process while the engine ran in it):
+    all of it from the main total, the share of the run after the first batch from the streaming part."""
+    main, stream = run.get("main_cpu_seconds"), run.get("main_cpu_streaming_seconds")
+    wall, start = run.get("wall_seconds") or 0.0, run.get("startup_seconds") or 0.0
+    share = max(0.0, min(1.0, 1 - start / wall)) if wall else 1.0
+    return {"main_cpu_seconds": None if main is None else max(0.0, main - sampler_cpu),
+            "main_cpu_streaming_seconds": None if stream is None else max(0.0, stream - share * sampler_cpu),
+            "workers_cpu_seconds": run.get("workers_cpu_seconds"), "sampler_cpu_seconds": round(sampler_cpu, 3)}
+
+
 class ChildRss:
-    """Peak RSS of any single descendant process, sampled every `interval` seconds by a thread."""
+    """Peak RSS of any single descendant process, sampled every `interval` seconds by a thread; `cpu_seconds`: the
+    thread's own CPU, which the engine's main-process accounts (the process's CPU) must not be charged with."""
 
     def __init__(self, interval: float = 0.02):
         self.interval, self.peak_mb, self._stop = interval, 0.0, threading.Event()
+        self.cpu_seconds = 0.0
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         import psutil
 
+        t0 = time.thread_time()
         me = psutil.Process()
         while not self._stop.wait(self.interval):
             for p in me.children(recursive=True):
@@ -75,6 +89,7 @@ class ChildRss:
                     self.peak_mb = max(self.peak_mb, round(p.memory_info().rss / 2**20, 1))
                 except psutil.Error:
                     pass
+            self.cpu_seconds = time.thread_time() - t0
 
     def __enter__(self) -> ChildRss:
         return self._thread.start() or self
@@ -242,8 +257,7 @@ def run_engine(corpus: str, tok: str, fmt: str, workers: int, out: Path, part_mb
     return {"seconds": secs, "manifest_wall_seconds": m["run"]["wall_seconds"], "documents": c["documents"],
             "input_bytes": c["input_bytes"],
             "timeline": {k: m["run"].get(k) for k in ("startup_seconds", "tokenize_seconds", "finish_seconds")},
-            "cpu": {k: m["run"].get(k) for k in ("main_cpu_seconds", "main_cpu_streaming_seconds",
-                                                 "workers_cpu_seconds")},
+            "cpu": _engine_cpu(m["run"], workers_rss.cpu_seconds),
             # padded: counts.tokens are the kept tokens; the truncated ones are counted apart
             "tokens": c["tokens"] + c.get("truncated", 0) - specials * c["documents"], "engine_tokens": c["tokens"],
             "stored_tokens": c["tokens"], "disk_bytes": sum(f["size"] for f in m["files"]),

@@ -87,3 +87,23 @@ def test_the_per_byte_shares_are_the_slopes_over_sizes_and_drive_the_prediction(
     assert per_byte(scan[:1]) is None and per_byte([{**scan[0], "cpu": None}, scan[1]]) is None
     flat = [{**r, "cpu": {**r["cpu"], "main_cpu_streaming_seconds": main0}} for r in scan]  # no per-byte share seen
     assert not scaling(runs, [], sizes[0] * 10**6, 2, scan=flat)["from_slopes"]  # tiny sizes: one size's numbers
+
+
+def test_the_benchs_rss_sampler_is_not_charged_to_the_engines_main_process():
+    """`pretok bench tokenize` runs the engine in its own process beside a thread sampling the workers' RSS every
+    20 ms: the manifest's main-process CPU held that thread's (1.32 CPU-s/GB at 1 GB against 0.64 for the engine
+    alone). The bench takes the sampler's own CPU out: all of it from the total, its post-start-up share from the
+    streaming part."""
+    import subprocess
+    import sys
+
+    from pretok_lib.bench.tokenize_methods import ChildRss, _engine_cpu
+
+    with ChildRss(interval=0.001) as s:
+        subprocess.run([sys.executable, "-c", "import time; time.sleep(0.3)"], check=True)
+    assert s.cpu_seconds > 0
+    run = {"main_cpu_seconds": 2.0, "main_cpu_streaming_seconds": 1.5, "workers_cpu_seconds": 9.0,
+           "wall_seconds": 10.0, "startup_seconds": 2.0}
+    got = _engine_cpu(run, 0.5)
+    assert got["main_cpu_seconds"] == pytest.approx(1.5) and got["main_cpu_streaming_seconds"] == pytest.approx(1.1)
+    assert got["workers_cpu_seconds"] == 9.0 and _engine_cpu(run, 5.0)["main_cpu_seconds"] == 0.0
