@@ -42,5 +42,9 @@ def test_git_dirty_tells_a_commit_from_changed_code(tmp_path) -> None:
     (tmp_path / "new.py").write_text("y = 2\n")
     assert git_dirty(tmp_path) is False                          # untracked
     (tmp_path / "a.py").write_text("x = 2\n")
+    index = tmp_path / ".git" / "index"
+    before = index.stat().st_mtime_ns, index.read_bytes()
     assert git_dirty(tmp_path) is True
+    # read-only: a `git status` that refreshes the stale index writes it under index.lock (left behind by a kill)
+    assert (index.stat().st_mtime_ns, index.read_bytes()) == before
     assert environment()["git_dirty"] in (True, False)           # this checkout

@@ -21,8 +21,10 @@ def git_state(root: Path | None = None) -> tuple[str | None, bool | None]:
     (None, None) outside a git checkout (an installed package)."""
     try:
         root = root or Path(__file__).resolve().parents[2]
-        out = subprocess.run(["git", "-C", str(root), "status", "--porcelain=v2", "--branch", "--untracked-files=no"],
-                             capture_output=True, text=True, timeout=10)
+        # read-only: a plain `git status` rewrites the index under .git/index.lock, which a process killed meanwhile
+        # (or two at once) leaves behind, and every later git command in the checkout refuses to run
+        out = subprocess.run(["git", "--no-optional-locks", "-C", str(root), "status", "--porcelain=v2", "--branch",
+                              "--untracked-files=no"], capture_output=True, text=True, timeout=10)
     except Exception:
         return None, None
     if out.returncode != 0:
