@@ -169,7 +169,8 @@ class MemmapAssembler:
         while len(self.offsets) < len(self.order) and len(self.offsets) in self.records:
             k = len(self.offsets)
             size, docs, _ = self.records[k]
-            (b, l), self.offsets = self.ends, self.offsets + [self.ends]
+            b, l = self.ends
+            self.offsets.append(self.ends)
             self.ends = (b + size, l + 4 * docs)
             if k in self.placed:
                 if self.placed[k][1] != b or self.placed[k][3] != l:

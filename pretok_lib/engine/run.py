@@ -196,8 +196,8 @@ def _run(cfg: TokenizeConfig, start: tuple[float, float], out: Path, workers: Wo
         return assembler.add(rec["unit"]["index"], rec["tokens"], rec["documents"], rec[PART_HASH_KEY])
 
     hashes = InputHashes(sorted({p for u in mine for p in u.paths if not is_url(p)}))  # URLs: their identity
-    work = Work(pending, hashes.blocks, "", job, info, on_record, hashes.add,
-                assembler.done if assembler is not None else lambda p: None)
+    work = Work(pending, hashes.blocks, guess, job, info, on_record, hashes.add,
+                assembler.done if assembler is not None else lambda p: None, placements)
     stop_check = threading.Event()
     remote = {b: e for b in backends_for(info) if (e := workers.encoder(b, stop_check)) is not None}
     check = _BackendCheck(info, lambda: sample_texts(mine, sopts), cfg.backend, remote)
@@ -207,7 +207,6 @@ def _run(cfg: TokenizeConfig, start: tuple[float, float], out: Path, workers: Wo
         # The backend check starts once the workers can run: until then, the CPU is the zygote's (building the
         # encoder), which is what the first batch waits for. Placements known from a resume go out first.
         check.start(guess)
-        work.backend, work.placements = guess, placements
         workers.run(work, bar, check.raise_if_other)
         try:
             choice = check.result()

@@ -86,11 +86,12 @@ class Work:
             groups.append((size, group))
         unit_total = sum(max(u.est_bytes, 1) for u in self.units) or 1
         hash_total = sum(g[0] for g in groups) or 1
-        out, done, g = [], 0, 0
+        out, done, hashed, g = [], 0, 0, 0
         for u in self.units:
             done += max(u.est_bytes, 1)
             out.append(("unit", u))
-            while g < len(groups) and sum(x[0] for x in groups[: g + 1]) / hash_total <= done / unit_total:
+            while g < len(groups) and (hashed + groups[g][0]) / hash_total <= done / unit_total:
+                hashed += groups[g][0]
                 out.append(("hash", groups[g][1]))
                 g += 1
         return out + [("hash", grp) for _, grp in groups[g:]]
