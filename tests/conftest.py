@@ -152,7 +152,7 @@ def shared_data() -> Path:
 # (its module fixtures are built once), and tests/slurm is one unit (one SLURM cluster). The slowest units start
 # first, so the run does not end waiting on one long file (measured: `--durations`).
 SLOW_FIRST = ("tests/notebooks/test_notebooks.py", "tests/slurm", "tests/bench/test_bench_train.py",
-              "tests/train/test_resume.py", "tests/test_gpu_check.py", "tests/engine/test_pretokenize.py",
+              "tests/train/test_resume.py", "tests/bench/test_gpu_check.py", "tests/engine/test_pretokenize.py",
               "tests/train/test_ddp.py", "tests/bench/test_bench_tokenize.py", "tests/engine/test_faults_tokenize.py",
               "tests/train/test_hardware.py", "tests/data/test_mixture.py", "tests/train/test_mixture_train.py")
 

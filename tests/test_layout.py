@@ -25,3 +25,18 @@ def test_architecture_lists_every_module() -> None:
                      if p.name not in ("__init__.py", "__main__.py") and "__pycache__" not in p.parts
                      and p.name not in named)
     assert not missing, f"docs/ARCHITECTURE.md does not list: {missing}"
+
+
+# The tests mirror the package: each folder under tests/ is a package of pretok_lib or one of the end-to-end suites,
+# and a test file at tests/ root tests a root module or the suite itself (a test of sources/ sits in tests/sources/).
+END_TO_END = {"remote", "slurm", "notebooks"}
+ROOT_TESTS = {"test_cli.py", "test_bad_input.py", "test_datapaths.py", "test_portability.py",  # root modules; off Linux
+              "test_layout.py", "test_fact_homes.py", "test_suite_rules.py", "test_suite_timing.py"}  # the house
+
+
+def test_the_tests_mirror_the_package() -> None:
+    tests = PKG.parent / "tests"
+    packages = {p.parent.name for p in PKG.glob("*/__init__.py")}
+    folders = {p.parent.name for p in tests.glob("*/__init__.py")}
+    assert folders - packages - END_TO_END == set(), "a tests/ folder that is no package of pretok_lib"
+    assert {p.name for p in tests.glob("test_*.py")} == ROOT_TESTS

@@ -95,7 +95,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
-# The meaning of every notebook parameter (tests/test_study.py: each one a notebook declares is here, and every
+# The meaning of every notebook parameter (tests/study/test_study.py: each one a notebook declares is here, and every
 # profile's value passes): its shapes ("number": int or float; "count": int; None: may be null), the range of its
 # numbers (of a list's items too; every number finite) and, for text, what it must name. `pretok study --set` values
 # are checked against it, and the training runs notebooks 03 and 04 would start against the trainer's config checks

@@ -14,7 +14,7 @@ from pretok_lib.bench.scaling import (cpu_per_gb, fitted_serial_fraction, per_by
 from pretok_lib.machine.memory import cpu_seconds
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
-from ..test_tokenizer_specials import tiny_bpe
+from ..tokenizer.test_specials import tiny_bpe
 
 
 @given(s=st.floats(0, 1), t1=st.floats(0.1, 1e4), n=st.integers(2, 512))

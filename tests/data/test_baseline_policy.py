@@ -13,7 +13,7 @@ from pretok_lib.errors import PretokError
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 from pretok_lib.train.config import load_config
 
-from ..test_tokenizer_specials import tiny_bpe
+from ..tokenizer.test_specials import tiny_bpe
 from .helpers import content, run
 
 POLICIES = [("auto", "no"), ("no", "no"), ("yes", "yes"), ("no", "yes"), ("yes", "no")]

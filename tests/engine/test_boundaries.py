@@ -18,7 +18,7 @@ from pretok_lib.engine.verify import format_inspect, inspect
 from pretok_lib.formats.manifest import read_manifest
 from pretok_lib.sources import Unit, shard_units
 
-from ..test_tokenizer_specials import tiny_bpe
+from ..tokenizer.test_specials import tiny_bpe
 
 
 @pytest.fixture(scope="module")

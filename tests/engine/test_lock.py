@@ -21,7 +21,7 @@ from pretok_lib.engine.outdir import lock_path, output_lock
 from pretok_lib.errors import PretokError
 from pretok_lib.formats.manifest import read_manifest
 
-from ..test_tokenizer_specials import tiny_bpe
+from ..tokenizer.test_specials import tiny_bpe
 from .signal_at import HANG, after_parts, signal_when
 from .test_faults_tokenize import one_line, popen
 

@@ -11,7 +11,7 @@ import pytest
 from pretok_lib.launch.sweep import expand_grid, run_sweep
 
 from ..conftest import ROOT
-from ..test_sweep import tiny_config  # noqa: F401  (fixture)
+from ..launch.test_sweep import tiny_config  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
 

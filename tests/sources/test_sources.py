@@ -14,7 +14,7 @@ import pytest
 from pretok_lib.errors import PretokError
 from pretok_lib.sources import SourceOptions, expand_inputs, plan_units, read_unit, shard_units
 
-from .conftest import PYDOCS_JSONL, WIKI_FR
+from ..conftest import PYDOCS_JSONL, WIKI_FR
 
 
 def read_all(inputs, **kw) -> list[str]:

@@ -18,7 +18,7 @@ from pretok_lib.demo.corpus import (METADATA_KEY, CorpusInfo, build_corpus, defa
                                     installed_packages, iter_source_files, read_corpus_info, train_default_tokenizer)
 from pretok_lib.errors import PretokError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = "pluggy"  # a small pure-Python package every test install has (pytest depends on it)
 
 

@@ -14,8 +14,8 @@ from pretok_lib.engine.verify import verify
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 from pretok_lib.tokenizer import backends_for, load_tokenizer, make_encoder
 
-from .conftest import CL100K_JSON, CL100K_TIKTOKEN, GPT2_JSON, MISTRAL_SP, R50K_TIKTOKEN, TEKKEN, WIKI_FR
-from .engine.test_pretokenize import stored_docs
+from ..conftest import CL100K_JSON, CL100K_TIKTOKEN, GPT2_JSON, MISTRAL_SP, R50K_TIKTOKEN, TEKKEN, WIKI_FR
+from ..engine.test_pretokenize import stored_docs
 
 
 @pytest.fixture(scope="module")

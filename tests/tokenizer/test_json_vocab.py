@@ -14,8 +14,8 @@ from pretok_lib.errors import PretokError
 from pretok_lib.tokenizer import load_tokenizer
 from pretok_lib.tokenizer.files import json_vocab
 
-from .conftest import CL100K_JSON, GPT2_JSON
-from .engine.test_pretokenize import run_cli
+from ..conftest import CL100K_JSON, GPT2_JSON
+from ..engine.test_pretokenize import run_cli
 
 SPECIALS = ["<s>", "</s>", "<pad>", "<|endoftext|>", "<|begin_of_text|>", "[PAD]", "<eos>", "<bos>", "<x1>", "a"]
 WORDS = "the of and to in is was for on as with by he at from his an were are which this be or had".split()

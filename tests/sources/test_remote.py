@@ -21,7 +21,7 @@ from pretok_lib.errors import PretokError
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 from pretok_lib.sources import SourceOptions, expand_inputs, plan_units, read_unit
 
-from .conftest import GPT2_JSON, PYDOCS_JSONL, SHAKESPEARE
+from ..conftest import GPT2_JSON, PYDOCS_JSONL, SHAKESPEARE
 
 
 class _Bucketed(MemoryFileSystem):

@@ -21,7 +21,7 @@ from pretok_lib.study.profiles import world_sizes
 from pretok_lib.study.run import NOTEBOOKS, select
 from pretok_lib.study.steps import ROOT, StudyPaths, findings, study_grid
 
-from .conftest import one_line
+from ..conftest import one_line
 
 INDEX = {"corpus": "/c.parquet", "tokenizer": "/tok.json", "seq_len": 64,
          "paths": {"padded": "/c.parquet", "padding-free": "/c.parquet", "pretok-padded": "/d/padded-zstd3",
@@ -183,12 +183,9 @@ time.sleep(300)
 """
 
 
-def test_a_second_stop_signal_stops_at_once_in_one_line_and_study_json_says_stopped(tmp_path: Path) -> None:
-    """Two SIGINTs (Ctrl-C twice) while a notebook is slow to stop (here its cell takes SIGINT and goes on, as a sweep
-    stopping its runs may): the second one printed a traceback and left study.json saying every notebook was
-    `running`. Now: one line, exit 3, the notebook `stopped`, the notebooks never reached not in study.json, no
-    process left (the kernel included)."""
-    import json
+def _study_with_a_first_cell(tmp_path: Path, cell: str, script: str, flag: Path):
+    """A study of two notebooks (`cell`, then one marking `ran-02`) started by `script` in a process; returns it
+    and its process family once the first cell has written `flag`."""
     import os
     import subprocess
     import sys
@@ -196,21 +193,34 @@ def test_a_second_stop_signal_stops_at_once_in_one_line_and_study_json_says_stop
     import nbformat
     import psutil
 
-    d, got = tmp_path / "nb", tmp_path / "kernel-got-sigint"
+    d = tmp_path / "nb"
     d.mkdir()
-    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(SLOW_TO_STOP.format(got=str(got)))]),
-                   str(d / "01_sweep.ipynb"))
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)]), str(d / "01_sweep.ipynb"))
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         f"open({str(tmp_path / 'ran-02')!r}, 'w').close()")]), str(d / "02_never.ipynb"))
-    proc = subprocess.Popen([sys.executable, "-c", STUDY_SCRIPT, str(d), str(tmp_path / "study")],
+    proc = subprocess.Popen([sys.executable, "-c", script, str(d), str(tmp_path / "study")],
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     end = time.monotonic() + 300           # only catches a hang: the kernel starts in seconds
-    while not got.is_file():
+    while not flag.is_file():
         assert proc.poll() is None and time.monotonic() < end, proc.communicate()
         time.sleep(0.05)
-    family = psutil.Process(proc.pid).children(recursive=True)
+    return proc, psutil.Process(proc.pid).children(recursive=True)
+
+
+def test_a_second_stop_signal_stops_at_once_in_one_line_and_study_json_says_stopped(tmp_path: Path) -> None:
+    """Two SIGINTs (Ctrl-C twice) while a notebook is slow to stop (here its cell takes SIGINT and goes on, as a sweep
+    stopping its runs may): the second one printed a traceback and left study.json saying every notebook was
+    `running`. Now: one line, exit 3, the notebook `stopped`, the notebooks never reached not in study.json, no
+    process left (the kernel included)."""
+    import json
+
+    import psutil
+
+    got = tmp_path / "kernel-got-sigint"
+    proc, family = _study_with_a_first_cell(tmp_path, SLOW_TO_STOP.format(got=str(got)), STUDY_SCRIPT, got)
     proc.send_signal(signal.SIGINT)
+    end = time.monotonic() + 300
     while not got.read_text():             # the study took the first one: it reached the kernel
         assert proc.poll() is None and time.monotonic() < end, proc.communicate()
         time.sleep(0.05)
@@ -242,28 +252,13 @@ def test_a_kernel_that_never_ends_its_notebook_after_a_stop_is_cut(tmp_path: Pat
     (a run still stopping is waited for) for CUT_AFTER_S, the study cuts the notebook: exit 3 in one line,
     `stopped` with the reason in study.json, no process left, the next notebook never run."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    import nbformat
     import psutil
 
-    d, started = tmp_path / "nb", tmp_path / "started"
-    d.mkdir()
-    cell = HANGS_AFTER_STOP.format(child_s=child_s, started=str(started))
-    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)]), str(d / "01_sweep.ipynb"))
-    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        f"open({str(tmp_path / 'ran-02')!r}, 'w').close()")]), str(d / "02_never.ipynb"))
+    started = tmp_path / "started"
     script = "import pretok_lib.study.stopping as s; s.CUT_AFTER_S = 2.0\n" + STUDY_SCRIPT
-    proc = subprocess.Popen([sys.executable, "-c", script, str(d), str(tmp_path / "study")],
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    end = time.monotonic() + 300           # only catches a hang: the kernel starts in seconds
-    while not started.is_file():
-        assert proc.poll() is None and time.monotonic() < end, proc.communicate()
-        time.sleep(0.05)
-    family = psutil.Process(proc.pid).children(recursive=True)
+    proc, family = _study_with_a_first_cell(tmp_path, HANGS_AFTER_STOP.format(child_s=child_s, started=str(started)),
+                                            script, started)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)

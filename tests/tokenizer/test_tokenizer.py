@@ -16,7 +16,7 @@ from pretok_lib.errors import PretokError
 from pretok_lib.tokenizer import (BackendChoice, TokenizerInfo, backends_for, id_dtype_for, load_tokenizer,
                                   make_encoder, select_backend)
 
-from .conftest import (CL100K_JSON, CL100K_TIKTOKEN, GPT2_JSON, MISTRAL_SP, PYDOCS_JSONL, R50K_TIKTOKEN, TEKKEN,
+from ..conftest import (CL100K_JSON, CL100K_TIKTOKEN, GPT2_JSON, MISTRAL_SP, PYDOCS_JSONL, R50K_TIKTOKEN, TEKKEN,
                        TOKENIZERS, WIKI_FR, WIKITEXT_VALID, needs_root)
 
 SPECS = {"gpt2": GPT2_JSON, "cl100k": CL100K_JSON, "r50k_tt": R50K_TIKTOKEN, "cl100k_tt": CL100K_TIKTOKEN,
@@ -398,7 +398,7 @@ def test_fastokens_builds_a_tiktoken_file_whose_path_is_not_utf8(tmp_path, monke
 def test_a_full_cache_dir_leaves_no_partial_copy(tmp_path, monkeypatch, infos):
     """A derived file (tekken's ranks) that does not fit: the build fails (the run falls back to the next candidate)
     and the partial copy is removed, not left filling the file system (TMPDIR: a small tmpfs)."""
-    from .engine.test_faults_tokenize import tmpfs
+    from ..engine.test_faults_tokenize import tmpfs
 
     for size in (64 << 10, 1 << 20):  # far too small, and short by a few MB
         with tmpfs(tmp_path / f"cache{size}", size) as cache:

@@ -16,8 +16,8 @@ from pretok_lib.errors import PretokError
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 from pretok_lib.tokenizer import _tiktoken_constants
 
-from .conftest import GPT2_JSON, PYDOCS_JSONL, R50K_TIKTOKEN, one_line
-from .engine.test_pretokenize import run_cli
+from ..conftest import GPT2_JSON, PYDOCS_JSONL, R50K_TIKTOKEN, one_line
+from ..engine.test_pretokenize import run_cli
 
 
 @pytest.fixture(scope="module")

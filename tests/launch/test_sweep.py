@@ -21,9 +21,9 @@ from pretok_lib.launch.sweep import (Grid, Point, command, expand_grid, parse_ax
                                      sweep_threads, yaml_scalar)
 from pretok_lib.machine.cpu_affinity import usable_cpus
 
-from .conftest import SIGNAL_CONVERSIONS, signals_turned_into, tiny_memmap
+from ..conftest import SIGNAL_CONVERSIONS, signals_turned_into, tiny_memmap
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAKE = "tests.fake_train"
 ENV = {"PYTHONPATH": str(ROOT)}
 
@@ -520,7 +520,7 @@ def test_each_local_run_is_probed_and_a_cpu_hog_flags_it(tmp_path: Path, config:
     from pretok_lib.analysis.runs import load_runs
     from pretok_lib.study.measured import run_machine
 
-    from .test_machine_probe import _HOG
+    from ..machine.test_probe import _HOG
 
     runs = tmp_path / "runs"
     pid = int(subprocess.run([sys.executable, "-c", _HOG], capture_output=True, text=True, check=True,

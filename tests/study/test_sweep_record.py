@@ -15,7 +15,7 @@ from pretok_lib.study import steps
 from pretok_lib.study.findings import study_runs
 from pretok_lib.study.results import SWEEP_RECORD, record_sweep, sweep_runs
 
-from .analysis.helpers import simple_run
+from ..analysis.helpers import simple_run
 
 INDEX = {"tokenizer": "tok.json", "seq_len": 64, "paths": {k: f"/d/{k}" for k in
                                                           ("padded", "pretok-padded", "pretok-memmap")},

@@ -11,7 +11,7 @@ import pytest
 
 from pretok_lib.machine.memory import peak_rss_mb
 
-from .conftest import ROOT
+from ..conftest import ROOT
 
 
 def test_peak_rss_is_vmhwm_and_grows_with_an_allocation():
@@ -51,7 +51,7 @@ def test_worker_memory_of_one_huge_document_is_bounded_by_its_size(tmp_path, kin
 
     from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
 
-    from .conftest import GPT2_JSON, WIKI_EN
+    from ..conftest import GPT2_JSON, WIKI_EN
 
     words = " ".join(v["extract"] for v in json.loads(WIKI_EN.read_text()).values())
     size = 24_000_000

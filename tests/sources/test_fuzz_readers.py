@@ -32,7 +32,7 @@ from pretok_lib.errors import PretokError
 from pretok_lib.sources import SourceOptions, expand_inputs, plan_units, read_unit
 from pretok_lib.sources.input_checks import SAMPLE_LINES, check_skipped
 
-from .conftest import GPT2_JSON, ROOT, one_line
+from ..conftest import GPT2_JSON, ROOT, one_line
 
 CASES: Counter = Counter()  # (input class, outcome) -> cases run; every case run passed, or the test failed
 FUZZ = settings(deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None)

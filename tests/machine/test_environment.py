@@ -8,7 +8,7 @@ from pathlib import Path
 import pretok_lib
 from pretok_lib.machine.environment import environment
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_versions_runs_md_promises_are_recorded() -> None:

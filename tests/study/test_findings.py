@@ -11,7 +11,7 @@ import pytest
 from pretok_lib.analysis.runs import load_runs
 from pretok_lib.study.findings import ORIGINAL, Finding, findings_html, study_findings
 
-from .analysis.helpers import simple_run
+from ..analysis.helpers import simple_run
 
 BENCH = {"methods": {"(a) per-doc tok(text) loop": {"mb_per_s": 2.0}, "(d) engine memmap w2": {"mb_per_s": 88.0},
                      "(d) engine padded w2": {"mb_per_s": 94.0}}}

@@ -21,7 +21,7 @@ from pretok_lib.formats.memmap import MemmapDataset
 from pretok_lib.tokenizer import load_tokenizer
 from pretok_lib.tokenizer.specials import KNOWN, role_name
 
-from .conftest import CL100K_JSON, CL100K_TIKTOKEN, GPT2_JSON, MISTRAL_SP, R50K_TIKTOKEN, TEKKEN
+from ..conftest import CL100K_JSON, CL100K_TIKTOKEN, GPT2_JSON, MISTRAL_SP, R50K_TIKTOKEN, TEKKEN
 
 DEEPSEEK = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>")
 DECOYS = ("<｜fim▁hole｜>", "<｜place▁holder▁no▁7｜>", "<|im_start|>", "<think>", "<｜tool▁calls▁begin｜>", "<unk>",

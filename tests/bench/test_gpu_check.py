@@ -16,7 +16,7 @@ from pretok_lib.bench import gpu_check as G
 from pretok_lib.cli import main as cli_main
 from pretok_lib.errors import PretokError
 
-from .conftest import ROOT, one_line
+from ..conftest import ROOT, one_line
 
 
 def _args(tmp_path: Path, *argv: str) -> argparse.Namespace:

@@ -100,7 +100,7 @@ def test_the_prefetch_thread_runs_on_every_core_a_pinned_process_was_allowed():
         "    yield sorted(os.sched_getaffinity(0))\n"
         "print(json.dumps([sorted(os.sched_getaffinity(0)), next(iter(prefetched(producer())))]))\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     pinned, producer = json.loads(out)
     assert pinned == [allowed[1 % len(allowed)]]

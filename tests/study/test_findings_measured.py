@@ -15,7 +15,7 @@ from pretok_lib.analysis.runs import load_runs
 from pretok_lib.study.findings import findings_cell, findings_html, study_findings
 from pretok_lib.study.measured import measured_findings, merge_machines, paired_samples
 
-from .analysis.helpers import simple_run
+from ..analysis.helpers import simple_run
 
 KEYS = {"id", "question", "value", "unit", "interval", "n", "resolved", "valid", "reason"}
 
@@ -223,7 +223,7 @@ def test_findings_mark_the_runs_the_probe_flagged(tmp_path: Path) -> None:
 
 def _timed_run(root: Path, run_id: str, kind: str, sec_per_record: float, n: int = 8) -> None:
     """A run whose loss falls 0.25 per record (val likewise, every record) at `sec_per_record` seconds apart."""
-    from .analysis.helpers import train_record, val_record, write_run
+    from ..analysis.helpers import train_record, val_record, write_run
 
     train = [train_record(5 * (i + 1), sec_per_record * (i + 1), loss=4.0 - 0.25 * i) for i in range(n)]
     val = [val_record(5 * (i + 1), sec_per_record * (i + 1) + 0.01, 4.1 - 0.25 * i) for i in range(n)]
@@ -290,7 +290,7 @@ def test_every_number_on_a_measured_row_carries_its_interval_and_n(tmp_path: Pat
     plus its context (a prediction or a count, never a timing)."""
     import re
 
-    from .analysis.helpers import study
+    from ..analysis.helpers import study
 
     runs = load_runs(study(tmp_path))
     measured = measured_findings(runs, None)
@@ -310,7 +310,7 @@ def test_the_padded_paths_own_layout_validation_keeps_them_in_the_path_compariso
     """The study validates the padded paths on their own layout too (eval.own_path, linked to the data path): the
     padded runs' configs then differ from the packed runs' in eval.own_*, which split them into separate groups
     and the demo's packing gain was 'not measured'. eval.own_* is part of how a path runs, like data.*."""
-    from .analysis.helpers import train_record, val_record, write_run
+    from ..analysis.helpers import train_record, val_record, write_run
 
     own = {"eval": {"every": 10, "own_path": "/d/pretok-padded", "own_kind": "pretok-padded"}}
     for k in range(3):

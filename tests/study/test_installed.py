@@ -23,7 +23,7 @@ import pytest
 
 from pretok_lib.study.run import NOTEBOOKS
 
-from .conftest import ROOT
+from ..conftest import ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -16,9 +16,9 @@ import zstandard
 from pretok_lib.errors import PretokError
 from pretok_lib.sources import SourceOptions, expand_inputs, plan_units, read_unit
 
-from .conftest import GPT2_JSON, PYDOCS_JSONL, SHAKESPEARE
-from .engine.test_pretokenize import run_cli, stored_docs
-from .test_bad_input import fails, tok
+from ..conftest import GPT2_JSON, PYDOCS_JSONL, SHAKESPEARE
+from ..engine.test_pretokenize import run_cli, stored_docs
+from ..test_bad_input import fails, tok
 
 
 @pytest.fixture(scope="module")

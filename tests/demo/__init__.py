@@ -1,0 +1,1 @@
+"""The embedded default corpus and `pretok demo`."""

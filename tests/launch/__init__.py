@@ -1,0 +1,1 @@
+"""Sweeps and the processes they start."""

@@ -1,0 +1,1 @@
+"""The environment record, memory accounts and the steadiness probe."""

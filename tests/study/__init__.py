@@ -1,0 +1,1 @@
+"""The study's pieces without executing notebooks (tests/notebooks executes them)."""

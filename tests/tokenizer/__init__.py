@@ -1,0 +1,1 @@
+"""Tokenizer loading, backends, special tokens and every tokenizer kind through the engine."""
