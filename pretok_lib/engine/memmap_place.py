@@ -113,6 +113,7 @@ class MemmapAssembler:
         self.order, self.position = unit_order, {u: k for k, u in enumerate(unit_order)}
         self.bin_path, self.lens_path = out / f"{prefix}.bin.tmp", state / f"{prefix}.lens"
         self.parts_dir, self.log_path = state / "parts", state / "placed.jsonl"
+        self._parts, self._bin, self._lens = str(self.parts_dir), str(self.bin_path), str(self.lens_path)  # per part
         self.records: dict[int, tuple[int, int, list[str]]] = {}  # position → (bin bytes, documents, hashes)
         self.offsets: list[tuple[int, int]] = []  # (bin, lens) offset of each position whose offsets are known
         self.ends = (0, 0)  # where the known prefix ends in both files
@@ -177,18 +178,17 @@ class MemmapAssembler:
                     raise PretokError("a part placed before the crash lies elsewhere than its sizes now say; "
                                       "rerun with --overwrite", self.bin_path)
                 continue
-            part = str(self.parts_dir / f"part-{self.order[k]:06d}")
             self.unsynced += size
             sync, self.unsynced = (True, 0) if self.unsynced >= SYNC_EVERY_BYTES else (False, self.unsynced)
-            ready.append(Placement(self.order[k], part, ((".bin", str(self.bin_path), b, size),
-                                                         (".lens", str(self.lens_path), l, 4 * docs)), sync))
+            ready.append(Placement(self.order[k], f"{self._parts}/part-{self.order[k]:06d}",
+                                   ((".bin", self._bin, b, size), (".lens", self._lens, l, 4 * docs)), sync))
         return ready
 
-    def done(self, p: Placement) -> None:
-        """A worker placed `p`: log it (flushed at most once a second)."""
-        k = self.position[p.index]
+    def done(self, index: int) -> None:
+        """A worker placed unit `index`'s part: log it (flushed at most once a second)."""
+        k = self.position[index]
         size, docs, hashes = self.records[k]
-        entry = [p.index, self.offsets[k][0], size, self.offsets[k][1], docs, hashes]
+        entry = [index, self.offsets[k][0], size, self.offsets[k][1], docs, hashes]
         self.placed[k] = entry
         self.log_lines.append(json.dumps(entry) + "\n")
         if time.monotonic() - self.last_log >= LOG_EVERY_S:

@@ -4,11 +4,12 @@ Start-up (interpreter, imports, building e.g. a fastokens tokenizer from JSON: ~
 once per worker, and begins at the start of a run, while the main process still plans the input and loads the
 tokenizer itself. Each worker begins with the encoder the zygote built.
 
-Messages: main → workers, `tasks` queue: ("unit", Unit, backend, Job), ("hash", [(block, (file, offset, size)),
+Messages: main → workers, `tasks` queue: ("unit", Unit, backend, the run's Job pickled without any unit's fields,
+the unit's objects, its stamps), ("hash", [(block, (file, offset, size)),
 ...]) or None (stop); `urgent` queue, taken first: ("place", Placement). Workers → main `results` queue:
 ("progress", bytes, docs, tokens, the worker's time.time()) at most every 0.25 s per worker, ("done", record,
 progress not sent yet or None), ("hashed", [(block, leaf), ...]),
-("placed", Placement), ("error", exception). A worker that dies makes the zygote exit with a code saying how; the
+("placed", the placement's unit index), ("error", exception). A worker that dies makes the zygote exit with a code saying how; the
 main process watches the zygote. Zygote → main, once, on its own pipe: `Ready` (the backend it built for the
 workers, why faster ones could not be built), sent before it forks.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue as queue_mod
 import sys
 import threading
@@ -27,7 +29,7 @@ import time
 import types
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
@@ -69,7 +71,7 @@ class Work:
     info: TokenizerInfo
     on_record: Callable[[PartRecord], list[Placement]]
     on_hashed: Callable[[int, Leaf], None]
-    on_placed: Callable[[Placement], None]
+    on_placed: Callable[[int], None]  # the unit index of a placement done
     placements: list[Placement] = field(default_factory=list)  # known at the start (a resume): done first
 
     def tasks(self) -> list[tuple]:
@@ -258,7 +260,7 @@ class Workers:
             enc = enc or (make_encoder(work.info, work.backend) if work.units else None)
             for p in work.placements:
                 place_part(p)
-                work.on_placed(p)
+                work.on_placed(p.index)
             for kind, task in tasks:
                 keep_going()
                 if kind == "hash":
@@ -267,16 +269,18 @@ class Workers:
                     continue
                 for p in work.on_record(process_unit(task, enc, work.job, bar.update)):
                     place_part(p)
-                    work.on_placed(p)
+                    work.on_placed(p.index)
             return
         todo, running, placing, window = deque(tasks), 0, len(work.placements), 4 * self.n
         self.drained, checked = False, 0.0
+        # the run's job pickled once (without any unit's fields); a worker unpickles it when it changes
+        blob = pickle.dumps(replace(work.job, objects=(), stamps=()), pickle.HIGHEST_PROTOCOL)
         for p in work.placements:
             self.urgent.put(("place", p))
         while todo or running or placing:
             while todo and running < window:
                 kind, task = todo.popleft()
-                self.tasks.put(("unit", task, work.backend, work.job.for_unit(task)) if kind == "unit"
+                self.tasks.put(("unit", task, work.backend, blob, *work.job.unit_fields(task)) if kind == "unit"
                                else ("hash", task))
                 running += 1
             keep_going()
@@ -303,7 +307,7 @@ class Workers:
                     work.on_hashed(k, leaf)
             elif kind == "placed":
                 placing -= 1
-                work.on_placed(msg[0])
+                work.on_placed(msg[0])  # the unit index of the placement
             else:
                 raise msg[0]  # a worker's PretokError, with its one-line message
         self.drained = True

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait as wait_any
 
 # The environment the zygote starts in, inherited by its workers. It must hold no thread when it forks: all but the
@@ -285,15 +286,19 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
 
         warm_filesystems(preload)
     report = _Progress(results)
+    blob, base = b"", None
     while (task := _next_task(*tasks)) is not None:
         try:
             if task[0] == "place":
                 place_part(task[1])
-                results.put(("placed", task[1]))
+                results.put(("placed", task[1].index))
             elif task[0] == "hash":
                 results.put(("hashed", hash_blocks(task[1])))
             else:
-                _, unit, backend, job = task
+                _, unit, backend, run_job, objects, stamps = task
+                if run_job != blob:  # the run's job, sent pickled with every unit: unpickled once
+                    blob, base = run_job, pickle.loads(run_job)
+                job = replace(base, objects=objects, stamps=stamps)
                 if not _INFO or _INFO[0].fingerprint != job.tokenizer.fingerprint:
                     raise PretokError("the tokenizer file could not be read or changed while the run was starting",
                                       job.tokenizer.spec)

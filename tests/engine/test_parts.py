@@ -95,3 +95,26 @@ def test_tokenizing_imports_nothing_heavy(tmp_path, fmt):
         key = pqf.DOC_LENGTHS_KEY if fmt == "token-list" else pqf.ROW_LENGTHS_KEY
         recorded = pqf.doc_lengths_of(pq.ParquetFile(part).metadata, part, key)
         assert recorded.tolist() == [len(d) for d in pqf.iter_documents(part)] and len(recorded) > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(n_files=st.integers(1, 300), picks=st.lists(st.integers(0, 400), min_size=1, max_size=4), seed=st.integers(0, 9))
+def test_a_unit_gets_the_stamps_of_its_own_inputs_only(n_files, picks, seed):
+    """What the main process sends with each unit: the planned identities of the unit's own local inputs (a path
+    listed twice once, a path with no stamp none), looked up by path; the lookup's cache never travels in a pickle."""
+    import pickle
+
+    from pretok_lib.engine.parts import Job
+    from pretok_lib.sources import SourceOptions, Unit
+
+    stamps = tuple((f"/in/{k:05d}.parquet", 1000 + k, seed) for k in range(n_files))
+    job = Job("memmap", {"dtype": "uint16", "bos_id": None, "eos_id": None, "pad_id": None}, "none",
+              SourceOptions(), "/out", None, stamps=stamps)
+    paths = tuple(f"/in/{k:05d}.parquet" for k in picks)
+    unit = Unit(0, "parquet", paths)
+    objects, got = job.unit_fields(unit)
+    assert objects == ()
+    assert got == tuple(s for p in dict.fromkeys(paths) for s in stamps if s[0] == p)
+    assert job.for_unit(unit).stamps == got == job.stamps_of(unit)
+    again = pickle.loads(pickle.dumps(job))
+    assert "_by_path" not in again.__dict__ and again == job and again.unit_fields(unit) == (objects, got)
