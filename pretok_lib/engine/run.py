@@ -166,6 +166,8 @@ def _run(cfg: TokenizeConfig, start: tuple[float, float], out: Path, workers: Wo
     if not units:  # empty files, zero-row tables: before anything is written
         check_skipped(0, {}, cfg.max_bad_fraction, cfg.inputs[0] if len(cfg.inputs) == 1 else None)
     mine = shard_units(units, cfg.num_shards, cfg.shard_index)
+    hashes = InputHashes(sorted({p for u in mine for p in u.paths if not is_url(p)}))  # URLs: their identity
+    workers.expect(len(mine) + len(hashes.blocks))  # before the zygote forks (it is building the encoder)
     info = load_tokenizer(cfg.tokenizer)
     policy = resolve_policy(info, cfg)
     inputs = [f.record() for f in files]
@@ -195,7 +197,6 @@ def _run(cfg: TokenizeConfig, start: tuple[float, float], out: Path, workers: Wo
             return []
         return assembler.add(rec["unit"]["index"], rec["tokens"], rec["documents"], rec[PART_HASH_KEY])
 
-    hashes = InputHashes(sorted({p for u in mine for p in u.paths if not is_url(p)}))  # URLs: their identity
     work = Work(pending, hashes.blocks, guess, job, info, on_record, hashes.add,
                 assembler.done if assembler is not None else lambda p: None, placements)
     stop_check = threading.Event()
@@ -234,7 +235,7 @@ def _run(cfg: TokenizeConfig, start: tuple[float, float], out: Path, workers: Wo
     timeline = {"startup_seconds": round(first - t0, 3), "tokenize_seconds": round(last_record[0] - first, 3),
                 "finish_seconds": round(time.time() - last_record[0], 3),
                 **_cpu_accounts(cpu0, bar.first_update_cpu, [records[i] for i in records if i not in done],
-                                inline=workers.n == 0)}
+                                inline=workers.n == 0), "workers_started": workers.started}
     plan = Plan(cfg, sopts, out, info, policy, mine, inputs, len(units), t0)
     manifest = finalize(plan, choice, records, hashes.values(), files, timeline)
     for line in filter(None, [empty_shards_warning(str(out), units, cfg.num_shards),

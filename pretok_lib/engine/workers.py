@@ -146,8 +146,10 @@ class Workers:
             self.conn, child = ctx.Pipe()
             self.ready_conn, ready_child = ctx.Pipe(duplex=False)
             self.lock = threading.Lock()  # one encode request at a time on the pipe
-            self.zygote = ctx.Process(target=run_zygote, args=(spec, backend, self.n, (self.tasks, self.urgent), self.results, child,
-                                                                 ready_child, preload),
+            # [tasks the plan holds (`expect`; 0: not known yet), workers the zygote forked (-1: not yet)]
+            self.counts = ctx.RawArray("q", [0, -1])
+            self.zygote = ctx.Process(target=run_zygote, args=(spec, backend, self.n, (self.tasks, self.urgent),
+                                                               self.results, child, ready_child, preload, self.counts),
                                       name="pretok-zygote")
             saved = {k: os.environ.get(k) for k in WORKER_ENV}
             os.environ.update(WORKER_ENV)  # read by the spawned interpreter as it starts, before any import
@@ -162,6 +164,19 @@ class Workers:
                         os.environ[k] = v
             child.close()
             ready_child.close()
+
+    def expect(self, tasks: int) -> None:
+        """Tell the zygote how many tasks the plan holds: it forks no more workers than that, if told before it forks
+        (a 3 MB input on a 288-core node: 3 workers, not 287). Told later, every worker is forked."""
+        if self.zygote is not None:
+            self.counts[0] = max(1, tasks)
+
+    @property
+    def started(self) -> int | None:
+        """How many workers the zygote forked (0 inline), None before it has."""
+        if self.zygote is None:
+            return 0
+        return self.counts[1] if self.counts[1] >= 0 else None
 
     def backend(self, info: TokenizerInfo, force: str | None) -> str:
         """The backend every worker runs: the first candidate (or `force`) that could be built, by the zygote before

@@ -150,7 +150,7 @@ def _prepare(spec: str, backend: str | None, build: threading.Thread, early: lis
 
 
 def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, ready_conn,
-               preload: tuple[str, ...] = ()) -> None:
+               preload: tuple[str, ...] = (), counts=None) -> None:
     """Load the tokenizer, build the first candidate backend that builds, report it (`Ready` on `ready_conn`),
     fork `n` workers, then supervise them and answer `encode` requests on `conn`.
 
@@ -163,6 +163,8 @@ def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, rea
         conn: the backend check's `encode` requests from the main process.
         ready_conn: where `Ready` (or the failure) is sent once the encoder is built.
         preload: URL schemes whose filesystems are imported before forking.
+        counts: shared [the plan's tasks, set by the main process once planned (0: not yet), workers forked]: at
+            most that many workers are forked, and how many is written back.
     """
     _set_parent_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
@@ -181,6 +183,10 @@ def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, rea
     ready_conn.close()
     if report.backend is None:  # nothing the workers could run: the main process reports why and ends the run
         n = 0
+    elif counts is not None and counts[0] > 0:  # planned already: no idle workers for a small input
+        n = min(n, counts[0])
+    if counts is not None:
+        counts[1] = n
     procs = _start_workers(list(range(n)), tasks, results, preload)
     alive, requests = {p.sentinel: p for p in procs}, [conn]
     while alive:

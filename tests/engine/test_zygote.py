@@ -291,3 +291,33 @@ def test_run_tokenize_in_a_daemonic_pool_worker_writes_the_same_bytes(shared_dat
     assert got == [("ok", 0, False), ("ok", 0, True)]          # workers 2: said so in one line
     for name in ("data.bin", "data.idx"):
         assert (tmp_path / "w0" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes()
+
+
+@pytest.mark.parametrize("tasks", [1, 3, 50])
+def test_the_zygote_forks_no_more_workers_than_the_plan_has_tasks(shared_data: Path, tmp_path: Path,
+                                                                  tasks: int) -> None:
+    """Told the plan's task count before it forks (the main process plans while the zygote builds the encoder), the
+    zygote forks min(workers, tasks) workers, says how many, and they all end with the pool; a small input on a node
+    of many cores does not fork one idle worker per core."""
+    import time
+
+    import psutil
+
+    from pretok_lib.engine.workers import Workers
+    from pretok_lib.tokenizer import load_tokenizer
+
+    with Workers(str(GPT2_JSON), None, 6) as w:
+        w.expect(tasks)
+        w.backend(load_tokenizer(str(GPT2_JSON)), None)
+        while w.started is None:
+            assert w.zygote.is_alive()
+        assert w.started == min(6, tasks)
+        end = time.monotonic() + 60  # only catches a hang: forking takes milliseconds
+        while len(psutil.Process(w.zygote.pid).children()) < w.started:
+            assert time.monotonic() < end
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert len(psutil.Process(w.zygote.pid).children()) == w.started
+        zygote_pid = w.zygote.pid
+    assert not psutil.pid_exists(zygote_pid) or psutil.Process(zygote_pid).status() == psutil.STATUS_ZOMBIE
+    assert Workers(str(GPT2_JSON), None, 0).started == 0
