@@ -13,7 +13,10 @@ main process shares a core with a worker, so that fit counts its CPU twice over 
 S at one size also holds per-run constants (the backend check tokenizes a sample in a thread of the main
 process), which dominate small inputs: an upper bound. The per-byte shares are the slopes of S and W over the
 RSS scan's input sizes (`per_byte`: least squares, CPU-s per GB, with the per-run constant as intercept); the
-predictions are made from them when the scan has two sizes or more.
+predictions are made from them when the scan has two sizes or more. Over the scan, units grow with the input (the
+plan cuts ~2 MB units up to ~1 GB), so a per-unit cost of the main process shows up in its slope as a per-byte one;
+a run of the largest input in 64 MB units separates them (`per_unit`), and an input large enough for 64 MB units is
+predicted from both.
 """
 
 from __future__ import annotations
@@ -86,11 +89,42 @@ def per_byte(scan: Sequence[Mapping]) -> dict | None:
             "sizes_gb": sorted(set(gb)), "n": len(rows)}
 
 
+def per_unit(scan: Sequence[Mapping], coarse: Mapping | None) -> dict | None:
+    """The main process's streaming CPU as a + u·units + b·GB, least squares over the RSS scan and `coarse`, a run of
+    the scan's largest input cut into fewer units (without it, units and bytes grow together in the scan and cannot
+    be told apart): `u` in CPU-ms per unit, `b` in CPU-s per GB, `a` per run. None without enough runs."""
+    import numpy as np
+
+    rows = [r for r in [*scan, *([coarse] if coarse else [])] if isinstance(r.get("cpu"), Mapping)
+            and r.get("input_bytes") and r.get("units")
+            and isinstance(r["cpu"].get("main_cpu_streaming_seconds"), (int, float))]
+    same_size = [r["units"] for r in rows if r is not coarse and r["input_bytes"] == coarse["input_bytes"]] \
+        if coarse in rows else []
+    if not same_size or coarse["units"] in same_size or len(rows) < 4 or len({r["input_bytes"] for r in rows}) < 2:
+        return None  # no second unit count at one size (a small input is one unit however cut): not separable
+    x = np.array([[1.0, r["units"], r["input_bytes"] / 1e9] for r in rows])
+    y = np.array([r["cpu"]["main_cpu_streaming_seconds"] for r in rows])
+    (a, u, b), *_ = np.linalg.lstsq(x, y, rcond=None)
+    return {"per_run_s": float(a), "per_unit_ms": float(u) * 1e3, "per_gb_s": float(b), "n": len(rows),
+            "coarse_units": coarse["units"], "coarse_gb": coarse["input_bytes"] / 1e9}
+
+
+def large_input_gb_per_s(pu: Mapping, workers_s: float, cores: int, unit_bytes: float) -> float:
+    """Amdahl's throughput (as `predicted_gb_per_s`) for an input large enough that the engine cuts it into units of
+    `unit_bytes`: the main process's per-GB share is then its per-byte cost plus its per-unit cost × units per GB
+    (negative fitted terms, noise around 0, taken as 0)."""
+    main = max(pu["per_gb_s"], 0.0) + max(pu["per_unit_ms"], 0.0) / 1e3 * 1e9 / unit_bytes
+    return predicted_gb_per_s(main, workers_s, cores)
+
+
 def scaling(runs: Mapping[str, Sequence[Mapping]], rounds: Sequence[Mapping[str, float]], text_bytes: int, n: int,
-            phase: str = " tokenizing phase", scan: Sequence[Mapping] = ()) -> dict | None:
+            phase: str = " tokenizing phase", scan: Sequence[Mapping] = (),
+            coarse: Mapping | None = None) -> dict | None:
     """The scaling record of the memmap engine at N = `n` workers: CPU per GB, both serial fractions, the
     predictions at CORES (this input's units, and an input with enough units) and the assumptions. With a `scan`
-    of two sizes or more, the serial fraction and predictions come from the per-byte slopes (`per_byte`)."""
+    of two sizes or more, the serial fraction and predictions come from the per-byte slopes (`per_byte`); with a
+    `coarse` run too, the main process's CPU per unit and per byte (`per_unit`) and the prediction for an input large
+    enough for the plan's largest units."""
     name, one = f"(d) engine memmap w{n}", "(d) engine memmap w1"
     cpu = cpu_per_gb(runs.get(name, ()), text_bytes)
     if cpu is None:
@@ -104,7 +138,16 @@ def scaling(runs: Mapping[str, Sequence[Mapping]], rounds: Sequence[Mapping[str,
     fits = [f for r in rounds if (t1 := r.get(one + phase)) and (tn := r.get(name + phase))
             and (f := fitted_serial_fraction(t1, tn, n)) is not None]
     units = runs[name][0].get("units")
-    return {"method": name, **cpu, "per_byte": slopes, "from_slopes": use,
+    pu = per_unit(scan, coarse)
+    large = None
+    if pu is not None:
+        from ..engine.config import TokenizeConfig
+
+        unit_bytes = TokenizeConfig([], "", "").part_bytes(10**12)  # a 1 TB input's units (the largest the plan cuts)
+        large = {"unit_mb": unit_bytes / 1e6, "main_s_per_gb": max(pu["per_gb_s"], 0.0)
+                 + max(pu["per_unit_ms"], 0.0) / 1e3 * 1e9 / unit_bytes,
+                 "predicted_gb_per_s": {str(c): large_input_gb_per_s(pu, w, c, unit_bytes) for c in CORES}}
+    return {"method": name, **cpu, "per_byte": slopes, "from_slopes": use, "per_unit": pu, "large_input": large,
             "serial_fraction": serial_fraction(s_main, w),
             "fitted_serial_fraction": statistics.median(fits) if fits else None, "fitted_rounds": len(fits),
             "units": units, "assumptions": ASSUMPTIONS,
@@ -136,4 +179,11 @@ def scaling_lines(sc: Mapping | None) -> list[str]:
              f"  {'cores':>6}  {'this input (%s units)' % sc['units']:>24}  {'enough units':>13}"]
     for c, p in sc["predicted_gb_per_s"].items():
         lines.append(f"  {c:>6}  {p['this_input']:>24.2f}  {p['enough_units']:>13.2f}")
+    pu, large = sc.get("per_unit"), sc.get("large_input")
+    if pu and large:
+        lines.append(f"the main process per unit and per byte (least squares over {pu['n']} runs, one of "
+                     f"{pu['coarse_gb']:.2g} GB in {pu['coarse_units']} units): {pu['per_unit_ms']:.3f} CPU-ms per "
+                     f"unit, {pu['per_gb_s']:.3f} CPU-s per GB, {pu['per_run_s']:.2f} per run; an input large enough "
+                     f"for {large['unit_mb']:g} MB units: {large['main_s_per_gb']:.3f} CPU-s per GB, predicted "
+                     + ", ".join(f"{v:.1f} GB/s on {c} cores" for c, v in large["predicted_gb_per_s"].items()))
     return lines

@@ -111,6 +111,7 @@ def run(cfg: TokenizeBench) -> dict:
         _note(MAP, r := in_child(child_datasets, cinfo["prefix_path"], tok, n, str(work), ref))
         methods[MAP] = rates(r, cinfo["prefix_bytes"])
     scan = [] if "rss-scan" in skip else _rss_scan(cfg, tok, n)
+    coarse = _coarse_run(cfg, tok, n, scan)
     tg = targets(methods, n, scan, rounds)
     repeated = repeat_summary(runs, rounds, cinfo, n)
     add_intervals(tg, rounds, n)
@@ -118,11 +119,12 @@ def run(cfg: TokenizeBench) -> dict:
     print(f"\nCPU: {env['cpu_model']}, {env['cpus']} usable; tokenizer: {tok} (vocab {info.vocab_size})")
     _print_results(methods, cinfo, n, scan, tg)
     print_repeats(repeated)
-    sc = scaling(runs, rounds, cinfo["text_bytes"], n, phase_name(""), scan)
+    sc = scaling(runs, rounds, cinfo["text_bytes"], n, phase_name(""), scan, coarse)
     print("\n" + "\n".join(scaling_lines(sc)))
     result = {"repeats": repeated, "machine": repeated["machine"],
               "corpus": cinfo, "tokenizer": {"spec": tok, "info": info.to_dict(), "backends": backends},
-              "workers": n, "methods": methods, "rounds": rounds, "rss_scan": scan, "targets": tg, "scaling": sc,
+              "workers": n, "methods": methods, "rounds": rounds, "rss_scan": scan, "coarse_run": coarse,
+              "targets": tg, "scaling": sc,
               "environment": env,
               "env": {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS")},
               "args": cfg.record()}
@@ -227,6 +229,19 @@ def _rss_scan(cfg: TokenizeBench, tok: str, n: int) -> list[dict]:
             "peak_rss_mb", "sampled_children_peak_rss_mb", "seconds", "units", "documents", "cpu", "input_bytes")}})
         print(f"  rss scan {mb:g} MB: worker peak {r['peak_rss_mb']} MB, {mb / r['seconds']:.1f} MB/s", flush=True)
     return scan
+
+
+def _coarse_run(cfg: TokenizeBench, tok: str, n: int, scan: list[dict]) -> dict | None:
+    """The scan's largest input again, cut into 64 MB units (`--part-mb 64`): with it the main process's CPU per unit
+    and per byte can be told apart (`scaling.per_unit`). Only its CPU record and counts are kept."""
+    if len(scan) < 2:
+        return None
+    mb = scan[-1]["mb"]
+    r = run_engine(str(cached_corpus(Path(cfg.workdir), mb)), tok, "memmap", n,
+                   Path(cfg.workdir) / f"coarse-{mb:g}mb", 64.0, cfg.batch_mb)
+    shutil.rmtree(r["out"], ignore_errors=True)
+    print(f"  {mb:g} MB in 64 MB units: {r['units']} units", flush=True)
+    return {"mb": mb, **{k: r[k] for k in ("seconds", "units", "cpu", "input_bytes")}}
 
 
 def _print_results(methods: dict[str, dict], cinfo: dict, n: int, scan: list[dict], tg: list[dict]) -> None:

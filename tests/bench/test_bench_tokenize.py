@@ -58,6 +58,8 @@ def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path, capsys) -> None
     sc = res["scaling"]      # issue 37: where the CPU goes and the predictions at 16, 72, 288 cores
     assert sc["method"] == e2 and sc["n"] == 2 and sc["workers_s_per_gb"] > 0 and 0 < sc["serial_fraction"] < 1
     assert set(sc["predicted_gb_per_s"]) == {"16", "72", "288"} and sc["fitted_rounds"] == 2
+    # the largest scan input again in 64 MB units: 2 MB is one unit either way, so per unit and per byte stay unfitted
+    assert res["coarse_run"]["mb"] == 2 and res["coarse_run"]["units"] >= 1 and sc["per_unit"] is None
     assert "predicted throughput, GB/s" in capsys.readouterr().out
     iso = rep["ratios"][f"isolated tokenization speedup: {e2} / {LOOP}"]
     assert iso["median"] == pytest.approx(statistics.median(

@@ -107,3 +107,46 @@ def test_the_benchs_rss_sampler_is_not_charged_to_the_engines_main_process():
     got = _engine_cpu(run, 0.5)
     assert got["main_cpu_seconds"] == pytest.approx(1.5) and got["main_cpu_streaming_seconds"] == pytest.approx(1.1)
     assert got["workers_cpu_seconds"] == 9.0 and _engine_cpu(run, 5.0)["main_cpu_seconds"] == 0.0
+
+
+@given(a=st.floats(0.1, 2), u=st.floats(0, 3e-3), b=st.floats(0, 1), sizes=st.lists(st.integers(1, 4000), min_size=2,
+       max_size=5, unique=True), coarse_units=st.integers(1, 40))
+def test_the_main_process_per_unit_and_per_byte_are_told_apart_with_a_coarse_run(a, u, b, sizes, coarse_units):
+    """Scan runs whose units grow with their size (~485 per GB, as the plan cuts 2 MB units) cannot separate a cost
+    per unit from one per byte; the largest input again in fewer units can. The fit recovers both, and an input large
+    enough for 64 MB units is predicted from them."""
+    from pretok_lib.bench.scaling import large_input_gb_per_s, per_unit
+
+    def run(mb: int, units: int) -> dict:
+        return {"input_bytes": mb * 10**6, "units": units,
+                "cpu": {"main_cpu_streaming_seconds": a + u * units + b * mb / 1e3}}
+
+    scan = [run(mb, max(1, round(mb * 0.485))) for mb in sorted(sizes)]
+    coarse = run(sorted(sizes)[-1], coarse_units)
+    assert per_unit(scan, None) is None                       # collinear without the coarse run: not fitted
+    if coarse["units"] == scan[-1]["units"] or len(scan) < 3:  # no second unit count at one size, or too few runs
+        assert per_unit(scan, coarse) is None
+        return
+    pu = per_unit(scan, coarse)
+    assert pu["per_run_s"] == pytest.approx(a, abs=1e-6) and pu["per_unit_ms"] == pytest.approx(u * 1e3, abs=1e-5)
+    assert pu["per_gb_s"] == pytest.approx(b, abs=1e-5)
+    assert large_input_gb_per_s(pu, 6.5, 288, 64e6) == pytest.approx(
+        1 / (max(pu["per_gb_s"], 0) + max(pu["per_unit_ms"], 0) / 1e3 * 1e9 / 64e6 + 6.5 / 288))
+
+
+def test_scaling_reports_the_large_input_prediction_only_with_a_coarse_run():
+    runs = {f"(d) engine memmap w{w}": [{"units": 485, "cpu": {"main_cpu_seconds": 1.0, "main_cpu_streaming_seconds":
+                                                               0.8, "workers_cpu_seconds": 6.5}}] for w in (1, 2)}
+    scan = [{"input_bytes": int(gb * 1e9), "units": k, "cpu": {
+        "main_cpu_seconds": 0.6 + 0.5e-3 * k, "main_cpu_streaming_seconds": 0.4 + 0.5e-3 * k,
+        "workers_cpu_seconds": 6.5 * gb}} for gb, k in ((0.1, 50), (0.5, 243), (2.0, 970))]
+    coarse = {"input_bytes": int(2e9), "units": 31, "cpu": {"main_cpu_seconds": 0.6 + 0.5e-3 * 31,
+                                                             "main_cpu_streaming_seconds": 0.4 + 0.5e-3 * 31,
+                                                             "workers_cpu_seconds": 13.0}}
+    without = scaling(runs, [], int(1e9), 2, scan=scan)
+    assert without["per_unit"] is None and without["large_input"] is None
+    sc = scaling(runs, [], int(1e9), 2, scan=scan, coarse=coarse)
+    assert sc["per_unit"]["per_unit_ms"] == pytest.approx(0.5, abs=1e-6) and sc["large_input"]["unit_mb"] == 64
+    assert sc["large_input"]["main_s_per_gb"] == pytest.approx(0.5e-3 * 1e9 / 64e6)
+    assert sc["large_input"]["predicted_gb_per_s"]["288"] > 10 > sc["predicted_gb_per_s"]["288"]["enough_units"]
+    assert any("CPU-ms per unit" in line for line in scaling_lines(sc))
