@@ -95,13 +95,17 @@ def per_unit(scan: Sequence[Mapping], coarse: Mapping | None) -> dict | None:
     be told apart): `u` in CPU-ms per unit, `b` in CPU-s per GB, `a` per run. None without enough runs."""
     import numpy as np
 
-    rows = [r for r in [*scan, *([coarse] if coarse else [])] if isinstance(r.get("cpu"), Mapping)
-            and r.get("input_bytes") and r.get("units")
-            and isinstance(r["cpu"].get("main_cpu_streaming_seconds"), (int, float))]
-    same_size = [r["units"] for r in rows if r is not coarse and r["input_bytes"] == coarse["input_bytes"]] \
-        if coarse in rows else []
-    if not same_size or coarse["units"] in same_size or len(rows) < 4 or len({r["input_bytes"] for r in rows}) < 2:
+    def usable(r: Mapping) -> bool:
+        return (isinstance(r.get("cpu"), Mapping) and bool(r.get("input_bytes")) and bool(r.get("units"))
+                and isinstance(r["cpu"].get("main_cpu_streaming_seconds"), (int, float)))
+
+    scan = [r for r in scan if usable(r)]
+    if not coarse or not usable(coarse) or len(scan) < 3 or len({r["input_bytes"] for r in scan}) < 2:
+        return None
+    same_size = {r["units"] for r in scan if r["input_bytes"] == coarse["input_bytes"]}
+    if not same_size or coarse["units"] in same_size:
         return None  # no second unit count at one size (a small input is one unit however cut): not separable
+    rows = [*scan, coarse]
     x = np.array([[1.0, r["units"], r["input_bytes"] / 1e9] for r in rows])
     y = np.array([r["cpu"]["main_cpu_streaming_seconds"] for r in rows])
     (a, u, b), *_ = np.linalg.lstsq(x, y, rcond=None)
@@ -109,12 +113,15 @@ def per_unit(scan: Sequence[Mapping], coarse: Mapping | None) -> dict | None:
             "coarse_units": coarse["units"], "coarse_gb": coarse["input_bytes"] / 1e9}
 
 
+def large_input_main_s_per_gb(pu: Mapping, unit_bytes: float) -> float:
+    """The main process's CPU-s per GB of an input the engine cuts into units of `unit_bytes`: its per-byte cost plus
+    its per-unit cost × units per GB (negative fitted terms, noise around 0, taken as 0)."""
+    return max(pu["per_gb_s"], 0.0) + max(pu["per_unit_ms"], 0.0) / 1e3 * 1e9 / unit_bytes
+
+
 def large_input_gb_per_s(pu: Mapping, workers_s: float, cores: int, unit_bytes: float) -> float:
-    """Amdahl's throughput (as `predicted_gb_per_s`) for an input large enough that the engine cuts it into units of
-    `unit_bytes`: the main process's per-GB share is then its per-byte cost plus its per-unit cost × units per GB
-    (negative fitted terms, noise around 0, taken as 0)."""
-    main = max(pu["per_gb_s"], 0.0) + max(pu["per_unit_ms"], 0.0) / 1e3 * 1e9 / unit_bytes
-    return predicted_gb_per_s(main, workers_s, cores)
+    """Amdahl's throughput (as `predicted_gb_per_s`) for an input cut into units of `unit_bytes`."""
+    return predicted_gb_per_s(large_input_main_s_per_gb(pu, unit_bytes), workers_s, cores)
 
 
 def scaling(runs: Mapping[str, Sequence[Mapping]], rounds: Sequence[Mapping[str, float]], text_bytes: int, n: int,
@@ -141,12 +148,10 @@ def scaling(runs: Mapping[str, Sequence[Mapping]], rounds: Sequence[Mapping[str,
     pu = per_unit(scan, coarse)
     large = None
     if pu is not None:
-        from ..engine.config import TokenizeConfig
+        from ..engine.config import MAX_PART_BYTES
 
-        unit_bytes = TokenizeConfig([], "", "").part_bytes(10**12)  # a 1 TB input's units (the largest the plan cuts)
-        large = {"unit_mb": unit_bytes / 1e6, "main_s_per_gb": max(pu["per_gb_s"], 0.0)
-                 + max(pu["per_unit_ms"], 0.0) / 1e3 * 1e9 / unit_bytes,
-                 "predicted_gb_per_s": {str(c): large_input_gb_per_s(pu, w, c, unit_bytes) for c in CORES}}
+        large = {"unit_mb": MAX_PART_BYTES / 1e6, "main_s_per_gb": large_input_main_s_per_gb(pu, MAX_PART_BYTES),
+                 "predicted_gb_per_s": {str(c): large_input_gb_per_s(pu, w, c, MAX_PART_BYTES) for c in CORES}}
     return {"method": name, **cpu, "per_byte": slopes, "from_slopes": use, "per_unit": pu, "large_input": large,
             "serial_fraction": serial_fraction(s_main, w),
             "fitted_serial_fraction": statistics.median(fits) if fits else None, "fitted_rounds": len(fits),

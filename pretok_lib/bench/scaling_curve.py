@@ -10,6 +10,7 @@ N / C(N) − 1 = σ(N − 1) + κN(N − 1), which is linear in σ and κ.
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def scaling_curve(results: Sequence[Mapping]) -> dict:
     """The table, both fits and their predicted throughput (GB/s: w1's rate × the fitted speedup) at PREDICT_AT."""
     rows = curve_points(results)
     pts = [(r["workers"], r["speedup"]) for r in rows]
-    w1 = sorted(r["engine_w1_mb_s"] for r in rows)[len(rows) // 2] if rows else None  # median over the runs
+    w1 = statistics.median(r["engine_w1_mb_s"] for r in rows) if rows else None
     out = {"rows": rows, "engine_w1_mb_s": w1, "fits": {}}
     for name, amdahl in (("amdahl", True), ("usl", False)):
         fit = fit_usl(pts, amdahl)

@@ -232,15 +232,17 @@ def _rss_scan(cfg: TokenizeBench, tok: str, n: int) -> list[dict]:
 
 
 def _coarse_run(cfg: TokenizeBench, tok: str, n: int, scan: list[dict]) -> dict | None:
-    """The scan's largest input again, cut into 64 MB units (`--part-mb 64`): with it the main process's CPU per unit
-    and per byte can be told apart (`scaling.per_unit`). Only its CPU record and counts are kept."""
+    """The scan's largest input again, cut into the plan's largest units (64 MB): with it the main process's CPU per
+    unit and per byte can be told apart (`scaling.per_unit`). Only its CPU record and counts are kept."""
+    from ..engine.config import MAX_PART_BYTES
+
     if len(scan) < 2:
         return None
-    mb = scan[-1]["mb"]
+    mb, part_mb = scan[-1]["mb"], MAX_PART_BYTES / 1e6
     r = run_engine(str(cached_corpus(Path(cfg.workdir), mb)), tok, "memmap", n,
-                   Path(cfg.workdir) / f"coarse-{mb:g}mb", 64.0, cfg.batch_mb)
+                   Path(cfg.workdir) / f"coarse-{mb:g}mb", part_mb, cfg.batch_mb)
     shutil.rmtree(r["out"], ignore_errors=True)
-    print(f"  {mb:g} MB in 64 MB units: {r['units']} units", flush=True)
+    print(f"  {mb:g} MB in {part_mb:g} MB units: {r['units']} units", flush=True)
     return {"mb": mb, **{k: r[k] for k in ("seconds", "units", "cpu", "input_bytes")}}
 
 

@@ -18,6 +18,7 @@ CHOICES = {"dtype": ("auto", "uint16", "int32"), "bos": ("auto", "yes", "no"), "
            "bad_docs": ("skip", "fail")}  # the values these settings take (the command line's choices too)
 
 
+MAX_PART_BYTES = 64_000_000  # the largest part the plan cuts (from 64 GB of memmap input on)
 PARTS_MEMMAP = 1024   # memmap: parts per input (before the 1 MB floor); ~3.5 per worker on a 288-core node
 PARTS_PARQUET = 32    # token-list, padded: each part is an output file
 
@@ -88,7 +89,7 @@ class TokenizeConfig:
         if self.part_mb is not None:
             return max(1, int(self.part_mb * 1e6))
         share = PARTS_MEMMAP if self.format == "memmap" else PARTS_PARQUET
-        return int(min(64e6, max(1e6, text_bytes / share)))
+        return int(min(MAX_PART_BYTES, max(1e6, text_bytes / share)))
 
     def source_options(self, text_bytes: int) -> SourceOptions:
         from ..sources import SourceOptions

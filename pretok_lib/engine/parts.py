@@ -7,7 +7,8 @@ main process has told where (`memmap_place.place_part`).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+import functools
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TypedDict
 
@@ -44,24 +45,20 @@ class Job:
     objects: tuple = ()  # (URL, size, identity) of the unit's remote inputs as planned: read without a HEAD
     stamps: tuple[Stamp, ...] = ()  # the local inputs' identities as planned (`check_stamps`)
 
+    @functools.cached_property
+    def _by_path(self) -> dict[str, Stamp]:
+        return {s[0]: s for s in self.stamps}
+
     def unit_fields(self, unit: Unit) -> tuple[tuple, tuple[Stamp, ...]]:
         """(`objects`, `stamps`) of `unit`: the planned listing of its remote inputs (a worker did not list them)
         and the planned identities of its local ones. Looked up by path: a run over many files has as many stamps,
         and the main process asks once per unit."""
-        by_path = self.__dict__.get("_by_path")
-        if by_path is None:  # built on the first call (a frozen dataclass: set through __dict__, never pickled)
-            by_path = self.__dict__["_by_path"] = {s[0]: s for s in self.stamps}
-        return listed(unit.paths), tuple(by_path[p] for p in dict.fromkeys(unit.paths) if p in by_path)
-
-    def for_unit(self, unit: Unit) -> "Job":
-        """The job with `unit_fields(unit)` (what a worker needs of it, no other unit's stamps)."""
-        objects, stamps = self.unit_fields(unit)
-        return replace(self, objects=objects, stamps=stamps)
+        return listed(unit.paths), self.stamps_of(unit)
 
     def stamps_of(self, unit: Unit) -> tuple[Stamp, ...]:
-        return self.unit_fields(unit)[1]
+        return tuple(self._by_path[p] for p in dict.fromkeys(unit.paths) if p in self._by_path)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict:  # the lookup is rebuilt where needed, never pickled
         return {k: v for k, v in self.__dict__.items() if k != "_by_path"}
 
 

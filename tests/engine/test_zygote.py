@@ -311,6 +311,7 @@ def test_the_zygote_forks_no_more_workers_than_the_plan_has_tasks(shared_data: P
         w.backend(load_tokenizer(str(GPT2_JSON)), None)
         while w.started is None:
             assert w.zygote.is_alive()
+            time.sleep(0.01)
         assert w.started == min(6, tasks)
         end = time.monotonic() + 60  # only catches a hang: forking takes milliseconds
         while len(psutil.Process(w.zygote.pid).children()) < w.started:
