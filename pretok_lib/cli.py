@@ -249,6 +249,12 @@ def cmd_gpu_check(a: argparse.Namespace) -> int:
     return main(a)
 
 
+def cmd_gpu_study(a: argparse.Namespace) -> int:
+    from .bench.gpu_study import main
+
+    return main(a)
+
+
 def _kv(text: str) -> tuple[str, object]:
     from .launch.sweep import parse_setting
 
@@ -268,7 +274,7 @@ in DDP training, and measure whether the data path is the bottleneck.
 Every subcommand has --help; the README and docs/ hold the contracts."""
 
 SUBCOMMANDS_LIGHT = ("corpus", "tokenize", "merge", "inspect", "verify", "demo", "sweep", "study", "gpu-check",
-                     "export", "report")
+                     "gpu-study", "export", "report")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -386,6 +392,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     add_gpu_check_args(p)
     p.set_defaults(fn=cmd_gpu_check)
+    p = sub.add_parser("gpu-study", help="the study's model (MFU), the five data paths (measured vs predicted stall) "
+                       "and the engine's scaling on a GPU machine, in one budget; one JSON (docs/GPU_CHECK.md)")
+    from .bench.gpu_study import add_args as add_gpu_study_args
+
+    add_gpu_study_args(p)
+    p.set_defaults(fn=cmd_gpu_study)
     bench = sub.add_parser("bench", help="benchmarks that print tables and ratios measured in one run")
     if heavy:
         bsub = bench.add_subparsers(dest="bench", required=True)

@@ -5,9 +5,4 @@
 # (e.g. --gpus 2 --skip study).
 #   scripts/gpu_check.sh                       # everything, verdict in runs/gpu-check/verdict.json
 #   scripts/gpu_check.sh --device cpu          # the same checks a CPU can run (gloo, fp32), CUDA ones skipped
-set -euo pipefail
-cd "$(dirname "$0")/.."
-PY="${PRETOK_PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PY" -m pretok_lib.cli gpu-check "$@"
+exec "$(dirname "$0")/pretok_offline.sh" gpu-check "$@"

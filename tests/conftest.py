@@ -154,7 +154,8 @@ def shared_data() -> Path:
 SLOW_FIRST = ("tests/notebooks/test_notebooks.py", "tests/slurm", "tests/bench/test_bench_train.py",
               "tests/train/test_resume.py", "tests/bench/test_gpu_check.py", "tests/engine/test_pretokenize.py",
               "tests/train/test_ddp.py", "tests/bench/test_bench_tokenize.py", "tests/engine/test_faults_tokenize.py",
-              "tests/train/test_hardware.py", "tests/data/test_mixture.py", "tests/train/test_mixture_train.py")
+              "tests/train/test_hardware.py", "tests/data/test_mixture.py", "tests/train/test_mixture_train.py",
+              "tests/bench/test_gpu_study.py")
 
 
 def work_unit(nodeid: str) -> str:

@@ -93,8 +93,8 @@ def test_a_signals_turned_into_another_error_still_ends_as_terminated(monkeypatc
 # Minimal arguments that parse, per subcommand; a subcommand missing here fails the test below (add it).
 PARSES = {"corpus": ["--out", "c.parquet"], "tokenize": ["in.txt", "--out", "o", "--tokenizer", "t"],
           "merge": ["s0", "--out", "o"], "inspect": ["d"], "verify": ["d"], "demo": [], "export": ["runs/x"],
-          "sweep": ["--config", "c.yaml"], "study": [], "gpu-check": [], "bench tokenize": [], "bench loaders": [],
-          "bench train": [], "report": ["runs"]}
+          "sweep": ["--config", "c.yaml"], "study": [], "gpu-check": [], "gpu-study": [], "bench tokenize": [],
+          "bench loaders": [], "bench train": [], "report": ["runs"]}
 OWN_SIGTERM = {"train"}  # the trainer checkpoints on SIGTERM (tests/train)
 
 

@@ -15,6 +15,11 @@ modelled as `data/loader.py` and `data/baselines.py` run it. Torch-free.
   (per-slot costs; per-batch costs amortize at a longer L: conservative too).
 - Main-process cost per slot m (receive a worker's batch: unpickle, collate, copy): the benchmark's
   `ref: torch.randint via DataLoader wN` rate (batches made in N workers at no data cost) inverted, in s/slot.
+- Paced rows (`pretok bench loaders --pace-ms P`: next() timed alone, called once per P ms as a training step calls
+  it; bench/loaders_paced.py) replace two of these where measured: with no workers the supply is the paced rate
+  (a batch made between steps costs more than back to back: +0.4-0.7 ms per batch on an H200 machine), with
+  workers m is the paced time of receiving that path's prefetched batch per slot (0.3 ms there, where the
+  throughput reference implied 0.77 ms).
 """
 
 from __future__ import annotations
@@ -94,9 +99,12 @@ def target_supply(loaders: Mapping[str, Any], row: Mapping[str, Any], cores_per_
     main-process cost (s/slot) and how it was derived."""
     kind, w = row["kind"], int(row.get("workers") or 0)
     cores = int((loaders.get("environment") or {}).get("cpus") or 1)
-    measured = float(row["tokens_per_s"])
+    paced = row.get("paced_tokens_per_s")   # next() called once per step (bench/loaders_paced.py), if measured
+    measured = float(paced if paced and not w else row["tokens_per_s"])
     at_len = at_seq_len(kind, measured, loaders.get("seq_len"), seq_len, slot_cost(loaders, w))
     target_w = w if not w or cores_per_rank is None else cores_per_rank
+    main = 1.0 / paced if paced and w else main_cost(loaders, w)
     return {"supply": at_len * worker_scale(kind, w, cores, cores_per_rank, ranks) * cpu_speed,
             "supply_at_seq_len": at_len, "target_workers": target_w, "sharing": sharing(kind),
-            "main_per_slot": main_cost(loaders, w) / cpu_speed if target_w else 0.0, "cores_measured": cores}
+            "main_per_slot": main / cpu_speed if target_w else 0.0, "cores_measured": cores,
+            "paced": bool(paced)}

@@ -73,6 +73,8 @@ class LoadersBench(BenchConfig):
     repeats: int = 3  # rounds of every row, interleaved and rotated; the table keeps the fastest
     probe: bool = True  # machine_probe around every measurement
     seed: int = 0
+    pace_ms: float = 0.0  # > 0: each path also called once per P ms (loaders_paced.py), for the stall model
+    paced_batches: int = 10
     memory: list[str] = field(default_factory=list)  # KIND=DIR outputs for the memory benchmark
     memory_world: int = 4  # ranks simulated (rank 0 is measured)
     memory_batches: int = 8000  # timed batches (in-ram, block)
@@ -99,6 +101,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "targets take the median of the rounds' ratios with its interval")
     p.add_argument("--no-probe", dest="probe", action="store_false", help="no machine probe around the measurements")
     p.add_argument("--seed", type=at_least(0), default=d.seed)
+    p.add_argument("--pace-ms", type=float, default=d.pace_ms,
+                   help="> 0: also time each path's next() called once per this many ms (a training step's pace)")
+    p.add_argument("--paced-batches", type=at_least(1), default=d.paced_batches)
     add_output_args(p)
     from .loaders_memory import add_args as add_memory_args
 
@@ -379,6 +384,15 @@ def run(args: LoadersBench) -> dict:
         if r["kind"] == "reference":
             r["setup_s"] = r["first_batch_s"]
         print(f"  {name}: {text(r['estimate'], '.4g')} tokens/s, setup {r['setup_s']:.2f} s", flush=True)
+    if args.pace_ms > 0:
+        from .loaders_paced import pace_path
+
+        for name, r in res.items():
+            if r["kind"] in KINDS:
+                r.update(pace_path(r["kind"], corpus if r["kind"] in SLOW else outs[r["kind"]], tok, L, B, args.seed,
+                                   r["workers"], args.paced_batches, args.warmup, args.pace_ms / 1e3))
+                print(f"  {name}: paced every {args.pace_ms:g} ms: next() {1e3 * r.get('paced_batch_s', 0):.3f} ms "
+                      f"(back to back {1e3 / r['batches_per_s']:.3f} ms)", flush=True)
     ceil = res[CEIL]["tokens_per_s"]
     for name, r in res.items():
         pad = res.get(f"{BASELINE} w{r['workers']}")

@@ -120,6 +120,7 @@ class LogConfig:
     mlflow_uri: str | None = None   # default: a file store in <run.dir>/mlruns
     wandb_mode: str = "offline"     # offline (written under the run: `wandb sync` it), online, disabled
     experiment: str | None = None   # MLflow experiment / W&B project; default: the config's name
+    profile_step: int = 0           # > 0: that step runs under torch.profiler; <run>/profile-step<N>.{txt,json}
 
 
 @dataclass
@@ -129,6 +130,8 @@ class CheckpointConfig:
     resume: bool = True             # continue from the newest checkpoint in the run directory (false: start
     #                                 over, deleting the run directory's checkpoints first)
     export: bool = True             # a completed run writes <run>/hf: transformers model + tokenizer (export.py)
+    at_end: bool = True             # false: no checkpoint at the last step (a measurement run nothing resumes;
+    #                                 a stop signal still writes one)
 
 
 @dataclass
@@ -376,7 +379,7 @@ LIMITS: dict[str, Limit] = {
     "train.beta2": Limit(0, 1, hi_open=True), "train.eps": _POS, "train.grad_clip": _NONNEG,
     "train.target_loss": _NONNEG, "train.time_budget_s": _POS, "train.gc_every": _NONNEG,
     "eval.every": _ONE, "eval.batches": _ONE,
-    "log.every": _ONE, "log.skip_steps": _NONNEG,
+    "log.every": _ONE, "log.skip_steps": _NONNEG, "log.profile_step": _NONNEG,
     "checkpoint.every": _NONNEG, "checkpoint.keep": _ONE,
     "hardware.peak_tflops": _POS,
 }

@@ -30,6 +30,7 @@ from .hardware import peak_flops, resolve_precision, set_tf32
 from .identity import source_fingerprint
 from .metrics import MetricsLog, peak_memory_mb
 from .model import build_model, model_flops_per_token, vocab_size_for
+from .profile import profiled
 
 BUDGET_SPENT = "time_budget_spent"  # Counters.extra: the run ended at this step by train.time_budget_s
 
@@ -324,7 +325,8 @@ class Trainer:
         if p.extra.get(BUDGET_SPENT):   # resumed from the checkpoint of the step that ended the run: nothing to do
             return "completed"
         while p.step < c.train.steps:
-            m = self.step(batches)
+            with profiled(p.step + 1 == c.log.profile_step, self.run_dir / f"profile-step{p.step + 1}", d):
+                m = self.step(batches)
             p.step += 1
             p.wall_s = wall0 + time.perf_counter() - started
             p.samples += global_batch
@@ -361,7 +363,8 @@ class Trainer:
                 if d.is_main:
                     own = f" (own layout {v['val_loss_own']:.4f})" if "val_loss_own" in v else ""
                     self.log(f"step {p.step} val loss {v['val_loss']:.4f} ppl {v['val_ppl']:.2f}{own}")
-            saved = bool(flag[0] or last or (c.checkpoint.every and p.step % c.checkpoint.every == 0))
+            saved = bool(flag[0] or (last and c.checkpoint.at_end) or
+                         (c.checkpoint.every and p.step % c.checkpoint.every == 0))
             if saved:
                 self.save()
             if last:    # also when a stop signal came during the last step: nothing is left to resume

@@ -3,6 +3,8 @@ the formula and the peaks: flops.py)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -40,12 +42,17 @@ def hf_config(cfg: ModelConfig, vocab_size: int, seq_len: int) -> LlamaConfig:
 
 def build_model(cfg: ModelConfig, vocab_size: int, seq_len: int, seed: int,
                 device: torch.device | str = "cpu") -> LlamaForCausalLM:
-    """Weights initialised from `seed` alone (same on every rank and every run); fp32 master weights."""
+    """Weights initialised from `seed` alone (same on every rank and every run of a device type); fp32 master
+    weights. On a GPU they are created and initialised there (a 1.5B model takes seconds to initialise on a CPU,
+    milliseconds on the GPU), so a GPU run's first weights differ from a CPU run's of the same seed."""
     hf = hf_config(cfg, vocab_size, seq_len)
     hf._attn_implementation = "sdpa"
-    with torch.random.fork_rng(devices=[]):
+    device = torch.device(device)
+    on_gpu = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if on_gpu else []):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(hf)
+        with device if on_gpu else contextlib.nullcontext():
+            model = LlamaForCausalLM(hf)
     return model.to(device)
 
 

@@ -87,6 +87,25 @@ def test_cores_per_rank_scales_worker_rows_only() -> None:
     assert S.supply_rows(_bench(cpus=1), cores_per_rank=4)[1]["supply"] == pytest.approx(6e4 * 4)
 
 
+def test_paced_rows_set_the_supply_without_workers_and_the_main_cost_with_them() -> None:
+    """A paced row (next() timed once per step, `--pace-ms`) replaces the back-to-back rate without workers and the
+    randint reference's main cost with workers; the other rows keep the model as first built."""
+    from pretok_lib.analysis.supply import VIA, target_supply
+
+    b = _bench()
+    b["loaders"][VIA.format(2)] = {"kind": "reference", "workers": 2, "tokens_per_s": 1e6}
+    b["loaders"]["padded w0"].update(paced_tokens_per_s=2e4)
+    b["loaders"]["padded w2"].update(paced_tokens_per_s=5e6)
+    t0 = target_supply(b, b["loaders"]["padded w0"])
+    assert (t0["supply"], t0["main_per_slot"], t0["paced"]) == (2e4, 0.0, True)
+    t2 = target_supply(b, b["loaders"]["padded w2"])
+    assert t2["supply"] == 6e4 and t2["main_per_slot"] == pytest.approx(1 / 5e6) and t2["paced"]
+    t = target_supply(b, b["loaders"]["pretok-memmap w0"])
+    assert (t["supply"], t["paced"]) == (1e8, False)
+    plain = {k: v for k, v in b["loaders"]["padded w2"].items() if k != "paced_tokens_per_s"}
+    assert target_supply(b, plain)["main_per_slot"] == pytest.approx(1 / 1e6)
+
+
 # ---------------------------------------------------------------- prediction vs measurement on this CPU
 
 
