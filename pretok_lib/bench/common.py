@@ -45,12 +45,21 @@ def from_args(cls: type[C], args: argparse.Namespace) -> C:
 
 def positive(text: str) -> float:
     """An argparse type: a finite number > 0 (MB sizes: nan or inf reached `int(mb * 1e6)` as a traceback)."""
+    return _finite(text, 0.0, open_low=True)
+
+
+def non_negative(text: str) -> float:
+    """An argparse type: a finite number >= 0 (0 = off, e.g. `--pace-ms`)."""
+    return _finite(text, 0.0, open_low=False)
+
+
+def _finite(text: str, low: float, open_low: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    if not (math.isfinite(value) and (value > low if open_low else value >= low)):
+        raise argparse.ArgumentTypeError(f"must be a finite number {'>' if open_low else '>='} {low:g}, got {text}")
     return value
 
 

@@ -29,7 +29,7 @@ from ..machine.cpu_affinity import usable_cpus
 from ..machine.probe import machine_line
 from . import fmt_num
 from .common import (BenchConfig, add_common_args, add_output_args, at_least, check_targets, corpus_and_tokenizer,
-                     counts, environment, from_args, offline, write_json)
+                     counts, environment, from_args, non_negative, offline, write_json)
 from .repeats import est_dict, probes_of, ratio_estimate, rounds, text, threshold_resolved
 
 SLOW = ON_THE_FLY  # tokenize on the fly: measured over --slow-batches
@@ -101,7 +101,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "targets take the median of the rounds' ratios with its interval")
     p.add_argument("--no-probe", dest="probe", action="store_false", help="no machine probe around the measurements")
     p.add_argument("--seed", type=at_least(0), default=d.seed)
-    p.add_argument("--pace-ms", type=float, default=d.pace_ms,
+    p.add_argument("--pace-ms", type=non_negative, default=d.pace_ms,
                    help="> 0: also time each path's next() called once per this many ms (a training step's pace)")
     p.add_argument("--paced-batches", type=at_least(1), default=d.paced_batches)
     add_output_args(p)

@@ -32,7 +32,7 @@ PATHS = list(KINDS)
 CODECS = list(CODEC_GRID)
 # The stall prediction of notebook 05: the original study's model at 35-45% MFU, supply as measured here
 STALL = {"target_config": "configs/study.yaml", "target_vocab": 131072, "target_seq_len": None,
-         "target_mfu": [0.35, 0.45], "cores_per_rank": None, "target_ranks": 1}
+         "target_mfu": [0.35, 0.45], "cores_per_rank": None, "target_ranks": 1, "gpu_study": None}
 # How the corpus is read and split (notebook 01; what `pretok tokenize` takes about the data): the study's own
 # documents, so every profile has the same defaults
 DATA = {"text_column": "text", "separator": None, "bos": "auto", "eos": "no", "heldout": 0.02}
@@ -170,6 +170,7 @@ PARAMETERS: dict[str, Param] = {
     "target_vocab": Param(("count", None), _ONE), "target_seq_len": Param(("count", None), _ONE),
     "target_mfu": Param(("list of numbers",), Limit(0, 1, lo_open=True)),
     "cores_per_rank": Param(("count", None), _ONE), "target_ranks": Param(("count",), _ONE),
+    "gpu_study": Param(("text", None), text=_FILE),                       # a `pretok gpu-study` JSON
 }
 
 

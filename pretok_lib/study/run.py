@@ -42,7 +42,8 @@ from .stopping import Stop as _Stop
 NOTEBOOK_DIR = ROOT / "notebooks"  # the source tree's; a study runs its home's (notebook_dir)
 _SOURCE_NOTEBOOKS = NOTEBOOK_DIR
 KERNEL = "pretok"
-PATH_PARAMETERS = ("corpus", "tokenizer", "config", "target_config")  # made absolute against the caller's cwd
+# made absolute against the caller's cwd
+PATH_PARAMETERS = ("corpus", "tokenizer", "config", "target_config", "gpu_study")
 
 
 def notebook_dir() -> Path:
