@@ -230,7 +230,7 @@ def loaders_part(cfg: GpuStudy, study: Study, seq: int, batch: int) -> Callable[
                           micro_batch=batch, workers=f"0,{cfg.workers}", batches=cfg.loader_batches,
                           slow_batches=cfg.loader_slow_batches, compressions="", repeats=cfg.loader_repeats,
                           probe=False, json=str(Path(cfg.workdir) / "loaders.json"), pace_ms=pace,
-                          paced_batches=cfg.paced_batches)
+                          paced_batches=cfg.paced_batches, paths=cfg.paths)
         loaders = loaders_run(lb)
         res["json"] = lb.json
         res["rates"] = {name: {"tokens_per_s": r["tokens_per_s"], "estimate": r.get("estimate")}

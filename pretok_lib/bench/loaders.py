@@ -73,6 +73,7 @@ class LoadersBench(BenchConfig):
     repeats: int = 3  # rounds of every row, interleaved and rotated; the table keeps the fastest
     probe: bool = True  # machine_probe around every measurement
     seed: int = 0
+    paths: str = ",".join(KINDS)  # the data paths measured, comma-separated
     pace_ms: float = 0.0  # > 0: each path also called once per P ms (loaders_paced.py), for the stall model
     paced_batches: int = 10
     memory: list[str] = field(default_factory=list)  # KIND=DIR outputs for the memory benchmark
@@ -101,6 +102,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "targets take the median of the rounds' ratios with its interval")
     p.add_argument("--no-probe", dest="probe", action="store_false", help="no machine probe around the measurements")
     p.add_argument("--seed", type=at_least(0), default=d.seed)
+    p.add_argument("--paths", default=d.paths, help="the data paths measured, comma-separated (default: all five)")
     p.add_argument("--pace-ms", type=non_negative, default=d.pace_ms,
                    help="> 0: also time each path's next() called once per this many ms (a training step's pace)")
     p.add_argument("--paced-batches", type=at_least(1), default=d.paced_batches)
@@ -345,6 +347,9 @@ def run(args: LoadersBench) -> dict:
         write_json(args.json, {"memory": rows, "args": args.record()})
         check_targets(args, not all(r["rss_pass"] for r in rows if r["impl"] != "in-ram"))
         return {"memory": rows}
+    kinds = [k.strip() for k in args.paths.split(",") if k.strip()]
+    if [k for k in kinds if k not in KINDS] or not kinds:
+        raise PretokError(f"--paths {args.paths!r}: choose among {', '.join(KINDS)}")
     work, corpus, tok = corpus_and_tokenizer(args)
     workers = [int(w) for w in str(args.workers).split(",") if w.strip()]
     info = load_tokenizer(tok)
@@ -372,7 +377,7 @@ def run(args: LoadersBench) -> dict:
         if w > 0:
             fns[VIA.format(w)] = reference(w, lambda w=w: via_dataloader(RandomBatches(info.vocab_size, L, B,
                                                                                        args.seed), w))
-        for kind in KINDS:
+        for kind in kinds:
             src = corpus if kind in SLOW else outs[kind]
             n = args.slow_batches if kind in SLOW else args.batches
             fns[f"{kind} w{w}"] = lambda kind=kind, src=src, w=w, n=n: bench_path(kind, src, tok, args, w, n)

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+import pytest
+
 from pretok_lib.bench.loaders import CEIL, COMPRESSIONS, RAND, VIA, add_args, main
 from pretok_lib.data import KINDS
 from tests.conftest import GPT2_JSON
@@ -58,3 +60,12 @@ def test_bench_loaders_smoke(tmp_path: Path, shared_data: Path) -> None:
         assert t["n"] == 2 and t["interval"][0] <= t["value"] <= t["interval"][1] and isinstance(t["resolved"], bool)
     assert res["machine"]["probed_runs"] == 2 * len(rows)
     assert res["environment"]["cpus"] >= 1 and res["seq_len"] == 64 and res["micro_batch"] == 4
+
+
+def test_an_unknown_path_is_one_line_before_anything_runs(tmp_path):
+    from pretok_lib.bench.loaders import LoadersBench, run
+    from pretok_lib.errors import PretokError
+
+    with pytest.raises(PretokError, match="--paths 'memmap': choose among"):
+        run(LoadersBench(paths="memmap", workdir=str(tmp_path)))
+    assert not any(tmp_path.iterdir())

@@ -31,7 +31,7 @@ def test_every_part_on_a_cpu(tmp_path, shared_data):
     corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     p = gpu_study(tmp_path, "--corpus", str(corpus), "--tokenizer", str(GPT2_JSON), "--set", *TINY,
                   "--mfu-steps", "4", "--mfu-skip", "1", "--no-compile", "--path-steps", "4", "--path-skip", "1",
-                  "--paths", "padded,pretok-memmap", "--loader-batches", "5", "--loader-slow-batches", "3",
+                  "--paths", "padding-free", "--loader-batches", "5", "--loader-slow-batches", "3",
                   "--loader-repeats", "2", "--paced-batches", "2", "--engine-mb", "1", "--engine-workers", "1,2",
                   "--engine-repeats", "1", "--budget", "900")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
@@ -43,7 +43,7 @@ def test_every_part_on_a_cpu(tmp_path, shared_data):
     assert mfu["profile"]["timed_on"] == "cpu" and mfu["profile"]["busy_s"] > 0
     assert mfu["facts"]["precision"] in ("fp32", "bf16") and mfu["met"] == (mfu["mfu"]["median"] >= 0.4)
     runs = out["parts"]["paths"]["runs"]
-    assert sorted(runs) == ["padded w0", "padded w2", "pretok-memmap w0", "pretok-memmap w2"]
+    assert sorted(runs) == ["padding-free w0", "padding-free w2"]   # on the fly: the raw corpus, tokenized in the loader
     checks = out["parts"]["loaders"]["checks"]
     for name, c in checks.items():
         for model in ("back_to_back", "paced"):
@@ -53,7 +53,8 @@ def test_every_part_on_a_cpu(tmp_path, shared_data):
             assert v["inside"] == (lo <= v["measured_stall"] <= hi)
             assert v["measured_stall"] == pytest.approx(runs[name]["data_stall"], rel=0.05, abs=1e-4)
     rates = json.loads((tmp_path / "w" / "loaders.json").read_text())["loaders"]
-    assert rates["pretok-memmap w0"]["paced_batches"] == 2 and rates["pretok-memmap w0"]["paced_batch_s"] > 0
+    assert rates["padding-free w0"]["paced_batches"] == 2 and rates["padding-free w0"]["paced_batch_s"] > 0
+    assert sorted(k for k in rates if not k.startswith("ref:")) == ["padding-free w0", "padding-free w2"]
     curve = out["parts"]["engine"]["curve"]
     assert [r["workers"] for r in curve["rows"]] == [1, 2]
     assert curve["rows"][1]["w1_from"] == "other runs"          # w2's run skipped w1: the N = 1 run's is used
