@@ -170,7 +170,7 @@ def _est(values) -> dict | None:
     return est_dict(estimate([v for v in values if v is not None]))
 
 
-def mfu_part(cfg: GpuStudy, data: dict, tok: str, seq: int, batch: int) -> Callable[[dict], None]:
+def mfu_part(cfg: GpuStudy, study: Study, data: dict, tok: str, seq: int, batch: int) -> Callable[[dict], None]:
     """The study's model on the memmap path with torch.compile: MFU per step, tokens/s, memory, the profile."""
     from .train import TrainBench, run_path
 
@@ -179,7 +179,7 @@ def mfu_part(cfg: GpuStudy, data: dict, tok: str, seq: int, batch: int) -> Calla
         tb = TrainBench(config=cfg.config, steps=cfg.mfu_steps, skip=cfg.mfu_skip, seq_len=seq, micro_batch=batch,
                         set=[*MEASURE_RUN, f"train.compile={str(cfg.compile).lower()}",
                              f"log.profile_step={cfg.mfu_steps}", *cfg.set])
-        r = run_path(PRETOK_MEMMAP, data[PRETOK_MEMMAP], tok, tb, runs, "mfu")
+        r = run_path(PRETOK_MEMMAP, data[PRETOK_MEMMAP], tok, tb, runs, "mfu", timeout=study.left())
         rows = steady(train_rows(runs / "mfu"), cfg.mfu_skip, cfg.mfu_steps)
         record = json.loads((runs / "mfu" / "run.json").read_text())
         prof = runs / "mfu" / f"profile-step{cfg.mfu_steps}.json"
@@ -212,7 +212,11 @@ def paths_part(cfg: GpuStudy, study: Study, data: dict, tok: str, seq: int, batc
                     continue
                 tb = TrainBench(config=cfg.config, steps=cfg.path_steps, skip=cfg.path_skip, seq_len=seq,
                                 micro_batch=batch, num_workers=w, set=[*MEASURE_RUN, "train.compile=false", *cfg.set])
-                r = run_path(kind, data[kind], tok, tb, runs, f"{kind}-w{w}")
+                try:
+                    r = run_path(kind, data[kind], tok, tb, runs, f"{kind}-w{w}", timeout=study.left())
+                except subprocess.TimeoutExpired:
+                    study.out["skipped"][f"paths {kind} w{w}"] = "budget: stopped when it ran out"
+                    continue
                 res["runs"][f"{kind} w{w}"] = {**r, "workers": w}
                 study.save()
     return run
@@ -365,7 +369,7 @@ def run(cfg: GpuStudy) -> dict:
     if {"mfu", "paths", "loaders"} & set(parts):
         data, tok, seq, batch = prepare_data(cfg, study.out["parts"].setdefault("data", {}))
         study.save()
-    fns = {"mfu": lambda: mfu_part(cfg, data, tok, seq, batch),
+    fns = {"mfu": lambda: mfu_part(cfg, study, data, tok, seq, batch),
            "paths": lambda: paths_part(cfg, study, data, tok, seq, batch),
            "loaders": lambda: loaders_part(cfg, study, seq, batch), "engine": lambda: engine_part(cfg, study)}
     for name in parts:

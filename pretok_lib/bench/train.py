@@ -93,7 +93,10 @@ def measure_run(run_dir: Path, skip: int) -> dict:
             **{k: mean_after(run.train[k], skip) for k in ("step_time_s", "data_wait_s")}}
 
 
-def run_path(kind: str, data_path: str, tok: str, a: TrainBench, runs: Path, run_id: str | None = None) -> dict:
+def run_path(kind: str, data_path: str, tok: str, a: TrainBench, runs: Path, run_id: str | None = None,
+             timeout: float | None = None) -> dict:
+    """Train `kind` in its own process (`python -m pretok_lib.train`) and measure its run; past `timeout` seconds the
+    process tree is stopped and `subprocess.TimeoutExpired` raised."""
     run_id = run_id or kind
     overrides = [f"run.dir={runs}", f"run.id={run_id}", "run.overwrite=true", f"data.kind={kind}",
                  f"data.path={data_path}", f"data.tokenizer={tok}", f"data.seq_len={a.seq_len}",
@@ -106,7 +109,8 @@ def run_path(kind: str, data_path: str, tok: str, a: TrainBench, runs: Path, run
     overrides += a.set  # last: --set overrides the defaults above
     cmd = [sys.executable, "-m", "pretok_lib.train", *(["--config", a.config] if a.config else []), *overrides]
     print(f"  {kind}: {' '.join(cmd[3:])}", flush=True)
-    p = run_child(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    p = run_child(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=timeout,
+                  grace_s=10.0)
     if p.returncode != 0:
         tail = p.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise PretokError(f"training on {kind} failed (exit {p.returncode}): {tail[0]}", runs / run_id)

@@ -43,7 +43,7 @@ def test_every_part_on_a_cpu(tmp_path, shared_data):
     assert mfu["profile"]["timed_on"] == "cpu" and mfu["profile"]["busy_s"] > 0
     assert mfu["facts"]["precision"] in ("fp32", "bf16") and mfu["met"] == (mfu["mfu"]["median"] >= 0.4)
     runs = out["parts"]["paths"]["runs"]
-    assert sorted(runs) == ["padding-free w0", "padding-free w2"]   # on the fly: the raw corpus, tokenized in the loader
+    assert sorted(runs) == ["padding-free w0", "padding-free w2"]   # on the fly: the corpus tokenized in the loader
     checks = out["parts"]["loaders"]["checks"]
     for name, c in checks.items():
         for model in ("back_to_back", "paced"):
@@ -73,3 +73,17 @@ def test_a_budget_no_part_fits_skips_them_and_says_so(tmp_path):
 def test_an_unknown_part_or_path_is_one_line(tmp_path, args, word):
     p = gpu_study(tmp_path, *args)
     assert p.returncode != 0 and word in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_training_run_past_its_time_is_stopped_with_its_process_tree(tmp_path):
+    """The parts hand each training run what is left of the budget (`run_path(timeout=...)`): past it the run's
+    whole process tree is stopped, so a hung run cannot eat the parts after it."""
+    import psutil
+
+    from pretok_lib.bench.train import TrainBench, run_path
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(subprocess.TimeoutExpired):   # the child is still importing torch after 0.3 s
+        run_path("pretok-memmap", str(tmp_path / "data"), str(GPT2_JSON), TrainBench(), tmp_path / "runs",
+                 timeout=0.3)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
