@@ -87,3 +87,17 @@ def test_a_training_run_past_its_time_is_stopped_with_its_process_tree(tmp_path)
         run_path("pretok-memmap", str(tmp_path / "data"), str(GPT2_JSON), TrainBench(), tmp_path / "runs",
                  timeout=0.3)
     assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+
+
+def test_the_pack_for_a_gpu_machine_holds_the_corpus_and_tokenizers(tmp_path, shared_data):
+    import tarfile
+
+    out = tmp_path / "data.tar.gz"
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_study_pack.py"), "--out", str(out)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["documents"] == 20485 and not list(tmp_path.glob("*.tmp"))
+    with tarfile.open(out) as tar:
+        assert sorted(tar.getnames()) == ["corpus.jsonl", "gpt2/tokenizer.json", "tekken_240718.json"]
+        lines = tar.extractfile("corpus.jsonl").read().decode().splitlines()
+    assert len(lines) == 20485 and all(json.loads(x)["text"].strip() for x in lines)
