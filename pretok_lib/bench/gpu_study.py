@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("mfu", "paths", "loaders", "engine")
 MIN_SECONDS = {"mfu": 90.0, "paths": 40.0, "loaders": 20.0, "engine": 40.0}  # a part starts only with this left
 MFU_GOAL = 0.40
-MEASURE_RUN = ["checkpoint.at_end=false", "checkpoint.export=false", "checkpoint.every=0"]
+MEASURE_RUN = ["checkpoint.at_end=false", "checkpoint.export=false"]   # run_path sets checkpoint.every=0
 
 
 @dataclass

@@ -26,7 +26,7 @@ def _rate(res: Mapping, name: str) -> float | None:
     return float(m["mb_per_s"]) if m and m.get("mb_per_s") else None
 
 
-def binding(res: Mapping, n: int) -> dict:
+def binding(res: Mapping, n: int, ceiling_mb_s: float | None = None) -> dict:
     """What limits the engine at N workers, from one bench JSON: the start-up's share of the run (a constant: it
     binds end to end as N grows), and in the tokenizing phase the main process's busy share of its core and the
     workers' of theirs (CPU-s per GB from the bench's accounting × the phase's GB/s). `binds`: the largest."""
@@ -40,7 +40,8 @@ def binding(res: Mapping, n: int) -> dict:
               "workers": workers * phase_gb_s / n}
     return {"main_cpu_s_per_gb": main, "workers_cpu_s_per_gb": workers, "startup_share": shares["start-up"],
             "main_busy": shares["main process"], "workers_busy": shares["workers"],
-            "phase_x_ceiling": None, "binds": max(shares, key=shares.get), "phase_mb_s": phase_gb_s * 1e3}
+            "phase_x_ceiling": phase_gb_s * 1e3 / ceiling_mb_s if ceiling_mb_s else None,
+            "binds": max(shares, key=shares.get), "phase_mb_s": phase_gb_s * 1e3}
 
 
 def curve_points(results: Sequence[Mapping]) -> list[dict]:
@@ -60,9 +61,7 @@ def curve_points(results: Sequence[Mapping]) -> list[dict]:
             continue
         rows.append({"workers": n, "engine_w1_mb_s": w1, "w1_from": "this run" if own else "other runs",
                      "engine_mb_s": wn, "ceiling_1_mb_s": c1, "ceiling_mb_s": cn, "speedup": wn / w1,
-                     "x_ceiling": wn / cn, **binding(res, n)})
-        if rows[-1].get("phase_mb_s"):
-            rows[-1]["phase_x_ceiling"] = rows[-1]["phase_mb_s"] / cn
+                     "x_ceiling": wn / cn, **binding(res, n, cn)})
     return sorted(rows, key=lambda r: r["workers"])
 
 
