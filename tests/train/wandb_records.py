@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 BLOCK, HEADER, FILE_HEADER = 32768, 7, 7
@@ -33,9 +34,22 @@ def records(path: Path) -> list:
     return out
 
 
+def _finished(path: Path, wait_s: float = 60.0) -> list:
+    """The records of one finished run. `run.finish()` returns before W&B's service has flushed the file (seen: only
+    the 7-byte header right after it, the rest a moment later), so wait for its `run` and `exit` records."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        rs = records(path)
+        kinds = {r.WhichOneof("record_type") for r in rs}
+        if {"run", "exit"} <= kinds or time.monotonic() > deadline:
+            assert {"run", "exit"} <= kinds, f"{path}: no run/exit record {wait_s:.0f} s after finish: {sorted(kinds)}"
+            return rs
+        time.sleep(0.1)
+
+
 def _files(run_dir: Path) -> list[list]:
     """The records of each offline run under `run_dir`, in the order the runs started."""
-    runs = [records(f) for f in run_dir.glob("wandb/offline-run-*/run-*.wandb")]
+    runs = [_finished(f) for f in run_dir.glob("wandb/offline-run-*/run-*.wandb")]
 
     def started(rs: list) -> tuple[int, int]:
         r = next(r for r in rs if r.WhichOneof("record_type") == "run")
