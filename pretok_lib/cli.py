@@ -388,15 +388,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_report)
     p = sub.add_parser("gpu-check", help="acceptance of a GPU machine: DDP/NCCL, bf16, compile, kill + resume, smoke "
                        "study; prints a JSON verdict (docs/GPU_CHECK.md)")
-    from .bench.gpu_check import add_args as add_gpu_check_args
+    if command in (None, "gpu-check"):  # its module and gpu-study's import torch (via the benches)
+        from .bench.gpu_check import add_args as add_gpu_check_args
 
-    add_gpu_check_args(p)
+        add_gpu_check_args(p)
     p.set_defaults(fn=cmd_gpu_check)
     p = sub.add_parser("gpu-study", help="the study's model (MFU), the five data paths (measured vs predicted stall) "
                        "and the engine's scaling on a GPU machine, in one budget; one JSON (docs/GPU_CHECK.md)")
-    from .bench.gpu_study import add_args as add_gpu_study_args
+    if command in (None, "gpu-study"):
+        from .bench.gpu_study import add_args as add_gpu_study_args
 
-    add_gpu_study_args(p)
+        add_gpu_study_args(p)
     p.set_defaults(fn=cmd_gpu_study)
     bench = sub.add_parser("bench", help="benchmarks that print tables and ratios measured in one run")
     if heavy:

@@ -220,3 +220,33 @@ def test_a_sigterm_inside_the_import_system_is_sent_again_past_it(monkeypatch) -
         assert c._sigterm_seen
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+HEAVY = ("torch", "transformers", "datasets", "pandas")
+
+
+def test_the_light_subcommands_never_import_the_training_stack(tmp_path, shared_data) -> None:
+    """Building the parser of any light subcommand, and running `pretok tokenize` end to end, imports none of torch,
+    transformers, datasets or pandas (torch alone is ~1.5 s of start-up: a subcommand's arguments defined next to
+    code that imports it once cost `pretok tokenize` 2 s of its 3)."""
+    import json
+    import os
+
+    from .conftest import GPT2_JSON, PYDOCS_JSONL, ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    code = ("import sys; from pretok_lib.cli import SUBCOMMANDS_LIGHT, build_parser\n"
+            "for c in SUBCOMMANDS_LIGHT:\n    build_parser(c)\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(list(PYDOCS_JSONL.open())[:20]))
+    code = ("import atexit, sys; sys.argv[0] = 'pretok'\n"
+            f"atexit.register(lambda: print(sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr))\n"
+            "from pretok_lib.cli import script; script()")
+    r = subprocess.run([sys.executable, "-c", code, "tokenize", str(corpus), "--tokenizer", str(GPT2_JSON),
+                        "--workers", "1", "--no-progress", "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and r.stderr.strip().splitlines()[-1] == "[]", r.stderr[-2000:]
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["counts"]["documents"] > 0

@@ -33,12 +33,11 @@ from typing import Any, Callable
 from ..analysis.stall import check_run
 from ..analysis.supply import VIA, target_supply
 from ..analysis.uncertainty import estimate
-from ..datapaths import KINDS, ON_THE_FLY, PRETOK_MEMMAP
+from ..datapaths import FORMAT_OF, KINDS, ON_THE_FLY, PRETOK_MEMMAP
 from ..errors import PretokError
 from ..formats import TRAIN_COMPRESSION
 from .common import (BenchConfig, add_common_args, at_least, corpus_and_tokenizer, counts, environment, positive,
                      write_json)
-from .loaders import FORMAT_OF, pretokenize, variant_dir
 from .repeats import est_dict
 from .scaling_curve import curve_lines, scaling_curve
 
@@ -337,6 +336,8 @@ def prepare_data(cfg: GpuStudy, res: dict) -> tuple[dict, str, int, int]:
     """The corpus pretokenized for the paths that read pretokenized data (the engine, every core); the paths'
     inputs, the tokenizer spec, the seq_len and micro-batch of the study's config (`--set` applied)."""
     import yaml
+
+    from .loaders import pretokenize, variant_dir  # imports torch: not at `pretok gpu-study --help`
 
     conf = yaml.safe_load(Path(cfg.config).read_text()) or {}
     over = dict(s.split("=", 1) for s in cfg.set if "=" in s)
