@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from ..analysis.supply import VIA  # the reference's row name: analysis reads it back from the bench's JSON
 from ..analysis.uncertainty import estimate
 from ..datapaths import BASELINE, FORMAT_OF, KINDS, ON_THE_FLY, PACKED, PARQUET_KINDS
 from ..datapaths import PRETOK_MEMMAP as MM
@@ -35,7 +36,6 @@ from .repeats import est_dict, probes_of, ratio_estimate, rounds, text, threshol
 SLOW = ON_THE_FLY  # tokenize on the fly: measured over --slow-batches
 COMPRESSIONS = CODEC_GRID
 CEIL, RAND = "ref: raw memmap get_batch", "ref: in-memory torch.randint"
-VIA = "ref: torch.randint via DataLoader w{}"
 COUNTS = ("tokens", "effective_tokens", "padding_tokens", "masked_tokens")
 NOTES = """\
 Timed: {n} batches ({slow} for the on-the-fly paths padded / padding-free) after {warm} untimed warm-up batches,

@@ -24,7 +24,7 @@ from .distributed import Dist
 KINDS = (("attention", r"flash|fmha|attention|sdpa|cudnn.*(mha|attn)"),
          ("matmul", r"gemm|matmul|\bmm\b|addmm|bmm|nvjet|cutlass|xmma|sm\d+_.*(tn|nt|nn|tt)|linear"),
          ("optimizer", r"adam|multi_tensor|foreach"),
-         ("copies", r"memcpy|memset|copy_|to_copy|cat"),
+         ("copies", r"memcpy|memset|copy_|to_copy|(?<![a-z])cat|concat"),  # cat, not scatter
          ("cross_entropy", r"log_softmax|nll_loss|cross_entropy|softmax"),
          ("compiled_triton", r"^triton_|triton"),
          ("other", r"."))

@@ -65,3 +65,7 @@ def test_kernel_names_sort_into_kinds():
     assert kind_of("void at::native::cunn_SoftMaxForward<4, float>") == "cross_entropy"
     assert kind_of("Memcpy HtoD (Pageable -> Device)") == "copies"
     assert kind_of("something_else") == "other"
+    for name in ("aten::cat", "void at::native::CatArrayBatchedCopy<float>", "aten::concat"):
+        assert kind_of(name) == "copies", name
+    for name in ("aten::scatter_add_", "void at::native::_scatter_gather_elementwise_kernel", "indicator"):
+        assert kind_of(name) == "other", name
