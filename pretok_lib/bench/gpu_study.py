@@ -332,9 +332,9 @@ def engine_part(cfg: GpuStudy, study: Study) -> Callable[[dict], None]:
     return run
 
 
-def prepare_data(cfg: GpuStudy, res: dict) -> tuple[dict, str, int, int]:
-    """The corpus pretokenized for the paths that read pretokenized data (the engine, every core); the paths'
-    inputs, the tokenizer spec, the seq_len and micro-batch of the study's config (`--set` applied)."""
+def prepare_data(cfg: GpuStudy, res: dict, kinds: set[str]) -> tuple[dict, str, int, int]:
+    """The corpus pretokenized (by the engine, every core) for those of `kinds` that read pretokenized data; the
+    paths' inputs, the tokenizer spec, the seq_len and micro-batch of the study's config (`--set` applied)."""
     import yaml
 
     from .loaders import pretokenize, variant_dir  # imports torch: not at `pretok gpu-study --help`
@@ -346,7 +346,7 @@ def prepare_data(cfg: GpuStudy, res: dict) -> tuple[dict, str, int, int]:
     work, corpus, tok = corpus_and_tokenizer(cfg)
     data = dict.fromkeys(ON_THE_FLY, corpus)
     t = time.monotonic()
-    for kind, fmt in FORMAT_OF.items():
+    for kind, fmt in ((k, f) for k, f in FORMAT_OF.items() if k in kinds):
         data[kind] = str(work / f"pretok-s{seq}" / variant_dir(fmt, TRAIN_COMPRESSION))
         m = pretokenize(corpus, tok, fmt, seq, TRAIN_COMPRESSION, Path(data[kind]))
         res.setdefault("tokens", m["counts"]["tokens"])
@@ -368,7 +368,9 @@ def run(cfg: GpuStudy) -> dict:
     study = Study(cfg)
     study.save()
     if {"mfu", "paths", "loaders"} & set(parts):
-        data, tok, seq, batch = prepare_data(cfg, study.out["parts"].setdefault("data", {}))
+        kinds = ({PRETOK_MEMMAP} if "mfu" in parts else set()) | \
+            ({k.strip() for k in cfg.paths.split(",")} if {"paths", "loaders"} & set(parts) else set())
+        data, tok, seq, batch = prepare_data(cfg, study.out["parts"].setdefault("data", {}), kinds)
         study.save()
     fns = {"mfu": lambda: mfu_part(cfg, study, data, tok, seq, batch),
            "paths": lambda: paths_part(cfg, study, data, tok, seq, batch),

@@ -355,9 +355,10 @@ def run(args: LoadersBench) -> dict:
     info = load_tokenizer(tok)
     pre = work / f"pretok-s{args.seq_len}"
     outs, manifests = {}, {}
-    for kind, fmt in FORMAT_OF.items():
-        outs[kind] = str(pre / variant_dir(fmt, TRAIN_COMPRESSION))
-        manifests[fmt] = pretokenize(corpus, tok, fmt, args.seq_len, TRAIN_COMPRESSION, Path(outs[kind]))
+    for kind, fmt in FORMAT_OF.items():  # memmap always (the ceiling reads its data.bin), the rest if asked for
+        if kind == MM or kind in kinds:
+            outs[kind] = str(pre / variant_dir(fmt, TRAIN_COMPRESSION))
+            manifests[fmt] = pretokenize(corpus, tok, fmt, args.seq_len, TRAIN_COMPRESSION, Path(outs[kind]))
     mm = manifests["memmap"]
     print(f"corpus {corpus}: {mm['counts']['documents']} docs, {mm['counts']['tokens']} tokens; tokenizer {tok}; "
           f"seq_len {args.seq_len}, micro-batch {args.micro_batch}", flush=True)

@@ -38,6 +38,8 @@ def test_every_part_on_a_cpu(tmp_path, shared_data):
     out = json.loads((tmp_path / "out" / "gpu-study.json").read_text())
     assert out["errors"] == {} and out["skipped"] == {} and out["finished"]
     assert set(out["parts"]) == {"data", "mfu", "paths", "loaders", "engine"}
+    # pretokenized for what runs only: the mfu part's memmap (the one path asked for tokenizes on the fly)
+    assert [p.name for p in (tmp_path / "w").glob("pretok-s*/*")] == ["memmap"]
     mfu = out["parts"]["mfu"]
     assert mfu["measured_steps"] == 2 and 0 < mfu["mfu"]["median"] <= 1   # steps 2-3: the 4th is profiled
     assert mfu["profile"]["timed_on"] == "cpu" and mfu["profile"]["busy_s"] > 0
