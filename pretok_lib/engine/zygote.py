@@ -278,6 +278,7 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
     """Take units until None; each becomes one committed part, its record sent back. The filesystems of
     `preload` (URL schemes of the inputs) are made first, while the main process plans."""
     from ..errors import PretokError
+    from ..sources.read import start_reading_ahead
     from ..tokenizer import limit_threads_to_one_cpu
     from .memmap_place import place_part
     from .parts import process_unit
@@ -292,8 +293,11 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
 
         warm_filesystems(preload)
     report = _Progress(results)
-    blob, base = b"", None
-    while (task := _next_task(*tasks)) is not None:
+    blob, base, held = b"", None, _NOTHING
+    while True:
+        task, held = _next(tasks, held)
+        if task is None:
+            break
         try:
             if task[0] == "place":
                 place_part(task[1])
@@ -308,6 +312,10 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
                 if not _INFO or _INFO[0].fingerprint != job.tokenizer.fingerprint:
                     raise PretokError("the tokenizer file could not be read or changed while the run was starting",
                                       job.tokenizer.spec)
+                if held is _NOTHING:  # hold the next task, if one is queued, and start reading its unit's first
+                    held = _take_now(tasks[0])  # row group while this one is encoded (`sources/read_ahead.py`)
+                    if isinstance(held, tuple) and held[0] == "unit" and held[3] == run_job:
+                        start_reading_ahead(held[1], base.sources)
                 record = process_unit(unit, _encoder(backend), job, report)
                 results.put(("done", record, report.take()))
         except Exception as e:
@@ -337,6 +345,33 @@ class _Progress:
             return None
         out, self.counts = (*self.counts, time.time()), [0, 0, 0]
         return out
+
+
+_NOTHING = object()  # a worker holds no task taken ahead
+
+
+def _next(tasks, held) -> tuple:
+    """(the next task, what the worker holds after it): a waiting placement first, then the task held, then the
+    next one queued (None: stop)."""
+    import queue
+
+    try:
+        return tasks[1].get_nowait(), held
+    except queue.Empty:
+        pass
+    if held is not _NOTHING:
+        return held, _NOTHING
+    return _next_task(*tasks), _NOTHING
+
+
+def _take_now(q):
+    """The next queued task if one can be had at once (None: stop), else _NOTHING."""
+    import queue
+
+    try:
+        return q.get_nowait()
+    except queue.Empty:
+        return _NOTHING
 
 
 def _next_task(tasks, urgent):

@@ -17,6 +17,7 @@ from .arrow_text import INVALID, MISSING, as_string_array, decode_each, is_text_
 from .arrow_text import byte_lengths as _byte_lengths
 from .inputs import DocBatch, SourceOptions, Unit, compile_separator
 from .plan import _load_hf, _parquet_file, _text_column_index
+from . import read_ahead
 from .prefetch import prefetched
 from .remote import is_url
 from .remote_file import RemoteFile, open_input, read_bytes
@@ -115,9 +116,11 @@ def _read_parquet(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
     decompression and decoding, which run without the GIL, overlap the encoding of the batch before."""
     path = unit.paths[0]
     remote = RemoteFile(path) if is_url(path) else None
+    identity = None
     if remote is None:
         st = os.stat(path)
-        meta, starts = _local_footer(path, st.st_size, st.st_mtime_ns)
+        identity = (path, st.st_size, st.st_mtime_ns)
+        meta, starts = _local_footer(*identity)
         pf = _parquet_file(path, metadata=meta)
     else:
         pf = _parquet_file(path, remote)
@@ -126,7 +129,7 @@ def _read_parquet(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
     if remote is not None:  # the unit's text column chunks, consecutive ones fetched together
         remote.expect(_chunk_ranges(pf.metadata, col, unit.start, unit.stop))
     try:
-        for arr, where in prefetched(_parquet_arrays(pf, col, unit, c.opts, starts)):
+        for arr, where in prefetched(_parquet_arrays(pf, col, unit, c.opts, starts, identity)):
             yield from c.add_arrow(arr, where)
     except PretokError:
         raise
@@ -151,20 +154,22 @@ def _local_footer(path: str, size: int, mtime_ns: int) -> tuple[object, tuple[in
     return meta, _row_starts(meta)
 
 
-def _parquet_arrays(pf, col: int, unit: Unit, opts: SourceOptions,
-                    starts: tuple[int, ...]) -> Iterator[tuple[object, str]]:
+def _parquet_arrays(pf, col: int, unit: Unit, opts: SourceOptions, starts: tuple[int, ...],
+                    identity: tuple | None = None) -> Iterator[tuple[object, str]]:
     """(text array, where) of the unit's rows, row group by row group (`starts`: each group's first row, found by
-    bisection); the only code that reads `pf`."""
+    bisection); the only code that reads `pf`, but for a first row group read ahead (`read_ahead`) of the file of
+    this `identity` (path, size, mtime_ns; None: remote, never read ahead)."""
     meta = pf.metadata
     rg = max(0, bisect.bisect_right(starts, unit.start) - 1)
+    ahead = None if identity is None else (*identity, rg, opts.text_column)
     while rg < meta.num_row_groups and starts[rg] < unit.stop:
         rgm, first = meta.row_group(rg), starts[rg]
         lo, hi = max(unit.start, first), min(unit.stop, first + rgm.num_rows)
         if lo < hi:
             where = f"{unit.paths[0]} (row group {rg})"
-            for arr in _row_group_arrays(pf, rg, rgm, col, lo - first, hi - first, opts):
+            for arr in _row_group_arrays(pf, rg, rgm, col, lo - first, hi - first, opts, ahead):
                 yield arr, where
-        rg += 1
+        rg, ahead = rg + 1, None
 
 
 def _chunk_ranges(meta, col: int, start: int, stop: int) -> list[tuple[int, int]]:
@@ -180,17 +185,26 @@ def _chunk_ranges(meta, col: int, start: int, stop: int) -> list[tuple[int, int]
     return out
 
 
-def _row_group_arrays(pf, rg: int, rgm, col: int, lo: int, hi: int, opts: SourceOptions) -> Iterator[object]:
+def _small_row_group(rgm, col: int, opts: SourceOptions) -> bool:
+    """Whether a row group's text column is read whole (else streamed in batches: bounded memory)."""
+    return rgm.column(col).total_uncompressed_size <= 4 * opts.batch_bytes
+
+
+def _row_group_arrays(pf, rg: int, rgm, col: int, lo: int, hi: int, opts: SourceOptions,
+                      ahead: tuple | None = None) -> Iterator[object]:
     """Rows [lo, hi) of one row group's text column: read whole if small (fast), streamed in batches if big
     (bounded memory).
 
     Args:
         pf: the open ParquetFile; rg, rgm: the row group's index and metadata; col: the text column's leaf index.
         lo, hi: the rows within the row group; opts: the text column's name and the batch size.
+        ahead: the key this row group was read ahead under, if it may have been (`read_ahead.take`).
     """
     name = opts.text_column
-    if rgm.column(col).total_uncompressed_size <= 4 * opts.batch_bytes:
-        arr = pf.read_row_group(rg, columns=[name], use_threads=False).column(0).combine_chunks()
+    if _small_row_group(rgm, col, opts):
+        arr = read_ahead.take(ahead) if ahead is not None else None
+        if arr is None:
+            arr = pf.read_row_group(rg, columns=[name], use_threads=False).column(0).combine_chunks()
         yield arr.slice(lo, hi - lo)
         return
     avg = max(1, rgm.total_byte_size // max(rgm.num_rows, 1))
@@ -320,6 +334,28 @@ def _read_hf(unit: Unit, c: _Collector) -> Iterator[DocBatch]:
 
 _READERS: dict[str, Reader] = {"parquet": _read_parquet, "jsonl": _read_jsonl, "jsonl.gz": _read_jsonl,
                                "jsonl.zst": _read_jsonl, "txt": _read_txt, "hf-disk": _read_hf}
+
+
+def start_reading_ahead(unit: Unit, opts: SourceOptions) -> None:
+    """Start decoding the first row group of `unit` (a local Parquet unit whose first group is read whole) in a
+    thread, for `read_unit(unit, opts)` to take when it begins (`read_ahead.py`); anything else: nothing."""
+    path = unit.paths[0] if unit.paths else ""
+    if unit.kind != "parquet" or is_url(path):
+        return
+    try:
+        st = os.stat(path)
+        identity = (path, st.st_size, st.st_mtime_ns)
+        meta, starts = _local_footer(*identity)
+        pf = _parquet_file(path, metadata=meta)
+        col = _text_column_index(pf, path, opts.text_column)
+    except Exception:  # the unit's own read meets it and says what is wrong
+        return
+    rg = max(0, bisect.bisect_right(starts, unit.start) - 1)
+    if rg >= meta.num_row_groups or not _small_row_group(meta.row_group(rg), col, opts):
+        return
+    name = opts.text_column
+    read_ahead.start((*identity, rg, name), lambda: pf.read_row_group(rg, columns=[name], use_threads=False)
+                     .column(0).combine_chunks())
 
 
 def read_unit(unit: Unit, opts: SourceOptions) -> Iterator[DocBatch]:
