@@ -13,8 +13,8 @@ progress not sent yet or None), ("hashed", [(block, leaf), ...]),
 main process watches the zygote. Zygote → main, once, on its own pipe: `Ready` (the backend it built for the
 workers, why faster ones could not be built), sent before it forks.
 
-A worker may hold one task ahead (taken when queued as it starts a unit; placements still go first) to decode
-that unit's first row group while it encodes (`sources/read_ahead.py`).
+A worker may hold one task ahead (taken as it starts a unit, if at least as many tasks as workers are queued;
+placements still go first) to decode that unit's first row group while it encodes (`sources/read_ahead.py`).
 
 The main process does no per-byte work: workers hash the input blocks (the inputs' checksums) and place finished
 memmap parts into the final files; the main process only hands out tasks and offsets.

@@ -187,6 +187,7 @@ def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, rea
         n = min(n, counts[0])
     if counts is not None:
         counts[1] = n
+    _FORKED[0] = n  # inherited: a worker holds a task ahead only while every other one could still take one
     procs = _start_workers(list(range(n)), tasks, results, preload)
     alive, requests = {p.sentinel: p for p in procs}, [conn]
     while alive:
@@ -348,6 +349,7 @@ class _Progress:
 
 
 _NOTHING = object()  # a worker holds no task taken ahead
+_FORKED = [1]  # the workers forked (set by the zygote before it forks)
 
 
 def _next(tasks, held) -> tuple:
@@ -365,12 +367,15 @@ def _next(tasks, held) -> tuple:
 
 
 def _take_now(q):
-    """The next queued task if one can be had at once (None: stop), else _NOTHING."""
+    """The next queued task if one can be had at once (None: stop) and at least as many are queued as there are
+    workers (so that none of the others goes without: a small plan, the run's tail), else _NOTHING."""
     import queue
 
     try:
+        if q.qsize() < _FORKED[0]:
+            return _NOTHING
         return q.get_nowait()
-    except queue.Empty:
+    except (queue.Empty, NotImplementedError):  # macOS has no qsize: no task held ahead
         return _NOTHING
 
 

@@ -322,3 +322,27 @@ def test_the_zygote_forks_no_more_workers_than_the_plan_has_tasks(shared_data: P
         zygote_pid = w.zygote.pid
     assert not psutil.pid_exists(zygote_pid) or psutil.Process(zygote_pid).status() == psutil.STATUS_ZOMBIE
     assert Workers(str(GPT2_JSON), None, 0).started == 0
+
+
+@pytest.mark.parametrize("workers", [1, 3, 16])
+def test_a_worker_holds_a_task_ahead_only_while_every_other_worker_could_still_take_one(monkeypatch, workers):
+    """A worker takes its next task ahead (to read its unit's first row group while it encodes) only when at least
+    as many tasks are queued as there are workers: a small plan, or the run's tail, is not left to a few of them."""
+    import multiprocessing as mp
+    import time
+
+    monkeypatch.setattr(zygote, "_FORKED", [workers])
+    for queued in (0, workers - 1, workers, workers + 1):
+        q = mp.get_context("fork").Queue()
+        try:
+            for k in range(queued):
+                q.put(("unit", k))
+            deadline = time.monotonic() + 10      # the feeder thread has written them all to the pipe
+            while queued and not q._reader.poll() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.05)
+            got = zygote._take_now(q)
+            assert (got is zygote._NOTHING) if queued < workers else (got == ("unit", 0)), (queued, got)
+        finally:
+            q.close()
+            q.join_thread()
