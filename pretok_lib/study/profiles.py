@@ -192,8 +192,8 @@ def takes(name: str, value: Any) -> bool:
     items = value if isinstance(value, list) else [value]
     numbers = [v for v in items if _is(v, "number")]
     texts = [v for v in items if isinstance(v, str)]
-    return (all(math.isfinite(v) and p.limit.allows(v) for v in numbers)
-            and (p.text is None or all(p.text[1](t) for t in texts)))
+    return (all(math.isfinite(v) and p.limit.allows(v) for v in numbers) and not any("\x00" in t for t in texts)
+            and (p.text is None or all(p.text[1](t) for t in texts)))  # NUL: no path, argv or name holds one
 
 
 def check_parameters(values: dict[str, Any]) -> None:

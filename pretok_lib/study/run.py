@@ -125,6 +125,8 @@ def absolute_paths(parameters: Mapping[str, Any]) -> dict[str, Any]:
 def _absolute(key: str, value: Any) -> Any:
     if not isinstance(value, (str, os.PathLike)) or not str(value):
         return value
+    if "\x00" in str(value):  # no file system takes it: one line, not os.path's ValueError
+        raise PretokError(f"notebook parameter(s) not taken: {key}={str(value)!r} (a path holds no NUL byte)")
     here = Path(value).expanduser().resolve()
     if here.exists() or not (key == "tokenizer" or resolve(Path(value).expanduser()).exists()):
         return str(here)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pretok_lib.cli import main as cli_main
@@ -493,6 +493,7 @@ _RUNNABLE = sorted(set(PROFILES["quick"]) - {"study_dir", "config", "target_conf
 
 @settings(max_examples=150, deadline=None)
 @given(st.dictionaries(st.sampled_from(_RUNNABLE), _VALUES, min_size=1, max_size=3))
+@example({"tokenizer": "\x00"})  # found by this test: a NUL byte in a path raised os.path's ValueError
 def test_a_study_runs_with_what_its_parameters_take_and_refuses_the_rest_first(tmp_path_factory, values) -> None:
     """Any --set values: a study whose values are all taken runs every notebook; one value not taken is one line
     before anything runs or is written."""
