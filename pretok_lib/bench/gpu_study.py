@@ -361,15 +361,15 @@ def run(cfg: GpuStudy) -> dict:
     bad = [p for p in parts if p not in PARTS]
     if bad:
         raise PretokError(f"unknown part(s) {', '.join(bad)} (choose from {', '.join(PARTS)})")
-    bad = [k for k in cfg.paths.split(",") if k.strip() and k.strip() not in KINDS]
+    paths = {k.strip() for k in cfg.paths.split(",") if k.strip()}
+    bad = sorted(paths - set(KINDS))
     if bad:
         raise PretokError(f"unknown data path(s) {', '.join(bad)} (choose from {', '.join(KINDS)})")
     Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
     study = Study(cfg)
     study.save()
     if {"mfu", "paths", "loaders"} & set(parts):
-        kinds = ({PRETOK_MEMMAP} if "mfu" in parts else set()) | \
-            ({k.strip() for k in cfg.paths.split(",")} if {"paths", "loaders"} & set(parts) else set())
+        kinds = ({PRETOK_MEMMAP} if "mfu" in parts else set()) | (paths if {"paths", "loaders"} & set(parts) else set())
         data, tok, seq, batch = prepare_data(cfg, study.out["parts"].setdefault("data", {}), kinds)
         study.save()
     fns = {"mfu": lambda: mfu_part(cfg, study, data, tok, seq, batch),

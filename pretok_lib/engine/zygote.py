@@ -296,7 +296,7 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
     report = _Progress(results)
     blob, base, held = b"", None, _NOTHING
     while True:
-        task, held = _next(tasks, held)
+        task, held = _next_task(*tasks, held)
         if task is None:
             break
         try:
@@ -352,20 +352,6 @@ _NOTHING = object()  # a worker holds no task taken ahead
 _FORKED = [1]  # the workers forked (set by the zygote before it forks)
 
 
-def _next(tasks, held) -> tuple:
-    """(the next task, what the worker holds after it): a waiting placement first, then the task held, then the
-    next one queued (None: stop)."""
-    import queue
-
-    try:
-        return tasks[1].get_nowait(), held
-    except queue.Empty:
-        pass
-    if held is not _NOTHING:
-        return held, _NOTHING
-    return _next_task(*tasks), _NOTHING
-
-
 def _take_now(q):
     """The next queued task if one can be had at once (None: stop) and at least as many are queued as there are
     workers (so that none of the others goes without: a small plan, the run's tail), else _NOTHING."""
@@ -379,16 +365,19 @@ def _take_now(q):
         return _NOTHING
 
 
-def _next_task(tasks, urgent):
-    """The next placement if one waits, else the next task (None: stop)."""
+def _next_task(tasks, urgent, held=_NOTHING) -> tuple:
+    """(the next task, what the worker holds after it): a waiting placement first, then the task held ahead, then
+    the next one queued (None: stop)."""
     import queue
 
     while True:
         try:
-            return urgent.get_nowait()
+            return urgent.get_nowait(), held
         except queue.Empty:
             pass
+        if held is not _NOTHING:
+            return held, _NOTHING
         try:
-            return tasks.get(timeout=0.02)
+            return tasks.get(timeout=0.02), held
         except queue.Empty:
             continue

@@ -17,9 +17,8 @@ from .inputs import (JSONL_SUFFIXES, TEXT_SUFFIXES, DocBatch, InputFile, SourceO
                      compile_separator, expand_inputs)
 from .plan import (SPLIT_ROW_GROUP_BYTES, _parquet_file, _text_column_index, estimate_text_bytes, plan_units,
                    shard_units)
-from . import read_ahead
 from .read import BAD_DOC_KINDS, Reader, _byte_lengths, read_unit, sample_texts
 
 __all__ = ["BAD_DOC_KINDS", "JSONL_SUFFIXES", "SPLIT_ROW_GROUP_BYTES", "TEXT_SUFFIXES", "DocBatch", "InputFile",
            "Reader", "SourceOptions", "Stamp", "Unit", "check_stamps", "compile_separator", "estimate_text_bytes",
-           "expand_inputs", "plan_units", "read_ahead", "read_unit", "sample_texts", "shard_units"]
+           "expand_inputs", "plan_units", "read_unit", "sample_texts", "shard_units"]

@@ -160,8 +160,8 @@ def _parquet_arrays(pf, col: int, unit: Unit, opts: SourceOptions, starts: tuple
     bisection); the only code that reads `pf`, but for a first row group read ahead (`read_ahead`) of the file of
     this `identity` (path, size, mtime_ns; None: remote, never read ahead)."""
     meta = pf.metadata
-    rg = max(0, bisect.bisect_right(starts, unit.start) - 1)
-    ahead = None if identity is None else (*identity, rg, opts.text_column)
+    rg = _first_row_group(starts, unit)
+    ahead = None if identity is None else _ahead_key(identity, rg, opts)
     while rg < meta.num_row_groups and starts[rg] < unit.stop:
         rgm, first = meta.row_group(rg), starts[rg]
         lo, hi = max(unit.start, first), min(unit.stop, first + rgm.num_rows)
@@ -185,9 +185,24 @@ def _chunk_ranges(meta, col: int, start: int, stop: int) -> list[tuple[int, int]
     return out
 
 
+def _first_row_group(starts: tuple[int, ...], unit: Unit) -> int:
+    """The row group holding the unit's first row (`starts`: each group's first row)."""
+    return max(0, bisect.bisect_right(starts, unit.start) - 1)
+
+
 def _small_row_group(rgm, col: int, opts: SourceOptions) -> bool:
     """Whether a row group's text column is read whole (else streamed in batches: bounded memory)."""
     return rgm.column(col).total_uncompressed_size <= 4 * opts.batch_bytes
+
+
+def _whole_row_group(pf, rg: int, name: str):
+    """One row group's text column, read whole as one Arrow array."""
+    return pf.read_row_group(rg, columns=[name], use_threads=False).column(0).combine_chunks()
+
+
+def _ahead_key(identity: tuple, rg: int, opts: SourceOptions) -> tuple:
+    """What a row group read ahead is found by: the file's version (path, size, mtime_ns), the group, the column."""
+    return (*identity, rg, opts.text_column)
 
 
 def _row_group_arrays(pf, rg: int, rgm, col: int, lo: int, hi: int, opts: SourceOptions,
@@ -204,7 +219,7 @@ def _row_group_arrays(pf, rg: int, rgm, col: int, lo: int, hi: int, opts: Source
     if _small_row_group(rgm, col, opts):
         arr = read_ahead.take(ahead) if ahead is not None else None
         if arr is None:
-            arr = pf.read_row_group(rg, columns=[name], use_threads=False).column(0).combine_chunks()
+            arr = _whole_row_group(pf, rg, name)
         yield arr.slice(lo, hi - lo)
         return
     avg = max(1, rgm.total_byte_size // max(rgm.num_rows, 1))
@@ -338,7 +353,8 @@ _READERS: dict[str, Reader] = {"parquet": _read_parquet, "jsonl": _read_jsonl, "
 
 def start_reading_ahead(unit: Unit, opts: SourceOptions) -> None:
     """Start decoding the first row group of `unit` (a local Parquet unit whose first group is read whole) in a
-    thread, for `read_unit(unit, opts)` to take when it begins (`read_ahead.py`); anything else: nothing."""
+    thread, for `read_unit(unit, opts)` to take when it begins (`read_ahead.py`); anything else: nothing. The
+    caller's thread only stats the file and finds the group in its (cached) footer."""
     path = unit.paths[0] if unit.paths else ""
     if unit.kind != "parquet" or is_url(path):
         return
@@ -346,16 +362,18 @@ def start_reading_ahead(unit: Unit, opts: SourceOptions) -> None:
         st = os.stat(path)
         identity = (path, st.st_size, st.st_mtime_ns)
         meta, starts = _local_footer(*identity)
-        pf = _parquet_file(path, metadata=meta)
-        col = _text_column_index(pf, path, opts.text_column)
     except Exception:  # the unit's own read meets it and says what is wrong
         return
-    rg = max(0, bisect.bisect_right(starts, unit.start) - 1)
-    if rg >= meta.num_row_groups or not _small_row_group(meta.row_group(rg), col, opts):
+    rg = _first_row_group(starts, unit)
+    if rg >= meta.num_row_groups:
         return
-    name = opts.text_column
-    read_ahead.start((*identity, rg, name), lambda: pf.read_row_group(rg, columns=[name], use_threads=False)
-                     .column(0).combine_chunks())
+
+    def decode():  # None (not read ahead): a group streamed in batches, not read whole
+        pf = _parquet_file(path, metadata=meta)
+        small = _small_row_group(meta.row_group(rg), _text_column_index(pf, path, opts.text_column), opts)
+        return _whole_row_group(pf, rg, opts.text_column) if small else None
+
+    read_ahead.start(_ahead_key(identity, rg, opts), decode)
 
 
 def read_unit(unit: Unit, opts: SourceOptions) -> Iterator[DocBatch]:

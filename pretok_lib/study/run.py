@@ -125,8 +125,6 @@ def absolute_paths(parameters: Mapping[str, Any]) -> dict[str, Any]:
 def _absolute(key: str, value: Any) -> Any:
     if not isinstance(value, (str, os.PathLike)) or not str(value):
         return value
-    if "\x00" in str(value):  # no file system takes it: one line, not os.path's ValueError
-        raise PretokError(f"notebook parameter(s) not taken: {key}={str(value)!r} (a path holds no NUL byte)")
     here = Path(value).expanduser().resolve()
     if here.exists() or not (key == "tokenizer" or resolve(Path(value).expanduser()).exists()):
         return str(here)
@@ -202,7 +200,7 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
     from ..analysis.report import ensure_kernel
 
     say = echo or (lambda s: None)
-    overrides = absolute_paths(parameters or {})
+    overrides = dict(parameters or {})
     out_dir = Path(out).expanduser().resolve() if out else default_out(profile)
     names = select(notebooks)
     home, nb_dir = study_home(), notebook_dir()
@@ -216,7 +214,8 @@ def run_study(profile: str = "quick", out: str | Path | None = None, notebooks: 
         raise PretokError(f"no study notebook has parameter(s) {', '.join(unknown)}")
     if "study_dir" in overrides:  # every notebook gets --out's directory: a --set of it was silently dropped
         raise PretokError(f"study_dir is the study directory, --out: give --out {overrides['study_dir']}")
-    check_parameters(overrides)
+    check_parameters(overrides)          # as given: before a path is resolved (a NUL byte: not taken, one line)
+    overrides = absolute_paths(overrides)
     previous = read_record(out_dir)
     params, changed = study_parameters(profile, overrides, names, previous, out_dir, takes)
     fitted = refit(params, say)    # study/budget.py: the runs' model sized for their time budgets
