@@ -193,7 +193,7 @@ def _tail(path: Path, n: int = 6) -> str:
 def _records(run_dir: Path) -> list[dict]:
     from ..train.metrics import read_records
 
-    return [r for r in read_records(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    return read_records(run_dir / "metrics.jsonl", "train")
 
 
 def _finished_run(out: Path, run_id: str, rc: int) -> tuple[dict, list[dict]]:

@@ -156,8 +156,9 @@ def _environment() -> dict:
 
 def train_rows(run_dir: Path) -> list[dict]:
     """The train records of a run's metrics.jsonl."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("kind") == "train"]
+    from ..train.metrics import read_records   # torch-free, but kept out of gpu-study's argument parsing
+
+    return read_records(run_dir / "metrics.jsonl", "train")
 
 
 def steady(rows: list[dict], skip: int, leave_out: int = 0) -> list[dict]:

@@ -25,8 +25,9 @@ def peak_memory_mb(device: torch.device) -> float:
     return peak_rss_mb()
 
 
-def read_records(path: Path) -> list[dict]:
-    """The complete records of a metrics.jsonl (a torn last line of a killed run is left out)."""
+def read_records(path: Path, kind: str | None = None) -> list[dict]:
+    """The complete records of a metrics.jsonl (only those of `kind` if given). Safe on a log being written and
+    on a killed run's: a half-written last line is left out, and reading stops at the first line that is not JSON."""
     out = []
     if path.is_file():
         for line in path.read_text().splitlines():
@@ -34,7 +35,7 @@ def read_records(path: Path) -> list[dict]:
                 out.append(json.loads(line))
             except json.JSONDecodeError:
                 break
-    return out
+    return out if kind is None else [r for r in out if isinstance(r, dict) and r.get("kind") == kind]
 
 
 class MetricsLog:

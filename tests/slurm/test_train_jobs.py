@@ -16,6 +16,7 @@ import pytest
 from pretok_lib.launch import slurm
 from pretok_lib.demo.corpus import train_default_tokenizer
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
+from pretok_lib.train.metrics import read_records
 
 from ..conftest import PYDOCS_JSONL
 from .helpers import SLURM, job_logs, scontrol_job, wait_ok
@@ -48,8 +49,8 @@ checkpoint: {{every: 10, keep: 2}}
 
 
 def train_steps(run_dir: Path) -> list[int]:
-    return [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-            if r["kind"] == "train"]
+    """Steps logged so far; polled while the job writes, so a half-written last line is left out."""
+    return [r["step"] for r in read_records(run_dir / "metrics.jsonl", "train")]
 
 
 def test_ddp_job_completes(slurm_cluster, train_config, tmp_path):

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pretok_lib.pretokenize import TokenizeConfig, run_tokenize
+from pretok_lib.train.metrics import read_records
 
 from ..conftest import GPT2_JSON, ROOT, WIKI_EN, tiny_memmap
 
@@ -91,8 +92,8 @@ def run_here(overrides: list[str]) -> None:
 
 
 def records(run_dir: Path, kind: str = "train") -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+    """A run's complete `kind` records; safe on a live log (a half-written last line is left out)."""
+    return read_records(run_dir / "metrics.jsonl", kind)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import pytest
 
 from pretok_lib.cli import main as cli_main
 from pretok_lib.train import checkpoint
+from pretok_lib.train.metrics import read_records
 
 from ..conftest import ROOT, SIGNAL_CONVERSIONS, needs_root, signals_turned_into, tiny_memmap
 
@@ -205,11 +206,8 @@ def _popen(args: list[str]) -> subprocess.Popen:
 
 
 def _last_step(run: Path) -> int:
-    try:
-        lines = (run / "metrics.jsonl").read_text().splitlines()
-        return json.loads(lines[-1])["step"] if lines else 0
-    except (OSError, ValueError, KeyError):
-        return 0
+    done = read_records(run / "metrics.jsonl")   # live: a half-written last line is left out
+    return done[-1]["step"] if done else 0
 
 
 @pytest.mark.parametrize("seed", range(6))

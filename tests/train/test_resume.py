@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from pretok_lib.train.metrics import read_records
 from ..conftest import ROOT
 from .conftest import records, run_cli, run_here, tiny_overrides
 
@@ -29,10 +30,9 @@ def _popen(overrides: list[str]) -> subprocess.Popen:
 def _wait_for_step(run_dir, step: int, proc: subprocess.Popen, timeout: float = 240) -> None:
     path, end = run_dir / "metrics.jsonl", time.monotonic() + timeout
     while time.monotonic() < end:
-        if path.exists():
-            lines = path.read_text().splitlines()
-            if lines and json.loads(lines[-1])["step"] >= step:
-                return
+        done = read_records(path)   # the run is writing: its last line may be half-written
+        if done and done[-1]["step"] >= step:
+            return
         assert proc.poll() is None, f"run ended early: {proc.stderr.read()[-2000:]}"
         time.sleep(0.005)
     raise AssertionError(f"step {step} not reached")
