@@ -17,6 +17,7 @@ import numpy as np
 
 from ..datapaths import global_batch
 from ..train.crossing import number
+from ..train.metrics import valid_step
 from ..train.run_record import flatten, read_run_config, read_run_record
 
 TABLE_STATUSES = ("completed", "failed", "incomplete")
@@ -76,14 +77,6 @@ class Records:
 
 
 _num = number  # a record value as a float, NaN if not a number
-
-
-MAX_STEP = 2 ** 62
-
-
-def valid_step(step: Any) -> bool:
-    """A step is a non-negative int (not a bool, not a float) below MAX_STEP."""
-    return isinstance(step, int) and not isinstance(step, bool) and 0 <= step < MAX_STEP
 
 
 @dataclass

@@ -25,17 +25,28 @@ def peak_memory_mb(device: torch.device) -> float:
     return peak_rss_mb()
 
 
+MAX_STEP = 2 ** 62
+
+
+def valid_step(step: object) -> bool:
+    """A step is a non-negative int (not a bool, not a float) below MAX_STEP."""
+    return isinstance(step, int) and not isinstance(step, bool) and 0 <= step < MAX_STEP
+
+
 def read_records(path: Path, kind: str | None = None) -> list[dict]:
-    """The complete records of a metrics.jsonl (only those of `kind` if given). Safe on a log being written and
-    on a killed run's: a half-written last line is left out, and reading stops at the first line that is not JSON."""
+    """The records of a metrics.jsonl in file order (only those of `kind` if given): JSON objects with a valid step.
+    Safe on a log being written and on a damaged one: a half-written last line, a line that is not UTF-8 or JSON
+    and a JSON value that is not a record are left out (`analysis.runs.read_metrics` also reports them)."""
     out = []
     if path.is_file():
-        for line in path.read_text().splitlines():
+        for raw in path.read_bytes().split(b"\n"):
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return out if kind is None else [r for r in out if isinstance(r, dict) and r.get("kind") == kind]
+                rec = json.loads(raw.decode())   # UTF-8 only: json.loads(bytes) would guess UTF-16/32 from NULs
+            except (ValueError, RecursionError):   # UnicodeDecodeError is a ValueError
+                continue
+            if isinstance(rec, dict) and valid_step(rec.get("step")) and (kind is None or rec.get("kind") == kind):
+                out.append(rec)
+    return out
 
 
 class MetricsLog:

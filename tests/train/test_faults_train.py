@@ -199,6 +199,24 @@ def test_damaged_newest_checkpoint_falls_back(tiny, reference, tmp_path, capsys)
         assert curve(fs / "run") == reference
 
 
+def test_a_damaged_metrics_log_is_cleaned_on_resume(tiny, reference, tmp_path, capsys):
+    """Bytes that are not UTF-8, JSON that is not a record and a torn last line in metrics.jsonl (a crash, a bad
+    disk, a hand edit): the resumed run keeps the records up to its checkpoint, drops the rest and trains exactly
+    like the uninterrupted run (before: a UnicodeDecodeError ended the resume)."""
+    fs = tmp_path / "fs"
+    with tmpfs(fs, PAGE * (4 + 2 * 160 + 40)):        # steps 2 and 4 checkpointed, step 6's save fails
+        assert train_cli(overrides(tiny, fs), capsys)[0] == 1
+        grow(fs)
+        log = fs / "run" / "metrics.jsonl"
+        first, *rest = log.read_bytes().split(b"\n")
+        log.write_bytes(b"\n".join([first, b"\xff\xfe\x00 not text", b"[1, 2]", b'{"step": -3}', *rest])
+                        + b'{"kind": "train", "st')
+        rc, errors, err = train_cli(overrides(tiny, fs), capsys)
+        assert rc == 0 and not errors, err
+        assert curve(fs / "run") == reference
+        assert all(isinstance(json.loads(line), dict) for line in log.read_text().splitlines())
+
+
 def _popen(args: list[str]) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     return subprocess.Popen([sys.executable, "-m", "pretok_lib.train", *args], cwd=ROOT, env=env,
