@@ -130,17 +130,19 @@ class MemmapAssembler:
 
     # ------------------------------------------------------------ resume
     def logged(self) -> dict[int, list]:
-        """The placements the log records (unit index → entry); a torn last line (a crash) is ignored."""
+        """The placements the log records (unit index → entry), up to its first line that is not one: a torn last
+        line (a crash), NULs (a power cut before writeback), bytes that are not UTF-8. Each is checked before use
+        (`keep_placed`); a part not taken back is tokenized again."""
         got = {}
         try:
-            lines = self.log_path.read_text().splitlines()
+            lines = self.log_path.read_bytes().split(b"\n")
         except OSError:
             return got
         for line in lines:
             try:
-                entry = json.loads(line)
+                entry = json.loads(line.decode())
                 got[int(entry[0])] = entry
-            except (ValueError, TypeError, IndexError):
+            except (ValueError, TypeError, IndexError, KeyError, RecursionError):   # UnicodeDecodeError: a ValueError
                 break
         return got
 

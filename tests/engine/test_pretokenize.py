@@ -327,6 +327,44 @@ def test_memmap_resume_redoes_parts_damaged_on_disk(corpus, tmp_path, monkeypatc
     assert redone.count(index) == 1 and all(redone.count(e[0]) == 1 for e in logged)  # the others kept as placed
 
 
+_LOG_DAMAGE = {   # what a crash, a power cut or a bad disk may leave in placed.jsonl, after its first line
+    "torn": lambda lines: lines[:2] + [lines[2][: len(lines[2]) // 2]],
+    "nuls": lambda lines: lines[:1] + [b"\x00" * 64],
+    "not utf-8": lambda lines: lines[:1] + [b"\xff\xfe garbage"] + lines[1:],
+    "not an entry": lambda lines: lines[:1] + [b'{"0": 1}', b"[]", b"7"] + lines[1:],
+}
+
+
+@pytest.mark.parametrize("damage", sorted(_LOG_DAMAGE))
+def test_memmap_resume_over_a_damaged_placement_log(corpus, tmp_path, monkeypatch, damage):
+    """The placements logged before the damage are checked and kept, the rest tokenized again: the output is
+    identical (before: a byte that is not UTF-8 or a JSON object in the log ended the rerun with a traceback)."""
+    from pretok_lib.engine.memmap_place import MemmapAssembler
+
+    ref = tmp_path / "ref"
+    tok(corpus, ref, part_mb=0.3)
+    out = tmp_path / "out"
+    real_done = MemmapAssembler.done
+
+    def crashing_done(self, p):
+        if len(self.placed) >= 3:
+            raise KeyboardInterrupt("simulated crash")
+        real_done(self, p)
+
+    monkeypatch.setattr("pretok_lib.engine.memmap_place.LOG_EVERY_S", 0.0)
+    monkeypatch.setattr(MemmapAssembler, "done", crashing_done)
+    with pytest.raises(KeyboardInterrupt):
+        tok(corpus, out, part_mb=0.3)
+    monkeypatch.setattr(MemmapAssembler, "done", real_done)
+    log = out / ".pretok" / "placed.jsonl"
+    lines = log.read_bytes().splitlines()
+    assert len(lines) == 3
+    log.write_bytes(b"\n".join(_LOG_DAMAGE[damage](lines)) + b"\n")
+    tok(corpus, out, part_mb=0.3)
+    assert data_files(out) == data_files(ref)
+    assert file_checksums(out) == file_checksums(ref)
+
+
 def test_memmap_resume_checks_unplaced_parts(corpus, tmp_path, monkeypatch):
     """Finished parts are not fsynced: after a crash before they were placed, a part whose bytes were damaged
     and a part whose commit record was torn (as a power cut could leave them) are redone; the output is identical."""
