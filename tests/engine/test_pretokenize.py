@@ -290,15 +290,12 @@ def test_text_with_separator_regex(tmp_path):
     assert [ref.decode(d[1:].tolist()) for d in docs] == expect
 
 
-def test_memmap_resume_redoes_parts_damaged_on_disk(corpus, tmp_path, monkeypatch):
-    """A crash after 3 placed parts, then one placed part's bytes damaged in `data.bin.tmp` (as a power cut before
-    writeback would): the rerun detects it by the part's checksum, tokenizes that part again, keeps the others,
-    and the output is identical."""
+def _crash_after_three_placed(corpus, tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """(an uninterrupted memmap output, one whose run crashed after placing 3 parts, each logged at once)."""
     from pretok_lib.engine.memmap_place import MemmapAssembler
 
-    ref = tmp_path / "ref"
+    ref, out = tmp_path / "ref", tmp_path / "out"
     tok(corpus, ref, part_mb=0.3)
-    out = tmp_path / "out"
     real_done = MemmapAssembler.done
 
     def crashing_done(self, p):
@@ -311,6 +308,16 @@ def test_memmap_resume_redoes_parts_damaged_on_disk(corpus, tmp_path, monkeypatc
     with pytest.raises(KeyboardInterrupt):
         tok(corpus, out, part_mb=0.3)
     monkeypatch.setattr(MemmapAssembler, "done", real_done)
+    return ref, out
+
+
+def test_memmap_resume_redoes_parts_damaged_on_disk(corpus, tmp_path, monkeypatch):
+    """A crash after 3 placed parts, then one placed part's bytes damaged in `data.bin.tmp` (as a power cut before
+    writeback would): the rerun detects it by the part's checksum, tokenizes that part again, keeps the others,
+    and the output is identical."""
+    from pretok_lib.engine.memmap_place import MemmapAssembler
+
+    ref, out = _crash_after_three_placed(corpus, tmp_path, monkeypatch)
     logged = [json.loads(line) for line in (out / ".pretok" / "placed.jsonl").read_text().splitlines()]
     assert len(logged) == 3 and not (out / "manifest.json").exists()
     index, offset, size = logged[1][:3]
@@ -339,23 +346,7 @@ _LOG_DAMAGE = {   # what a crash, a power cut or a bad disk may leave in placed.
 def test_memmap_resume_over_a_damaged_placement_log(corpus, tmp_path, monkeypatch, damage):
     """The placements logged before the damage are checked and kept, the rest tokenized again: the output is
     identical (before: a byte that is not UTF-8 or a JSON object in the log ended the rerun with a traceback)."""
-    from pretok_lib.engine.memmap_place import MemmapAssembler
-
-    ref = tmp_path / "ref"
-    tok(corpus, ref, part_mb=0.3)
-    out = tmp_path / "out"
-    real_done = MemmapAssembler.done
-
-    def crashing_done(self, p):
-        if len(self.placed) >= 3:
-            raise KeyboardInterrupt("simulated crash")
-        real_done(self, p)
-
-    monkeypatch.setattr("pretok_lib.engine.memmap_place.LOG_EVERY_S", 0.0)
-    monkeypatch.setattr(MemmapAssembler, "done", crashing_done)
-    with pytest.raises(KeyboardInterrupt):
-        tok(corpus, out, part_mb=0.3)
-    monkeypatch.setattr(MemmapAssembler, "done", real_done)
+    ref, out = _crash_after_three_placed(corpus, tmp_path, monkeypatch)
     log = out / ".pretok" / "placed.jsonl"
     lines = log.read_bytes().splitlines()
     assert len(lines) == 3
