@@ -199,6 +199,7 @@ def test_damaged_newest_checkpoint_falls_back(tiny, reference, tmp_path, capsys)
         assert curve(fs / "run") == reference
 
 
+@needs_root
 def test_a_damaged_metrics_log_is_cleaned_on_resume(tiny, reference, tmp_path, capsys):
     """Bytes that are not UTF-8, JSON that is not a record and a torn last line in metrics.jsonl (a crash, a bad
     disk, a hand edit): the resumed run keeps the records up to its checkpoint, drops the rest and trains exactly
