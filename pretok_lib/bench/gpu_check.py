@@ -27,6 +27,7 @@ from ..datapaths import BASELINE, PRETOK_MEMMAP
 from ..errors import PretokError
 from ..launch import procs
 from ..machine.cpu_affinity import usable_cpus
+from ..train.metrics import read_records
 from ..train.run_record import read_run_config, read_run_record
 
 VERDICT_VERSION = 1
@@ -190,9 +191,8 @@ def _tail(path: Path, n: int = 6) -> str:
         return ""
 
 
-def _records(run_dir: Path) -> list[dict]:
-    from ..train.metrics import read_records
-
+def train_records(run_dir: Path) -> list[dict]:
+    """The train records of a run's metrics.jsonl."""
     return read_records(run_dir / "metrics.jsonl", "train")
 
 
@@ -202,7 +202,7 @@ def _finished_run(out: Path, run_id: str, rc: int) -> tuple[dict, list[dict]]:
     if rc != 0 or info.get("status") != "completed":
         raise CheckFailed(f"run {run_id} exit {rc}, status {info.get('status')}: "
                           f"{info.get('error') or _tail(run_dir / 'launcher.log')}", log=str(run_dir / "launcher.log"))
-    return info, _records(run_dir)
+    return info, train_records(run_dir)
 
 
 def prepare_data(out: Path, a: argparse.Namespace, seq_len: int) -> dict:

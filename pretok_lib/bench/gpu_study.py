@@ -38,6 +38,8 @@ from ..errors import PretokError
 from ..formats import TRAIN_COMPRESSION
 from .common import (BenchConfig, add_common_args, at_least, corpus_and_tokenizer, counts, environment, positive,
                      write_json)
+from .gpu_check import environment as gpu_env
+from .gpu_check import train_records
 from .repeats import est_dict
 from .scaling_curve import curve_lines, scaling_curve
 
@@ -142,8 +144,6 @@ def _now() -> str:
 
 
 def _environment() -> dict:
-    from .gpu_check import environment as gpu_env
-
     env = {**environment(), **gpu_env()}
     try:  # the driver, as nvidia-smi reports it
         q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name,memory.total", "--format=csv,noheader"],
@@ -152,13 +152,6 @@ def _environment() -> dict:
     except (OSError, subprocess.SubprocessError):
         env["nvidia_smi"] = None
     return env
-
-
-def train_rows(run_dir: Path) -> list[dict]:
-    """The train records of a run's metrics.jsonl."""
-    from ..train.metrics import read_records   # torch-free, but kept out of gpu-study's argument parsing
-
-    return read_records(run_dir / "metrics.jsonl", "train")
 
 
 def steady(rows: list[dict], skip: int, leave_out: int = 0) -> list[dict]:
@@ -180,7 +173,7 @@ def mfu_part(cfg: GpuStudy, study: Study, data: dict, tok: str, seq: int, batch:
                         set=[*MEASURE_RUN, f"train.compile={str(cfg.compile).lower()}",
                              f"log.profile_step={cfg.mfu_steps}", *cfg.set])
         r = run_path(PRETOK_MEMMAP, data[PRETOK_MEMMAP], tok, tb, runs, "mfu", timeout=study.left())
-        rows = steady(train_rows(runs / "mfu"), cfg.mfu_skip, cfg.mfu_steps)
+        rows = steady(train_records(runs / "mfu"), cfg.mfu_skip, cfg.mfu_steps)
         record = json.loads((runs / "mfu" / "run.json").read_text())
         prof = runs / "mfu" / f"profile-step{cfg.mfu_steps}.json"
         mfu = _est(x["mfu"] for x in rows)
@@ -259,7 +252,7 @@ def stall_check(loaders: dict, run: dict, skip: int) -> dict | None:
     row = loaders["loaders"].get(f"{run['kind']} w{run['workers']}")
     if not row:
         return None
-    rows = train_rows(Path(run["run_dir"]))
+    rows = train_records(Path(run["run_dir"]))
     plain = {k: v for k, v in row.items() if k not in PACED_KEYS}
     out = {"back_to_back": _predict(loaders, plain, run["workers"], rows, skip, paced=False)}
     if row.get("paced_tokens_per_s"):

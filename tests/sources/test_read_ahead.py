@@ -11,8 +11,7 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pretok_lib.sources import SourceOptions, expand_inputs, plan_units, read_unit
-from pretok_lib.sources import read_ahead
+from pretok_lib.sources import SourceOptions, expand_inputs, plan_units, read_ahead, read_unit
 from pretok_lib.sources.read import start_reading_ahead
 
 

@@ -65,7 +65,7 @@ def test_a_reader_polling_a_live_log_only_ever_sees_a_growing_prefix(tmp_path):
     """A writer appends long records (several writes each, as a full buffer splits them) while this process reads."""
     path, n = tmp_path / "metrics.jsonl", 1000
     writer = textwrap.dedent(f"""
-        import json, sys
+        import json
         with open({str(path)!r}, "a", buffering=64) as fh:
             for i in range({n}):
                 fh.write(json.dumps({{"kind": "train", "step": i, "pad": "x" * 500}}) + "\\n")

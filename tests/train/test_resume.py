@@ -14,6 +14,7 @@ import time
 import pytest
 
 from pretok_lib.train.metrics import read_records
+
 from ..conftest import ROOT
 from .conftest import records, run_cli, run_here, tiny_overrides
 
