@@ -1,11 +1,12 @@
 """Placing memmap parts into one Megatron `.bin` (the memmap format's write path), with no per-byte work in the
 main process.
 
-Workers write each part (`.pretok/parts/part-N.bin` + `.lens`, streamed: bounded memory, not fsynced) with the
-XXH3-128 of each file. Once every part before it has a record, a part's sizes fix its offsets in
-`OUT/data.bin.tmp` and `OUT/.pretok/data.lens`: the main process hands them out in order (`MemmapAssembler.add`),
-and a worker copies the part there (`place_part`: in-kernel copy_file_range at those offsets) and deletes the part's
-files, and fdatasyncs the `.bin` after every ~64 MB placed. The main process logs each placed part in
+A worker keeps each part it tokenized in memory (`parts.HeldPart`, up to 64 MB; a larger one is streamed to
+`.pretok/parts/part-N.bin` + `.lens`, not fsynced) with the XXH3-128 of its would-be files. Once every part before
+it has a record, a part's sizes fix its offsets in `OUT/data.bin.tmp` and `OUT/.pretok/data.lens`: the main process
+hands them out in order (`MemmapAssembler.add`), and the worker holding the part writes it there (`write_held`), or
+any worker copies a part's files there (`place_part`: in-kernel copy_file_range at those offsets) and deletes them;
+the `.bin` is fdatasynced after every ~64 MB placed. The main process logs each placed part in
 `.pretok/placed.jsonl` (offsets, sizes, hashes; flushed at most once a second, not fsynced).
 After a kill, every logged part is re-read at its offsets and checked against its hashes (data lost by a power cut
 is detected and redone); parts whose own files are intact are placed again, the rest tokenized again. `finish`
@@ -96,6 +97,29 @@ def place_part(p: Placement) -> None:
         Path(p.part + ext).unlink(missing_ok=True)
 
 
+def write_held(p: Placement, part) -> None:
+    """Write a part kept in memory (`parts.HeldPart`: its worker's job) into the targets at their offsets, with
+    `sync` as `place_part`. An OSError (disk full...) becomes one line naming the target."""
+    for ext, target, offset, size in p.targets:
+        try:
+            fd = os.open(target, os.O_WRONLY)
+            try:
+                at = offset
+                for buf in part.buffers(ext):
+                    view = memoryview(buf).cast("B")
+                    while view:
+                        n = os.pwrite(fd, view, at)
+                        view, at = view[n:], at + n
+                if at - offset != size:
+                    raise OSError(errno.EIO, f"part {p.index} holds {at - offset} bytes of {ext}, not {size}")
+                if p.sync and ext == ".bin":
+                    getattr(os, "fdatasync", os.fsync)(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise os_error(e, target, "placing parts") from None
+
+
 def range_intact(path: Path, offset: int, size: int, digest: str) -> bool:
     """Whether `size` bytes of `path` from `offset` have the XXH3-128 `digest`."""
     try:
@@ -153,8 +177,9 @@ class MemmapAssembler:
             _, bin_off, bin_size, lens_off, docs, hashes = entry
         except ValueError:
             return False
-        if (hashes, bin_size, docs) != (record_hashes, tokens * self.itemsize, documents) or not (range_intact(self.bin_path, bin_off, bin_size, hashes[0])
-                                           and range_intact(self.lens_path, lens_off, 4 * docs, hashes[1])):
+        if (hashes, bin_size, docs) != (record_hashes, tokens * self.itemsize, documents) or not (
+                range_intact(self.bin_path, bin_off, bin_size, hashes[0])
+                and range_intact(self.lens_path, lens_off, 4 * docs, hashes[1])):
             return False
         self.placed[self.position[index]] = entry
         return True

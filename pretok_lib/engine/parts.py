@@ -1,13 +1,16 @@
 """One unit of input → one committed part: read, tokenize (with the BOS/EOS policy), write, record.
 
-Runs inside a worker process (or inline). Parquet parts are final data files; memmap parts are streamed to
-`.pretok/parts/part-N.bin/.lens` with the XXH3-128 of each file, then placed into `data.bin` by a worker once the
-main process has told where (`memmap_place.place_part`).
+Runs inside a worker process (or inline). Parquet parts are final data files. A memmap part is kept in its
+worker's memory with the XXH3-128 of its would-be `.bin` and `.lens` (`HeldPart`) and written straight into
+`data.bin`/`data.lens` by that worker once the main process has told where (`memmap_place.write_held`); one past
+64 MiB (`KEEP_DEFAULTS`) is streamed to `.pretok/parts/part-N.bin/.lens` instead and placed from there by any worker
+(`memmap_place.place_part`), as are the parts a crashed run left.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TypedDict
@@ -161,6 +164,74 @@ class _ChecksummedPart(mm.PartWriter):
         return [self._hash_bin.hexdigest(), self._hash_lens.hexdigest()]
 
 
+# What a worker keeps in memory of the memmap parts it tokenized: a part of more than KEEP_PART_MB MiB (ids +
+# lengths) is spilled to its files; a worker keeping more than KEEP_PARTS parts or KEEP_MB MiB waits for their
+# placements before it takes another task (`zygote._worker`). Each can be set in the environment as PRETOK_<name>
+# (machines short of memory; the tests of the spill and wait paths).
+KEEP_DEFAULTS = {"KEEP_PART_MB": 64, "KEEP_PARTS": 32, "KEEP_MB": 128}
+
+
+def keep_limit(name: str) -> int:
+    """KEEP_DEFAULTS[name] or PRETOK_<name> from the environment (a whole number >= 0), in bytes for the *_MB ones."""
+    raw = os.environ.get(f"PRETOK_{name}")
+    try:
+        value = KEEP_DEFAULTS[name] if raw is None else int(raw)
+        if value < 0:
+            raise ValueError
+    except ValueError:
+        raise PretokError(f"PRETOK_{name}={raw!r} in the environment is not a whole number >= 0") from None
+    return value << 20 if name.endswith("_MB") else value
+
+
+class HeldPart:
+    """A memmap part kept in memory until its offsets are known (`memmap_place.write_held` writes it there): no part
+    files to create, write, copy and delete per unit. Its hashes are those its files would have. Past `limit` bytes
+    it spills: what it holds and the rest are streamed to its files (`_ChecksummedPart`), `spilled` is set, and the
+    part is then placed from its files (`place_part`) like one a crashed run left."""
+
+    def __init__(self, prefix: Path, dtype: str, limit: int | None = None):
+        self.prefix, self.dtype = prefix, mm._write_dtype(dtype)
+        self.limit = keep_limit("KEEP_PART_MB") if limit is None else limit
+        self.chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (tokens, int32 lengths) as added
+        self.nbytes = 0
+        self.spilled: _ChecksummedPart | None = None
+        self._hash_bin, self._hash_lens = xxhash.xxh3_128(), xxhash.xxh3_128()
+
+    def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Like `_ChecksummedPart.add`: ids already range-checked, in the part's little-endian dtype."""
+        if self.spilled is not None:
+            self.spilled.add(tokens, lengths)
+            return
+        assert tokens.dtype == self.dtype and tokens.flags.c_contiguous
+        lens = np.ascontiguousarray(lengths, dtype=np.dtype("<i4"))
+        self._hash_bin.update(tokens)
+        self._hash_lens.update(lens)
+        self.chunks.append((tokens, lens))
+        self.nbytes += tokens.nbytes + lens.nbytes
+        if self.nbytes > self.limit:
+            self.spilled = _ChecksummedPart(self.prefix, self.dtype.name)
+            for t, n in self.chunks:
+                self.spilled.add(t, n)
+            self.chunks, self.nbytes = [], 0
+
+    def close(self) -> None:
+        if self.spilled is not None:
+            self.spilled.close()
+
+    def abort(self) -> None:
+        self.chunks, self.nbytes = [], 0
+        if self.spilled is not None:
+            self.spilled.abort()
+
+    def hashes(self) -> list[str]:
+        return self.spilled.hashes() if self.spilled is not None else [self._hash_bin.hexdigest(),
+                                                                       self._hash_lens.hexdigest()]
+
+    def buffers(self, ext: str) -> list[np.ndarray]:
+        """What the part's `.bin` (ext ".bin") or `.lens` would hold, as the arrays added."""
+        return [c[0] if ext == ".bin" else c[1] for c in self.chunks]
+
+
 def part_hashes(record: PartRecord) -> list[str] | None:
     """A memmap part record's [.bin, .lens] hashes, or None (missing, or a record of an earlier version)."""
     hashes = record.get(PART_HASH_KEY)
@@ -184,15 +255,17 @@ def part_files_intact(prefix: Path, record: PartRecord, itemsize: int) -> bool:
 def _open_part(job: Job, unit: Unit):
     name = part_name(unit.index)
     if job.fmt == "memmap":
-        return _ChecksummedPart(Path(job.out_dir) / STATE / "parts" / name, job.policy["dtype"])
+        return HeldPart(Path(job.out_dir) / STATE / "parts" / name, job.policy["dtype"])
     pol = job.policy  # token-list rows have no fixed length: its schema ignores seq_len
     schema = pqf.schema_for(job.fmt, pol["dtype"], pol.get("seq_len", 0), pol["pad_id"])
     return pqf.ParquetPartWriter(Path(job.out_dir) / f"{name}.parquet", schema, job.compression)
 
 
-def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int], None]) -> PartRecord:
-    """Read, tokenize and write one unit as a part, committed by its record (`.pretok/parts/part-N.json`).
-    Memmap parts are then placed into the one `.bin` at the offset the main process hands out (`memmap_place`). A failure
+def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int], None]
+                 ) -> tuple[PartRecord, HeldPart | None]:
+    """Read, tokenize and write one unit as a part, committed by its record (`.pretok/parts/part-N.json`); returns
+    the record and, for a memmap part kept in memory, the part (None: it is in its files, or not memmap). Memmap
+    parts are then placed into the one `.bin` at the offset the main process hands out (`memmap_place`). A failure
     removes the part's temp files; an OSError of the output side (disk full, ...) becomes one line naming it."""
     where = Path(job.out_dir) / (f"{STATE}/parts/{part_name(unit.index)}.bin" if job.fmt == "memmap"
                                  else f"{part_name(unit.index)}.parquet")
@@ -201,7 +274,8 @@ def process_unit(unit: Unit, encoder, job: Job, report: Callable[[int, int, int]
     except OSError as e:
         raise os_error(e, where) from None
     try:
-        return _write_part(unit, encoder, job, report, writer)
+        record = _write_part(unit, encoder, job, report, writer)
+        return record, writer if isinstance(writer, HeldPart) and writer.spilled is None else None
     except (OSError, PretokError) as e:
         writer.abort()
         check_stamps(job.stamps_of(unit))  # a read that failed because the input changed (cut, removed): say so

@@ -36,7 +36,7 @@ from .config import TokenizeConfig
 from .finalize import Plan, finalize
 from .memmap_place import MemmapAssembler
 from .outdir import committed_parts, output_lock, prepare_output, refuse_overlap, remove_output, resolve_output
-from .parts import PART_HASH_KEY, STATE, Job, PartRecord, part_files_intact, part_hashes
+from .parts import KEEP_DEFAULTS, PART_HASH_KEY, STATE, Job, PartRecord, keep_limit, part_files_intact, part_hashes
 from .progress import Progress
 from .workers import Stopped, Work, Workers
 
@@ -118,6 +118,8 @@ def run_tokenize(cfg: TokenizeConfig, _rejected: dict[str, str] | None = None, _
     started (`time.time()`; default: now); the command line passes its process start, so that the manifest's wall
     time and start-up count the interpreter and the imports too."""
     cfg.check()
+    for name in KEEP_DEFAULTS:  # a bad PRETOK_KEEP_* is one line here, not a worker's failure
+        keep_limit(name)
     if is_url(cfg.out):
         raise PretokError("outputs must be on a POSIX file system (a local or mounted path): runs stay crash-safe "
                           "by atomic renames, which object stores lack", cfg.out)

@@ -6,12 +6,13 @@ tokenizer itself. Each worker begins with the encoder the zygote built.
 
 Messages: main → workers, `tasks` queue: ("unit", Unit, backend, the run's Job pickled without any unit's fields,
 the unit's objects, its stamps), ("hash", [(block, (file, offset, size)),
-...]) or None (stop); `urgent` queue, taken first: ("place", Placement). Workers → main `results` queue:
+...]) or None (stop); `urgent` queue, taken first: ("place", Placement) of a part in its files; each worker's own
+pipe, taken before both: ("write", Placement) of a part that worker keeps in memory. Workers → main `results` queue:
 ("progress", bytes, docs, tokens, the worker's time.time()) at most every 0.25 s per worker, ("done", record,
-progress not sent yet or None), ("hashed", [(block, leaf), ...]),
-("placed", the placement's unit index), ("error", exception). A worker that dies makes the zygote exit with a code saying how; the
-main process watches the zygote. Zygote → main, once, on its own pipe: `Ready` (the backend it built for the
-workers, why faster ones could not be built), sent before it forks.
+progress not sent yet or None, the worker's slot if it keeps the part in memory else None), ("hashed", [(block,
+leaf), ...]), ("placed", the placement's unit index), ("error", exception). A worker that dies makes the zygote exit
+with a code saying how; the main process watches the zygote. Zygote → main, once, on its own pipe: `Ready` (the
+backend it built for the workers, why faster ones could not be built), sent before it forks.
 
 A worker may hold one task ahead (taken as it starts a unit, if at least as many tasks as workers are queued;
 placements still go first) to decode that unit's first row group while it encodes (`sources/read_ahead.py`).
@@ -49,7 +50,7 @@ from ..tokenizer import (
     make_encoder,
     unbuildable,
 )
-from .memmap_place import Placement, place_part
+from .memmap_place import Placement, place_part, write_held
 from .parts import Job, PartRecord, process_unit
 from .zygote import DIED_BY_SIGNAL, DIED_EXIT, WORKER_ENV, Ready, run_zygote
 
@@ -143,15 +144,19 @@ class Workers:
         self.n, self.zygote, self.drained = max(workers, 0), None, False
         self.ready: Ready | None = None  # the zygote's build report (inline: this process's), once known
         self.inline: Encoder | None = None
+        self.writes: list = []  # the main process's end of each worker's pipe of placements of parts it keeps
         if self.n:
             ctx = mp.get_context("spawn")
             self.tasks, self.urgent, self.results = ctx.Queue(), ctx.Queue(), ctx.Queue()
             self.conn, child = ctx.Pipe()
+            writes = [ctx.Pipe(duplex=False) for _ in range(self.n)]  # (worker's end, main's end) per worker
+            self.writes = [w for _, w in writes]
             self.ready_conn, ready_child = ctx.Pipe(duplex=False)
             self.lock = threading.Lock()  # one encode request at a time on the pipe
             # [tasks the plan holds (`expect`; 0: not known yet), workers the zygote forked (-1: not yet)]
             self.counts = ctx.RawArray("q", [0, -1])
-            self.zygote = ctx.Process(target=run_zygote, args=(spec, backend, self.n, (self.tasks, self.urgent),
+            self.zygote = ctx.Process(target=run_zygote, args=(spec, backend, self.n,
+                                                               (self.tasks, self.urgent, [r for r, _ in writes]),
                                                                self.results, child, ready_child, preload, self.counts),
                                       name="pretok-zygote")
             saved = {k: os.environ.get(k) for k in WORKER_ENV}
@@ -167,6 +172,8 @@ class Workers:
                         os.environ[k] = v
             child.close()
             ready_child.close()
+            for r, _ in writes:
+                r.close()
 
     def expect(self, tasks: int) -> None:
         """Tell the zygote how many tasks the plan holds: it forks no more workers than that, if told before it forks
@@ -263,6 +270,8 @@ class Workers:
             self.zygote.kill()
         self.zygote.join()
         self.ready_conn.close()
+        for w in self.writes:
+            w.close()
         for q in (self.tasks, self.urgent, self.results):
             q.cancel_join_thread()
             q.close()
@@ -276,6 +285,7 @@ class Workers:
         if self.zygote is None:  # inline, for debugging and tiny inputs
             enc = self.inline if self.inline is not None and self.inline.backend == work.backend else None
             enc = enc or (make_encoder(work.info, work.backend) if work.units else None)
+            kept: dict = {}  # unit index → its part kept in memory until its placement is known
             for p in work.placements:
                 place_part(p)
                 work.on_placed(p.index)
@@ -285,11 +295,15 @@ class Workers:
                     for k, leaf in hash_blocks(task):
                         work.on_hashed(k, leaf)
                     continue
-                for p in work.on_record(process_unit(task, enc, work.job, bar.update)):
-                    place_part(p)
+                record, part = process_unit(task, enc, work.job, bar.update)
+                if part is not None:
+                    kept[task.index] = part
+                for p in work.on_record(record):
+                    write_held(p, kept.pop(p.index)) if p.index in kept else place_part(p)
                     work.on_placed(p.index)
             return
         todo, running, placing, window = deque(tasks), 0, len(work.placements), 4 * self.n
+        keeper: dict[int, int] = {}  # unit index → the worker keeping its part in memory (until it is placed)
         self.drained, checked = False, 0.0
         # the run's job pickled once (without any unit's fields); a worker unpickles it when it changes
         blob = pickle.dumps(replace(work.job, objects=(), stamps=()), pickle.HIGHEST_PROTOCOL)
@@ -316,8 +330,10 @@ class Workers:
                 running -= 1
                 if msg[1] is not None:
                     bar.update(*msg[1])
+                if msg[2] is not None:  # the worker keeps the part in memory: it writes it itself
+                    keeper[msg[0]["unit"]["index"]] = msg[2]
                 for p in work.on_record(msg[0]):
-                    self.urgent.put(("place", p))
+                    self._place(p, keeper.pop(p.index, None))
                     placing += 1
             elif kind == "hashed":
                 running -= 1
@@ -329,6 +345,17 @@ class Workers:
             else:
                 raise msg[0]  # a worker's PretokError, with its one-line message
         self.drained = True
+
+    def _place(self, p: Placement, slot: int | None) -> None:
+        """Send a placement to the worker keeping the part (`slot`), or to any worker (the part is in its files)."""
+        if slot is None:
+            self.urgent.put(("place", p))
+            return
+        try:
+            self.writes[slot].send(("write", p))
+        except OSError:  # that worker is gone: the zygote says how
+            self.check_alive(wait=5)
+            raise PretokError("a tokenizer worker process died; rerun the same command to resume") from None
 
     def check_alive(self, wait: float = 0.0) -> None:
         """Raise if the zygote ended during the run (waiting up to `wait` s for an end under way): a worker died

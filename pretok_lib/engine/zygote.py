@@ -158,8 +158,9 @@ def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, rea
         spec: the tokenizer (path or name).
         backend: the backend to build (None: the fastest candidate that builds).
         n: workers to fork.
-        tasks, results: the queues the workers take tasks from (`(tasks, urgent)`: urgent first) and send records
-            and progress to.
+        tasks, results: where the workers take tasks from, `(tasks, urgent, pipes)`: a worker takes from its own
+            pipe (`pipes[slot]`: placements of the parts it keeps in memory) first, then `urgent`, then `tasks`;
+            and the queue they send records and progress to.
         conn: the backend check's `encode` requests from the main process.
         ready_conn: where `Ready` (or the failure) is sent once the encoder is built.
         preload: URL schemes whose filesystems are imported before forking.
@@ -281,8 +282,8 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
     from ..errors import PretokError
     from ..sources.read import start_reading_ahead
     from ..tokenizer import limit_threads_to_one_cpu
-    from .memmap_place import place_part
-    from .parts import process_unit
+    from .memmap_place import place_part, write_held
+    from .parts import keep_limit, process_unit
     from .workers import hash_blocks
 
     _set_parent_death_signal()
@@ -294,14 +295,20 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
 
         warm_filesystems(preload)
     report = _Progress(results)
+    queued, urgent, writes = tasks[0], tasks[1], tasks[2][slot]
     blob, base, held = b"", None, _NOTHING
+    kept: dict = {}  # unit index → its part kept in memory (`parts.HeldPart`) until its placement comes on `writes`
+    keep_parts, keep_bytes = keep_limit("KEEP_PARTS"), keep_limit("KEEP_MB")
     while True:
-        task, held = _next_task(*tasks, held)
+        task, held = _next_task(queued, urgent, held, writes)
         if task is None:
             break
         try:
             if task[0] == "place":
                 place_part(task[1])
+                results.put(("placed", task[1].index))
+            elif task[0] == "write":
+                write_held(task[1], kept.pop(task[1].index))
                 results.put(("placed", task[1].index))
             elif task[0] == "hash":
                 results.put(("hashed", hash_blocks(task[1])))
@@ -317,8 +324,14 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
                     held = _take_now(tasks[0])  # row group while this one is encoded (`sources/read_ahead.py`)
                     if isinstance(held, tuple) and held[0] == "unit" and held[3] == run_job:
                         start_reading_ahead(held[1], base.sources)
-                record = process_unit(unit, _encoder(backend), job, report)
-                results.put(("done", record, report.take()))
+                record, part = process_unit(unit, _encoder(backend), job, report)
+                if part is not None:
+                    kept[unit.index] = part
+                results.put(("done", record, report.take(), slot if part is not None else None))
+                while len(kept) > keep_parts or sum(p.nbytes for p in kept.values()) > keep_bytes:
+                    _, p = writes.recv()  # too much kept: wait for the placements (see _NOTHING's note)
+                    write_held(p, kept.pop(p.index))
+                    results.put(("placed", p.index))
         except Exception as e:
             results.put(("error", e))
 
@@ -349,6 +362,10 @@ class _Progress:
 
 
 _NOTHING = object()  # a worker holds no task taken ahead
+# A worker keeping more parts (or bytes) than `parts.keep_limit` allows waits for their placements before taking the
+# next task. That cannot deadlock: the parts it keeps wait only for units before them, and the earliest unit not
+# done is in the queue or with a worker tokenizing it (a task held ahead is later than the one in hand). The count
+# also keeps the placements the main process sends a busy worker (~300 bytes each) below a pipe's buffer.
 _FORKED = [1]  # the workers forked (set by the zygote before it forks)
 
 
@@ -365,12 +382,14 @@ def _take_now(q):
         return _NOTHING
 
 
-def _next_task(tasks, urgent, held=_NOTHING) -> tuple:
-    """(the next task, what the worker holds after it): a waiting placement first, then the task held ahead, then
-    the next one queued (None: stop)."""
+def _next_task(tasks, urgent, held=_NOTHING, writes=None) -> tuple:
+    """(the next task, what the worker holds after it): a placement of a part it keeps (on `writes`) first, then a
+    waiting placement of a part's files, then the task held ahead, then the next one queued (None: stop)."""
     import queue
 
     while True:
+        if writes is not None and writes.poll():
+            return writes.recv(), held
         try:
             return urgent.get_nowait(), held
         except queue.Empty:

@@ -1,4 +1,5 @@
-"""parts: the BOS/EOS policy on a flat batch (both code paths), and the memmap part's hashes."""
+"""parts: the BOS/EOS policy on a flat batch (both code paths), the memmap part's hashes, and a part kept in memory
+(spilled or not) placed as its files would be."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pretok_lib.engine.parts import PART_HASH_KEY, _ChecksummedPart, add_special, part_files_intact
+from pretok_lib.engine.memmap_place import Placement, place_part, write_held
+from pretok_lib.engine.parts import (PART_HASH_KEY, HeldPart, _ChecksummedPart, add_special, keep_limit,
+                                     part_files_intact)
+from pretok_lib.errors import PretokError
 
 
 def reference(docs: list[list[int]], bos: int | None, eos: int | None) -> list[list[int]]:
@@ -63,6 +67,52 @@ def test_checksummed_part_records_the_hashes_of_both_files(tmp_path):
     assert not part_files_intact(tmp_path / "p", older, 2)  # a record of an earlier version (XXH3-64): redone
     (tmp_path / "p.lens").write_bytes(lens[:-4] + b"\x06\x00\x00\x00")  # same size, other bytes
     assert not part_files_intact(tmp_path / "p", record, 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(chunks=st.lists(st.lists(st.integers(0, 40), min_size=0, max_size=6), min_size=0, max_size=8),
+       limit=st.integers(0, 400), dtype=st.sampled_from(["uint16", "int32"]), offsets=st.tuples(
+           st.integers(0, 64), st.integers(0, 64)))
+def test_a_kept_part_writes_what_its_files_would_hold_spilled_or_not(tmp_path_factory, chunks, limit, dtype, offsets):
+    """Batches of documents (lengths generated) added to a part kept in memory with a generated spill limit: its
+    hashes are those of a part streamed to files, and placed at generated offsets, kept (`write_held`) or spilled
+    (`place_part` from its files), the targets hold the same bytes as from the streamed part."""
+    d = tmp_path_factory.mktemp("held")
+    rng = np.random.default_rng(len(chunks) * 1000 + limit)
+    ref, held = _ChecksummedPart(d / "ref", dtype), HeldPart(d / "held", dtype, limit=limit)
+    for lens in chunks:
+        ids = rng.integers(0, 60000, sum(lens)).astype(np.dtype(dtype).newbyteorder("<"))
+        ref.add(ids, np.array(lens, dtype=np.int64))
+        held.add(ids, np.array(lens, dtype=np.int64))
+    ref.close()
+    held.close()
+    assert held.hashes() == ref.hashes()
+    total = sum(c[0].nbytes + c[1].nbytes for c in held.chunks) if held.spilled is None else None
+    assert (held.spilled is None) == (total is not None and total <= limit)
+    assert (d / "held.bin").exists() == (held.spilled is not None)  # files only once spilled
+    want = {ext: (d / f"ref{ext}").read_bytes() for ext in (".bin", ".lens")}
+    targets = []
+    for ext, off in zip((".bin", ".lens"), offsets):
+        path = d / f"target{ext}"
+        path.write_bytes(b"\xee" * 200)
+        targets.append((ext, str(path), off, len(want[ext])))
+    p = Placement(0, str(d / "held"), tuple(targets), sync=True)
+    write_held(p, held) if held.spilled is None else place_part(p)
+    for ext, path, off, size in targets:
+        raw = open(path, "rb").read()
+        assert raw[off : off + size] == want[ext]
+        assert raw[:off] == b"\xee" * off and set(raw[off + size :]) <= {0xEE}  # nothing written around it
+    assert not (d / "held.bin").exists()  # a spilled part's files are deleted once placed
+
+
+def test_keep_limits_come_from_the_environment_or_fail_in_one_line(monkeypatch):
+    assert keep_limit("KEEP_PART_MB") == 64 << 20 and keep_limit("KEEP_PARTS") == 32
+    monkeypatch.setenv("PRETOK_KEEP_MB", "3")
+    assert keep_limit("KEEP_MB") == 3 << 20
+    for bad in ("-1", "1.5", "lots", ""):
+        monkeypatch.setenv("PRETOK_KEEP_PARTS", bad)
+        with pytest.raises(PretokError, match="PRETOK_KEEP_PARTS=.* is not a whole number >= 0"):
+            keep_limit("KEEP_PARTS")
 
 
 @pytest.mark.parametrize("fmt", ["memmap", "token-list", "padded"])

@@ -157,6 +157,21 @@ def test_workers_do_not_change_bytes(corpus, tmp_path):
         assert checked["backend"] == "fastokens" and checked["checked_docs"] > 10 and checked["checked_tokens"] > 0
 
 
+@pytest.mark.parametrize("keep", [{"PRETOK_KEEP_PARTS": "0"}, {"PRETOK_KEEP_MB": "0", "PRETOK_KEEP_PARTS": "1"},
+                                  {"PRETOK_KEEP_PART_MB": "0"}])
+def test_keep_limits_do_not_change_bytes(corpus, tmp_path, monkeypatch, keep):
+    """3 workers on ~30 parts, each worker waiting for a part's placement before its next task (no part kept, or
+    one part of no bytes), or every part spilled to its files and placed by any worker: the bytes of 0 workers."""
+    small = tmp_path / "small-row-groups.parquet"  # units are whole row groups: ~30 of them
+    pq.write_table(pq.read_table(corpus), small, row_group_size=40)
+    ref = tok(small, tmp_path / "ref", part_mb=0.05)
+    for k, v in keep.items():
+        monkeypatch.setenv(k, v)
+    m = tok(small, tmp_path / "out", workers=3, part_mb=0.05)
+    assert data_files(tmp_path / "out") == data_files(tmp_path / "ref") and m["counts"] == ref["counts"]
+    assert len(m["parts"]) >= 24 and m["run"]["workers_started"] == 3
+
+
 def test_rerun_is_noop_and_other_config_refused(corpus, tmp_path):
     out = tmp_path / "o"
     m1 = tok(corpus, out)
@@ -358,12 +373,14 @@ def test_memmap_resume_over_a_damaged_placement_log(corpus, tmp_path, monkeypatc
 
 def test_memmap_resume_checks_unplaced_parts(corpus, tmp_path, monkeypatch):
     """Finished parts are not fsynced: after a crash before they were placed, a part whose bytes were damaged
-    and a part whose commit record was torn (as a power cut could leave them) are redone; the output is identical."""
+    and a part whose commit record was torn (as a power cut could leave them) are redone; the output is identical.
+    The parts are spilled to their files (PRETOK_KEEP_PART_MB=0), as one over the limit or of an older run is."""
     from pretok_lib.engine.memmap_place import MemmapAssembler
 
     ref = tmp_path / "ref"
     tok(corpus, ref, part_mb=0.3)
     out = tmp_path / "out"
+    monkeypatch.setenv("PRETOK_KEEP_PART_MB", "0")
     real_add = MemmapAssembler.add
     calls = []
 
@@ -385,9 +402,46 @@ def test_memmap_resume_checks_unplaced_parts(corpus, tmp_path, monkeypatch):
     raw[100:104] = b"\x00\x00\x00\x00" if raw[100:104] != b"\x00\x00\x00\x00" else b"\x01\x00\x01\x00"
     (parts / "part-000001.bin").write_bytes(bytes(raw))
     (parts / "part-000002.json").write_text('{"unit": {"in')
+    monkeypatch.delenv("PRETOK_KEEP_PART_MB")
     tok(corpus, out, part_mb=0.3)
     assert data_files(out) == data_files(ref)
     assert file_checksums(out) == file_checksums(ref)
+
+
+def test_memmap_parts_kept_in_memory_and_lost_in_a_crash_are_tokenized_again(corpus, tmp_path, monkeypatch):
+    """A memmap part is kept in its worker's memory until its offsets are known, its record committed first: a
+    crash then loses its bytes but not its record. The rerun finds the record without the part's files, drops it
+    and tokenizes the unit again (and only the parts not placed); the output is identical."""
+    from pretok_lib.engine import memmap_place, parts
+
+    ref = tmp_path / "ref"
+    tok(corpus, ref, part_mb=0.3)
+    out = tmp_path / "out"
+    real_write = memmap_place.write_held
+    written = []
+
+    def crash_on_third(p, part):
+        if len(written) == 2:
+            raise KeyboardInterrupt("simulated crash")
+        written.append(p.index)
+        real_write(p, part)
+
+    monkeypatch.setattr("pretok_lib.engine.memmap_place.LOG_EVERY_S", 0.0)  # log every placement at once
+    monkeypatch.setattr("pretok_lib.engine.workers.write_held", crash_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        tok(corpus, out, part_mb=0.3)
+    state = out / ".pretok" / "parts"
+    assert {p.name for p in state.glob("*.json")} == {f"part-00000{i}.json" for i in range(3)}  # 3 committed
+    assert not list(state.glob("*.bin")) and not list(state.glob("*.tmp"))  # no part files: all kept in memory
+    monkeypatch.undo()
+    tokenized = []
+    real_process = parts.process_unit
+    monkeypatch.setattr("pretok_lib.engine.workers.process_unit",
+                        lambda unit, *a: tokenized.append(unit.index) or real_process(unit, *a))
+    tok(corpus, out, part_mb=0.3)
+    assert data_files(out) == data_files(ref)
+    assert file_checksums(out) == file_checksums(ref)
+    assert tokenized[0] == 2 and written == [0, 1] and 0 not in tokenized and 1 not in tokenized
 
 
 def test_optimistic_backend_restarts_when_the_check_disagrees(corpus, tmp_path, monkeypatch):
