@@ -1,14 +1,19 @@
-"""A worker's path taken apart: the stages a memmap worker runs, in one process on one pinned core, with no queues,
+"""A worker's path taken apart: the stages a worker runs, in one process on one pinned core, with no queues,
 threads or other processes, each timed in CPU seconds per GB of text. What encoding's share of the sum is bounds
 what any engine that reads the same input and writes the same output on the same cores can reach against the
 in-memory ceiling (which times encoding alone): wN / ceiling <= encode / total.
 
 Stages, per row group of the text column: read (Parquet decompress + decode to an Arrow string array), str (Arrow to
-Python `str`, what the encoder takes), encode (the backend's `encode_batch`, ~--batch-mb batches), special (EOS/BOS
-inserted and cast to the part's dtype, `engine.parts.add_special`), hash (XXH3-128 of the ids), write (the part
-file), copy (the part copied into a data file with copy_file_range, then deleted: the placement).
+Python `str`, what the encoder takes), encode (the backend's `encode_batch`, ~--batch-mb batches), special (BOS
+inserted and cast to the output's dtype, `engine.parts.add_special`), then per --format:
+- memmap: hash (XXH3-128 of the ids and lengths, the part's leaf) and write (`pwrite` into a data file and a
+  lengths file at their running offsets, as a worker writes a part it kept in memory; `memmap_place.write_held`);
+- token-list, padded: table (the Arrow table of the rows: `formats.parquet.tokenlist_table` / `padded_table`) and
+  write (`ParquetPartWriter`: row groups compressed with the default codec, the part's checksum at close; a part
+  per 1/32 of the input, as the engine cuts these formats).
 
-usage: python scripts/engine_stages.py CORPUS.parquet TOKENIZER [--rounds 3] [--batch-mb 1] [--workdir /tmp]
+usage: python scripts/engine_stages.py CORPUS.parquet TOKENIZER [--format memmap] [--rounds 3] [--batch-mb 1]
+       [--workdir /tmp]
 Prints each round, then per stage the median CPU-s/GB with its range over the rounds, and the bound.
 """
 
@@ -25,55 +30,109 @@ import pyarrow.parquet as pq
 import xxhash
 
 from pretok_lib.analysis.uncertainty import estimate
+from pretok_lib.engine.config import PARTS_PARQUET
 from pretok_lib.engine.parts import add_special
+from pretok_lib.formats import TRAIN_COMPRESSION
+from pretok_lib.formats import parquet as pqf
 from pretok_lib.sources.arrow_text import byte_lengths
 from pretok_lib.tokenizer import id_dtype_for, limit_threads_to_one_cpu, load_tokenizer, make_encoder
 
-STAGES = ("read", "str", "encode", "special", "hash", "write", "copy")
+STAGES = {"memmap": ("read", "str", "encode", "special", "hash", "write"),
+          "token-list": ("read", "str", "encode", "special", "table", "write"),
+          "padded": ("read", "str", "encode", "special", "table", "write")}
+SEQ_LEN = 2048  # padded rows: the engine's default
 
 
-def one_round(corpus: str, enc, eos: int | None, dtype: np.dtype, batch_bytes: int, workdir: str) -> dict[str, float]:
+class _Output:
+    """What a worker does with a batch's ids once they carry BOS and the dtype, per format, timed into `spent`."""
+
+    def __init__(self, fmt: str, d: str, dtype: np.dtype, pad_id: int, part_bytes: int, spent: dict):
+        self.fmt, self.d, self.spent, self.part_bytes = fmt, d, spent, part_bytes
+        if fmt == "memmap":
+            self.fds = [os.open(os.path.join(d, n), os.O_WRONLY | os.O_CREAT, 0o644) for n in ("data.bin", "lens")]
+            self.at = [0, 0]
+        else:
+            self.schema = pqf.schema_for(fmt, dtype.name, SEQ_LEN, pad_id)
+            self.writer, self.parts, self.in_part = None, 0, 0
+
+    def add(self, ids: np.ndarray, offsets: np.ndarray, text_bytes: int) -> None:
+        cpu = time.process_time
+        if self.fmt == "memmap":
+            t = cpu()
+            lens = np.diff(offsets).astype("<i4")
+            xxhash.xxh3_128(ids).digest()
+            xxhash.xxh3_128(lens).digest()
+            self.spent["hash"] += cpu() - t
+            t = cpu()
+            for k, buf in enumerate((ids, lens)):
+                view = memoryview(buf).cast("B")
+                while view:
+                    n = os.pwrite(self.fds[k], view, self.at[k])
+                    view, self.at[k] = view[n:], self.at[k] + n
+            self.spent["write"] += cpu() - t
+            return
+        t = cpu()
+        if self.fmt == "token-list":
+            table, n = pqf.tokenlist_table(ids, offsets, self.schema), np.diff(offsets)
+        else:
+            table, _ = pqf.padded_table(ids, offsets, self.schema)
+            n = np.minimum(np.diff(offsets), SEQ_LEN + 1)
+        self.spent["table"] += cpu() - t
+        t = cpu()
+        if self.writer is None:
+            self.writer = pqf.ParquetPartWriter(os.path.join(self.d, f"part-{self.parts}.parquet"), self.schema,
+                                                TRAIN_COMPRESSION)
+        self.writer.write(table, int(n.sum()), n)
+        self.in_part += text_bytes
+        if self.in_part >= self.part_bytes:
+            self.close()
+        self.spent["write"] += cpu() - t
+
+    def close(self) -> None:
+        if self.fmt == "memmap":
+            for fd in self.fds:
+                os.close(fd)
+            self.fds = []
+        elif self.writer is not None:
+            self.writer.close()
+            self.writer, self.parts, self.in_part = None, self.parts + 1, 0
+
+
+def one_round(corpus: str, fmt: str, enc, bos: int | None, dtype: np.dtype, batch_bytes: int,
+              workdir: str) -> dict[str, float]:
     """CPU seconds per GB of text of each stage over the whole corpus, once."""
-    cpu, spent, text = time.process_time, dict.fromkeys(STAGES, 0.0), 0
+    cpu, spent, text = time.process_time, dict.fromkeys(STAGES[fmt], 0.0), 0
     pf = pq.ParquetFile(corpus)
     with tempfile.TemporaryDirectory(dir=workdir) as d:
-        part = os.path.join(d, "part.bin")
-        with open(part, "wb") as fh:
-            for rg in range(pf.metadata.num_row_groups):
+        out = None
+        for rg in range(pf.metadata.num_row_groups):
+            t = cpu()
+            arr = pf.read_row_group(rg, columns=["text"], use_threads=False).column(0).combine_chunks()
+            spent["read"] += cpu() - t
+            ends = np.cumsum(byte_lengths(arr))
+            if out is None:  # parquet parts: 1/32 of the input's text (estimated from the first row group)
+                part_bytes = int(ends[-1]) * pf.metadata.num_row_groups // PARTS_PARQUET if len(arr) else 1
+                out = _Output(fmt, d, dtype, bos if bos is not None else 0, part_bytes, spent)
+            start = 0
+            while start < len(arr):
+                base = int(ends[start - 1]) if start else 0
+                stop = max(start + 1, int(np.searchsorted(ends, base + batch_bytes, side="right")))
+                text += int(ends[stop - 1]) - base
                 t = cpu()
-                arr = pf.read_row_group(rg, columns=["text"], use_threads=False).column(0).combine_chunks()
-                spent["read"] += cpu() - t
-                ends = np.cumsum(byte_lengths(arr))
-                start = 0
-                while start < len(arr):
-                    base = int(ends[start - 1]) if start else 0
-                    stop = max(start + 1, int(np.searchsorted(ends, base + batch_bytes, side="right")))
-                    text += int(ends[stop - 1]) - base
-                    t = cpu()
-                    texts = arr.slice(start, stop - start).to_pylist()
-                    spent["str"] += cpu() - t
-                    start = stop
-                    t = cpu()
-                    ids, offsets = enc.encode_batch(texts)
-                    spent["encode"] += cpu() - t
-                    t = cpu()
-                    ids, offsets = add_special(ids, offsets, None, eos, dtype)
-                    spent["special"] += cpu() - t
-                    t = cpu()
-                    xxhash.xxh3_128(ids).digest()
-                    spent["hash"] += cpu() - t
-                    t = cpu()
-                    fh.write(memoryview(ids))
-                    spent["write"] += cpu() - t
-        t = cpu()
-        src, dst = os.open(part, os.O_RDONLY), os.open(os.path.join(d, "data.bin"), os.O_WRONLY | os.O_CREAT)
-        left = os.fstat(src).st_size
-        while left:
-            left -= os.copy_file_range(src, dst, left)
-        os.close(src)
-        os.close(dst)
-        os.unlink(part)
-        spent["copy"] += cpu() - t
+                texts = arr.slice(start, stop - start).to_pylist()
+                spent["str"] += cpu() - t
+                start = stop
+                t = cpu()
+                ids, offsets = enc.encode_batch(texts)
+                spent["encode"] += cpu() - t
+                t = cpu()
+                ids, offsets = add_special(ids, offsets, bos, None, dtype)
+                spent["special"] += cpu() - t
+                out.add(ids, offsets, int(ends[stop - 1]) - base)
+        if out is not None:
+            t = cpu()
+            out.close()
+            spent["write"] += cpu() - t
     return {k: v / (text / 1e9) for k, v in spent.items()}
 
 
@@ -81,6 +140,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("corpus")
     ap.add_argument("tokenizer")
+    ap.add_argument("--format", choices=sorted(STAGES), default="memmap")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch-mb", type=float, default=1.0)
     ap.add_argument("--workdir", default=tempfile.gettempdir())
@@ -92,19 +152,18 @@ def main() -> None:
     for r in range(args.rounds):
         enc = make_encoder(info, "fastokens")  # a fresh encoder each round, as each engine run and the ceiling have:
         enc.encode_batch(["warm up"])          # its caches warm from an earlier pass would make encoding cheaper
-        s = one_round(args.corpus, enc, info.eos_id, dtype, int(args.batch_mb * 1e6), args.workdir)
+        s = one_round(args.corpus, args.format, enc, info.bos_id, dtype, int(args.batch_mb * 1e6), args.workdir)
         rounds.append(s)
         total = sum(s.values())
         print(f"round {r}: " + "  ".join(f"{k} {v:.2f}" for k, v in s.items())
               + f"  | total {total:.2f} CPU-s/GB, encode share {s['encode'] / total:.3f}", flush=True)
     print(f"\nCPU-s per GB of text, median [min, max] over {len(rounds)} rounds ({os.path.basename(args.corpus)}, "
-          f"{info.spec}, one pinned core):")
-    for k in (*STAGES, "total"):
+          f"{info.spec}, {args.format}, one pinned core):")
+    for k in (*STAGES[args.format], "total"):
         xs = [sum(s.values()) if k == "total" else s[k] for s in rounds]
         print(f"  {k:8s} {statistics.median(xs):6.2f} [{min(xs):.2f}, {max(xs):.2f}]")
     share = estimate(s["encode"] / sum(s.values()) for s in rounds)
-    print(f"bound on wN / ceiling (encode / total): {share.median:.3f} [{share.lo:.3f}, {share.hi:.3f}], n={share.n}"
-          f"; without the copy: {statistics.median(s['encode'] / (sum(s.values()) - s['copy']) for s in rounds):.3f}")
+    print(f"bound on wN / ceiling (encode / total): {share.median:.3f} [{share.lo:.3f}, {share.hi:.3f}], n={share.n}")
 
 
 if __name__ == "__main__":
