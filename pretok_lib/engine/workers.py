@@ -279,8 +279,9 @@ class Workers:
 
     def run(self, work: Work, bar: Progress, keep_going: Callable[[], None] = lambda: None) -> None:
         """Do `work`. At most 4 tokenize or hash tasks per worker are queued, which bounds what the main process
-        holds for placing in order; placements go out on the `urgent` queue as soon as they are known.
-        `keep_going` is called between messages and may raise to stop the run."""
+        holds for placing in order; a placement goes out as soon as it is known, to the worker keeping the part in
+        memory (its own pipe) or, for a part in its files, on the `urgent` queue. `keep_going` is called between
+        messages and may raise to stop the run."""
         tasks = work.tasks()
         if self.zygote is None:  # inline, for debugging and tiny inputs
             enc = self.inline if self.inline is not None and self.inline.backend == work.backend else None
