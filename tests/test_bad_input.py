@@ -308,6 +308,21 @@ def test_a_setting_the_run_cannot_honour_is_refused_before_any_output(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("name", ["PRETOK_KEEP_PART_MB", "PRETOK_KEEP_PARTS", "PRETOK_KEEP_MB"])
+@pytest.mark.parametrize("value", ["-1", "1.5", "64MB", ""])
+def test_a_bad_memory_limit_in_the_environment_is_refused_before_any_output(tmp_path, monkeypatch, name, value):
+    """The limits on what a worker keeps in memory (`engine.parts.KEEP_DEFAULTS`) are read from the environment:
+    a value that is not a whole number >= 0 is one line naming the variable, before anything is written (not a
+    worker process failing mid-run)."""
+    txt = tmp_path / "s.txt"
+    txt.write_text("doc " + "word " * 50)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(PretokError) as e:
+        tok([txt], tmp_path / "out", workers=2)
+    assert "\n" not in str(e.value) and f"{name}={value!r}" in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_smallest_settings_still_read_every_document(tmp_path):
     """The edge of what is allowed: one byte per read and per part still gives every document, as the default."""
     txt = tmp_path / "s.txt"
