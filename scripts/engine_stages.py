@@ -6,8 +6,9 @@ in-memory ceiling (which times encoding alone): wN / ceiling <= encode / total.
 Stages, per row group of the text column: read (Parquet decompress + decode to an Arrow string array), str (Arrow to
 Python `str`, what the encoder takes), encode (the backend's `encode_batch`, ~--batch-mb batches), special (BOS
 inserted and cast to the output's dtype, `engine.parts.add_special`), then per --format:
-- memmap: hash (XXH3-128 of the ids and lengths, the part's leaf) and write (`pwrite` into a data file and a
-  lengths file at their running offsets, as a worker writes a part it kept in memory; `memmap_place.write_held`);
+- memmap: hash (the batch kept as a part, `engine.parts.HeldPart`, and the XXH3-128 of its ids and lengths) and
+  write (`memmap_place.write_held` into a data file and a lengths file at their running offsets, as a worker writes
+  a part it kept in memory);
 - token-list, padded: table (the Arrow table of the rows: `formats.parquet.tokenlist_table` / `padded_table`) and
   write (`ParquetPartWriter`: row groups compressed with the default codec, the part's checksum at close; a part
   per 1/32 of the input, as the engine cuts these formats).
@@ -24,14 +25,15 @@ import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
-import xxhash
 
 from pretok_lib.analysis.uncertainty import estimate
 from pretok_lib.engine.config import PARTS_PARQUET
-from pretok_lib.engine.parts import add_special
+from pretok_lib.engine.memmap_place import Placement, write_held
+from pretok_lib.engine.parts import HeldPart, add_special
 from pretok_lib.formats import TRAIN_COMPRESSION
 from pretok_lib.formats import parquet as pqf
 from pretok_lib.sources.arrow_text import byte_lengths
@@ -49,7 +51,9 @@ class _Output:
     def __init__(self, fmt: str, d: str, dtype: np.dtype, pad_id: int, part_bytes: int, spent: dict):
         self.fmt, self.d, self.spent, self.part_bytes = fmt, d, spent, part_bytes
         if fmt == "memmap":
-            self.fds = [os.open(os.path.join(d, n), os.O_WRONLY | os.O_CREAT, 0o644) for n in ("data.bin", "lens")]
+            self.dtype, self.targets = dtype, [os.path.join(d, "data.bin"), os.path.join(d, "data.lens")]
+            for path in self.targets:
+                open(path, "wb").close()
             self.at = [0, 0]
         else:
             self.schema = pqf.schema_for(fmt, dtype.name, SEQ_LEN, pad_id)
@@ -57,18 +61,17 @@ class _Output:
 
     def add(self, ids: np.ndarray, offsets: np.ndarray, text_bytes: int) -> None:
         cpu = time.process_time
-        if self.fmt == "memmap":
+        if self.fmt == "memmap":  # a part per batch, kept and written as a worker does
             t = cpu()
-            lens = np.diff(offsets).astype("<i4")
-            xxhash.xxh3_128(ids).digest()
-            xxhash.xxh3_128(lens).digest()
+            part = HeldPart(Path(self.d) / "part", self.dtype.name, limit=1 << 62)
+            part.add(ids, np.diff(offsets))
+            part.hashes()
             self.spent["hash"] += cpu() - t
             t = cpu()
-            for k, buf in enumerate((ids, lens)):
-                view = memoryview(buf).cast("B")
-                while view:
-                    n = os.pwrite(self.fds[k], view, self.at[k])
-                    view, self.at[k] = view[n:], self.at[k] + n
+            sizes = [sum(b.nbytes for b in part.buffers(ext)) for ext in (".bin", ".lens")]
+            write_held(Placement(0, "", tuple((ext, target, at, size) for ext, target, at, size in zip(
+                (".bin", ".lens"), self.targets, self.at, sizes))), part)
+            self.at = [at + size for at, size in zip(self.at, sizes)]
             self.spent["write"] += cpu() - t
             return
         t = cpu()
@@ -89,11 +92,7 @@ class _Output:
         self.spent["write"] += cpu() - t
 
     def close(self) -> None:
-        if self.fmt == "memmap":
-            for fd in self.fds:
-                os.close(fd)
-            self.fds = []
-        elif self.writer is not None:
+        if self.fmt != "memmap" and self.writer is not None:
             self.writer.close()
             self.writer, self.parts, self.in_part = None, self.parts + 1, 0
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..datapaths import global_batch
 from ..train.crossing import number
-from ..train.metrics import valid_step
+from ..train.metrics import NOT_JSON, NOT_RECORD, parse_line
 from ..train.run_record import flatten, read_run_config, read_run_record
 
 TABLE_STATUSES = ("completed", "failed", "incomplete")
@@ -152,9 +152,9 @@ def config_signature(run: Run, ignore: Iterable[str] = (), keep: Iterable[str] =
 
 def read_metrics(path: Path) -> tuple[list[dict], list[dict], list[str]]:
     """Train and val records of metrics.jsonl in step order, and problems found. Unparsable lines and records
-    without a valid step (`valid_step`) are skipped and reported (the last line as truncated), as is a file with
-    no train or val record; records replayed after a resume from an older checkpoint are superseded by the later
-    ones."""
+    without a valid step (`train.metrics.parse_line`) are skipped and reported (the last line as truncated), as is
+    a file with no train or val record; records replayed after a resume from an older checkpoint are superseded by
+    the later ones."""
     problems: list[str] = []
     lines = path.read_bytes().split(b"\n")
     last = max((i for i, raw in enumerate(lines) if raw.strip()), default=-1)
@@ -162,13 +162,12 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict], list[str]]:
     for i, raw in enumerate(lines):
         if not raw.strip():
             continue
-        try:
-            rec = json.loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError):
+        rec = parse_line(raw)
+        if rec == NOT_JSON:
             what = "truncated last line (killed while writing?)" if i == last else "not valid JSON"
             problems.append(f"metrics.jsonl line {i + 1}: {what}, ignored")
             continue
-        if not isinstance(rec, dict) or not valid_step(rec.get("step")):
+        if rec == NOT_RECORD:
             problems.append(f"metrics.jsonl line {i + 1}: not a record with a non-negative integer step, ignored")
             continue
         if isinstance(rec.get("kind"), str) and rec["kind"] in kinds:

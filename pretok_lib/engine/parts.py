@@ -195,7 +195,6 @@ class HeldPart:
         self.chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (tokens, int32 lengths) as added
         self.nbytes = 0
         self.spilled: _ChecksummedPart | None = None
-        self._hash_bin, self._hash_lens = xxhash.xxh3_128(), xxhash.xxh3_128()
 
     def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
         """Like `_ChecksummedPart.add`: ids already range-checked, in the part's little-endian dtype."""
@@ -204,8 +203,6 @@ class HeldPart:
             return
         assert tokens.dtype == self.dtype and tokens.flags.c_contiguous
         lens = np.ascontiguousarray(lengths, dtype=np.dtype("<i4"))
-        self._hash_bin.update(tokens)
-        self._hash_lens.update(lens)
         self.chunks.append((tokens, lens))
         self.nbytes += tokens.nbytes + lens.nbytes
         if self.nbytes > self.limit:
@@ -224,8 +221,16 @@ class HeldPart:
             self.spilled.abort()
 
     def hashes(self) -> list[str]:
-        return self.spilled.hashes() if self.spilled is not None else [self._hash_bin.hexdigest(),
-                                                                       self._hash_lens.hexdigest()]
+        """XXH3-128 (hex) of what the part's `.bin` and `.lens` hold (as `_ChecksummedPart.hashes`)."""
+        if self.spilled is not None:
+            return self.spilled.hashes()
+        out = []
+        for ext in (".bin", ".lens"):
+            h = xxhash.xxh3_128()
+            for buf in self.buffers(ext):
+                h.update(buf)
+            out.append(h.hexdigest())
+        return out
 
     def buffers(self, ext: str) -> list[np.ndarray]:
         """What the part's `.bin` (ext ".bin") or `.lens` would hold, as the arrays added."""

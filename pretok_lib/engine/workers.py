@@ -300,7 +300,10 @@ class Workers:
                 if part is not None:
                     kept[task.index] = part
                 for p in work.on_record(record):
-                    write_held(p, kept.pop(p.index)) if p.index in kept else place_part(p)
+                    if p.index in kept:
+                        write_held(p, kept.pop(p.index))
+                    else:
+                        place_part(p)
                     work.on_placed(p.index)
             return
         todo, running, placing, window = deque(tasks), 0, len(work.placements), 4 * self.n

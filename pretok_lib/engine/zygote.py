@@ -299,6 +299,10 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
     blob, base, held = b"", None, _NOTHING
     kept: dict = {}  # unit index → its part kept in memory (`parts.HeldPart`) until its placement comes on `writes`
     keep_parts, keep_bytes = keep_limit("KEEP_PARTS"), keep_limit("KEEP_MB")
+
+    def write_kept(p) -> None:
+        write_held(p, kept.pop(p.index))
+        results.put(("placed", p.index))
     while True:
         task, held = _next_task(queued, urgent, held, writes)
         if task is None:
@@ -308,8 +312,7 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
                 place_part(task[1])
                 results.put(("placed", task[1].index))
             elif task[0] == "write":
-                write_held(task[1], kept.pop(task[1].index))
-                results.put(("placed", task[1].index))
+                write_kept(task[1])
             elif task[0] == "hash":
                 results.put(("hashed", hash_blocks(task[1])))
             else:
@@ -328,10 +331,12 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
                 if part is not None:
                     kept[unit.index] = part
                 results.put(("done", record, report.take(), slot if part is not None else None))
+                # Keeping too much: wait for the placements. That cannot deadlock: a kept part waits only for units
+                # before it, and the earliest unit not done is queued or with a worker tokenizing it (a task held
+                # ahead is later than the one in hand). The count also keeps the placements the main process sends a
+                # busy worker (~300 bytes each) below a pipe's buffer.
                 while len(kept) > keep_parts or sum(p.nbytes for p in kept.values()) > keep_bytes:
-                    _, p = writes.recv()  # too much kept: wait for the placements (see _NOTHING's note)
-                    write_held(p, kept.pop(p.index))
-                    results.put(("placed", p.index))
+                    write_kept(writes.recv()[1])
         except Exception as e:
             results.put(("error", e))
 
@@ -362,10 +367,6 @@ class _Progress:
 
 
 _NOTHING = object()  # a worker holds no task taken ahead
-# A worker keeping more parts (or bytes) than `parts.keep_limit` allows waits for their placements before taking the
-# next task. That cannot deadlock: the parts it keeps wait only for units before them, and the earliest unit not
-# done is in the queue or with a worker tokenizing it (a task held ahead is later than the one in hand). The count
-# also keeps the placements the main process sends a busy worker (~300 bytes each) below a pipe's buffer.
 _FORKED = [1]  # the workers forked (set by the zygote before it forks)
 
 

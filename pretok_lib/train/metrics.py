@@ -33,20 +33,27 @@ def valid_step(step: object) -> bool:
     return isinstance(step, int) and not isinstance(step, bool) and 0 <= step < MAX_STEP
 
 
+NOT_JSON, NOT_RECORD = "not JSON", "not a record"  # why a metrics.jsonl line is no record (`parse_line`)
+
+
+def parse_line(raw: bytes) -> dict | str:
+    """One line of a metrics.jsonl: its record (a JSON object with a valid step), or why it is none (NOT_JSON: not
+    UTF-8 JSON, e.g. half-written; NOT_RECORD)."""
+    try:
+        rec = json.loads(raw.decode())   # UTF-8 only: json.loads(bytes) would guess UTF-16/32 from NULs
+    except (ValueError, RecursionError):   # UnicodeDecodeError is a ValueError
+        return NOT_JSON
+    return rec if isinstance(rec, dict) and valid_step(rec.get("step")) else NOT_RECORD
+
+
 def read_records(path: Path, kind: str | None = None) -> list[dict]:
     """The records of a metrics.jsonl in file order (only those of `kind` if given): JSON objects with a valid step.
     Safe on a log being written and on a damaged one: a half-written last line, a line that is not UTF-8 or JSON
     and a JSON value that is not a record are left out (`analysis.runs.read_metrics` also reports them)."""
-    out = []
-    if path.is_file():
-        for raw in path.read_bytes().split(b"\n"):
-            try:
-                rec = json.loads(raw.decode())   # UTF-8 only: json.loads(bytes) would guess UTF-16/32 from NULs
-            except (ValueError, RecursionError):   # UnicodeDecodeError is a ValueError
-                continue
-            if isinstance(rec, dict) and valid_step(rec.get("step")) and (kind is None or rec.get("kind") == kind):
-                out.append(rec)
-    return out
+    if not path.is_file():
+        return []
+    recs = (parse_line(raw) for raw in path.read_bytes().split(b"\n"))
+    return [r for r in recs if isinstance(r, dict) and (kind is None or r.get("kind") == kind)]
 
 
 class MetricsLog:

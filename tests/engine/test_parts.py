@@ -87,8 +87,8 @@ def test_a_kept_part_writes_what_its_files_would_hold_spilled_or_not(tmp_path_fa
     ref.close()
     held.close()
     assert held.hashes() == ref.hashes()
-    total = sum(c[0].nbytes + c[1].nbytes for c in held.chunks) if held.spilled is None else None
-    assert (held.spilled is None) == (total is not None and total <= limit)
+    total = sum(sum(lens) * np.dtype(dtype).itemsize + 4 * len(lens) for lens in chunks)  # ids + int32 lengths
+    assert (held.spilled is not None) == (total > limit)  # spilled exactly when what it was given passes the limit
     assert (d / "held.bin").exists() == (held.spilled is not None)  # files only once spilled
     want = {ext: (d / f"ref{ext}").read_bytes() for ext in (".bin", ".lens")}
     targets = []
