@@ -59,7 +59,7 @@ def _fraction(text: str) -> float:
 
 def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     """`pretok tokenize`'s options; every default is `TokenizeConfig`'s (engine/config.py), never restated."""
-    from .engine.config import CHOICES, FORMATS, default
+    from .engine.config import CHOICES, FORMATS, MAX_PART_BYTES, MIN_PART_BYTES, PARTS_MEMMAP, PARTS_PARQUET, default
 
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="parquet/jsonl(.gz,.zst)/txt files, globs, HF dataset dirs")
     p.add_argument("--out", required=True, help="output directory (data files + manifest.json)")
@@ -91,7 +91,9 @@ def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-index", type=int, default=None,
                    help=f"default: SLURM_ARRAY_TASK_ID or {default('shard_index')}")
     p.add_argument("--part-mb", type=float, default=default("part_mb"),
-                   help="text MB per output part, the resume unit (default: the input's text/32 within [1, 64])")
+                   help=f"text MB per part, the unit of work and of resume (default: the input's text/{PARTS_MEMMAP} "
+                        f"within [{MIN_PART_BYTES['memmap'] / 1e6:g}, {MAX_PART_BYTES / 1e6:g}] for memmap, "
+                        f"text/{PARTS_PARQUET} within [1, {MAX_PART_BYTES / 1e6:g}] for the parquet formats)")
     p.add_argument("--batch-mb", type=float, default=default("batch_mb"),
                    help="input MB tokenized per batch (bounds memory; 1 MB stays in CPU caches)")
     p.add_argument("--overwrite", action="store_true", help="replace an output directory holding another config")

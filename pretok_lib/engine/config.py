@@ -19,7 +19,8 @@ CHOICES = {"dtype": ("auto", "uint16", "int32"), "bos": ("auto", "yes", "no"), "
 
 
 MAX_PART_BYTES = 64_000_000  # the largest part the plan cuts (from 64 GB of memmap input on)
-PARTS_MEMMAP = 1024   # memmap: parts per input (before the 1 MB floor); ~3.5 per worker on a 288-core node
+MIN_PART_BYTES = {"memmap": 8_000_000}  # the smallest part the plan cuts (other formats: 1 MB); see part_bytes
+PARTS_MEMMAP = 1024   # memmap: parts per input between the floor and the cap; ~3.5 per worker on a 288-core node
 PARTS_PARQUET = 32    # token-list, padded: each part is an output file
 
 
@@ -82,14 +83,17 @@ class TokenizeConfig:
             parse_compression(self.compression)
 
     def part_bytes(self, text_bytes: int) -> int:
-        """Text bytes per part: as given, or a share of the input's text clamped to [1 MB, 64 MB]: 1/PARTS_MEMMAP
-        for memmap, whose parts become one file (enough units to keep 288 workers busy from ~1 GB on; large inputs
-        resume at 64 MB granularity), 1/PARTS_PARQUET for the parquet formats, where each part is a file of the
-        output. Depends on the inputs and the format only (never on the workers: the bytes must not)."""
+        """Text bytes per part: as given, or a share of the input's text clamped to [floor, 64 MB]: 1/PARTS_MEMMAP
+        for memmap, whose parts become one file, at least 8 MB (a unit costs a worker ~1-1.5 ms beyond its bytes,
+        and the main process a message and a placement: 2 MB units made a 2-worker run 1.25x slower than 8 MB ones,
+        docs/BENCHMARKS.md); >= 288 units from 2.3 GB on, ~3.5 a worker of a 288-core node from 8 GB on, and large
+        inputs resume at 64 MB granularity. 1/PARTS_PARQUET, at least 1 MB, for the parquet formats, where each
+        part is a file of the output. Depends on the inputs and the format only (never on the workers: the bytes
+        must not)."""
         if self.part_mb is not None:
             return max(1, int(self.part_mb * 1e6))
         share = PARTS_MEMMAP if self.format == "memmap" else PARTS_PARQUET
-        return int(min(MAX_PART_BYTES, max(1e6, text_bytes / share)))
+        return int(min(MAX_PART_BYTES, max(MIN_PART_BYTES.get(self.format, 1e6), text_bytes / share)))
 
     def source_options(self, text_bytes: int) -> SourceOptions:
         from ..sources import SourceOptions

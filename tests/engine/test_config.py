@@ -46,20 +46,24 @@ def test_the_config_module_is_light():
 
 
 @pytest.mark.parametrize("fmt", ["memmap", "token-list", "padded"])
-@pytest.mark.parametrize("mb", [0.5, 10, 300, 1000, 2000, 5000, 100_000])
+@pytest.mark.parametrize("mb", [0.5, 10, 300, 1000, 2000, 2400, 5000, 8200, 64_000, 100_000])
 def test_units_keep_many_workers_busy_for_memmap_and_few_files_for_parquet(fmt, mb):
     """Issue 37: inputs under ~2 GB were cut into at most 32 units, so at most 32 workers were ever busy. memmap (one
-    output file) now gets ~1/1024 of the input a part (>= 288 units from ~300 MB on: a 288-core node's workers each
-    get one), the parquet formats keep ~1/32 (each part is a file); always [1 MB, 64 MB], never the workers'."""
-    from pretok_lib.engine.config import PARTS_MEMMAP, PARTS_PARQUET, TokenizeConfig
+    output file) now gets ~1/1024 of the input a part, at least 8 MB (a unit's fixed cost: >= 288 units from 2.3 GB
+    on, a 288-core node's workers each get one), the parquet formats keep ~1/32 (each part is a file), at least 1 MB;
+    never over 64 MB, never the workers'."""
+    from pretok_lib.engine.config import MIN_PART_BYTES, PARTS_MEMMAP, PARTS_PARQUET, TokenizeConfig
 
     text = int(mb * 1e6)
     cfg = TokenizeConfig(inputs=["x"], out="o", tokenizer="t", format=fmt)
     part = cfg.part_bytes(text)
-    assert 1e6 <= part <= 64e6
+    floor = 8e6 if fmt == "memmap" else 1e6
+    assert MIN_PART_BYTES.get(fmt, 1e6) == floor and floor <= part <= 64e6
     share = PARTS_MEMMAP if fmt == "memmap" else PARTS_PARQUET
-    assert part == int(min(64e6, max(1e6, text / share)))
-    if fmt == "memmap" and mb >= 300:
+    assert part == int(min(64e6, max(floor, text / share)))
+    if fmt == "memmap" and mb >= 2400:
         assert text / part >= 288
+    if fmt == "memmap" and 8200 <= mb <= 64_000:
+        assert text / part >= 1000
     assert TokenizeConfig(inputs=["x"], out="o", tokenizer="t", format=fmt, workers=7).part_bytes(text) == part
     assert TokenizeConfig(inputs=["x"], out="o", tokenizer="t", format=fmt, part_mb=3).part_bytes(text) == 3_000_000
