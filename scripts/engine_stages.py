@@ -1,20 +1,9 @@
-"""A worker's path taken apart: the stages a worker runs, in one process on one pinned core, with no queues,
-threads or other processes, each timed in CPU seconds per GB of text. What encoding's share of the sum is bounds
-what any engine that reads the same input and writes the same output on the same cores can reach against the
-in-memory ceiling (which times encoding alone): wN / ceiling <= encode / total.
-
-Stages, per row group of the text column: read (Parquet decompress + decode to an Arrow string array), str (Arrow to
-Python `str`, what the encoder takes), encode (the backend's `encode_batch`, ~--batch-mb batches), special (BOS
-inserted and cast to the output's dtype, `engine.parts.add_special`), then per --format:
-- memmap: hash (the batch kept as a part, `engine.parts.HeldPart`, and the XXH3-128 of its ids and lengths) and
-  write (`memmap_place.write_held` into a data file and a lengths file at their running offsets, as a worker writes
-  a part it kept in memory);
-- token-list, padded: table (the Arrow table of the rows: `formats.parquet.tokenlist_table` / `padded_table`) and
-  write (`ParquetPartWriter`: row groups compressed with the default codec, the part's checksum at close; a part
-  per 1/32 of the input, as the engine cuts these formats).
+"""A worker's path taken apart (`pretok_lib.bench.stages`): the stages a worker runs, in one process on one pinned
+core, each timed in CPU seconds per GB of text; encoding's share of the sum bounds wN / ceiling for any engine that
+reads the same input and writes the same output.
 
 usage: python scripts/engine_stages.py CORPUS.parquet TOKENIZER [--format memmap] [--rounds 3] [--batch-mb 1]
-       [--workdir /tmp]
+       [--workdir /tmp] [--mb MB]
 Prints each round, then per stage the median CPU-s/GB with its range over the rounds, and the bound.
 """
 
@@ -24,115 +13,8 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
-from pathlib import Path
 
-import numpy as np
-import pyarrow.parquet as pq
-
-from pretok_lib.analysis.uncertainty import estimate
-from pretok_lib.engine.config import PARTS_PARQUET
-from pretok_lib.engine.memmap_place import Placement, write_held
-from pretok_lib.engine.parts import HeldPart, add_special
-from pretok_lib.formats import TRAIN_COMPRESSION
-from pretok_lib.formats import parquet as pqf
-from pretok_lib.sources.arrow_text import byte_lengths
-from pretok_lib.tokenizer import id_dtype_for, limit_threads_to_one_cpu, load_tokenizer, make_encoder
-
-STAGES = {"memmap": ("read", "str", "encode", "special", "hash", "write"),
-          "token-list": ("read", "str", "encode", "special", "table", "write"),
-          "padded": ("read", "str", "encode", "special", "table", "write")}
-SEQ_LEN = 2048  # padded rows: the engine's default
-
-
-class _Output:
-    """What a worker does with a batch's ids once they carry BOS and the dtype, per format, timed into `spent`."""
-
-    def __init__(self, fmt: str, d: str, dtype: np.dtype, pad_id: int, part_bytes: int, spent: dict):
-        self.fmt, self.d, self.spent, self.part_bytes = fmt, d, spent, part_bytes
-        if fmt == "memmap":
-            self.dtype, self.targets = dtype, [os.path.join(d, "data.bin"), os.path.join(d, "data.lens")]
-            for path in self.targets:
-                open(path, "wb").close()
-            self.at = [0, 0]
-        else:
-            self.schema = pqf.schema_for(fmt, dtype.name, SEQ_LEN, pad_id)
-            self.writer, self.parts, self.in_part = None, 0, 0
-
-    def add(self, ids: np.ndarray, offsets: np.ndarray, text_bytes: int) -> None:
-        cpu = time.process_time
-        if self.fmt == "memmap":  # a part per batch, kept and written as a worker does
-            t = cpu()
-            part = HeldPart(Path(self.d) / "part", self.dtype.name, limit=1 << 62)
-            part.add(ids, np.diff(offsets))
-            part.hashes()
-            self.spent["hash"] += cpu() - t
-            t = cpu()
-            sizes = [sum(b.nbytes for b in part.buffers(ext)) for ext in (".bin", ".lens")]
-            write_held(Placement(0, "", tuple((ext, target, at, size) for ext, target, at, size in zip(
-                (".bin", ".lens"), self.targets, self.at, sizes))), part)
-            self.at = [at + size for at, size in zip(self.at, sizes)]
-            self.spent["write"] += cpu() - t
-            return
-        t = cpu()
-        if self.fmt == "token-list":
-            table, n = pqf.tokenlist_table(ids, offsets, self.schema), np.diff(offsets)
-        else:
-            table, _ = pqf.padded_table(ids, offsets, self.schema)
-            n = np.minimum(np.diff(offsets), SEQ_LEN + 1)
-        self.spent["table"] += cpu() - t
-        t = cpu()
-        if self.writer is None:
-            self.writer = pqf.ParquetPartWriter(os.path.join(self.d, f"part-{self.parts}.parquet"), self.schema,
-                                                TRAIN_COMPRESSION)
-        self.writer.write(table, int(n.sum()), n)
-        self.in_part += text_bytes
-        if self.in_part >= self.part_bytes:
-            self.close()
-        self.spent["write"] += cpu() - t
-
-    def close(self) -> None:
-        if self.fmt != "memmap" and self.writer is not None:
-            self.writer.close()
-            self.writer, self.parts, self.in_part = None, self.parts + 1, 0
-
-
-def one_round(corpus: str, fmt: str, enc, bos: int | None, dtype: np.dtype, batch_bytes: int,
-              workdir: str) -> dict[str, float]:
-    """CPU seconds per GB of text of each stage over the whole corpus, once."""
-    cpu, spent, text = time.process_time, dict.fromkeys(STAGES[fmt], 0.0), 0
-    pf = pq.ParquetFile(corpus)
-    with tempfile.TemporaryDirectory(dir=workdir) as d:
-        out = None
-        for rg in range(pf.metadata.num_row_groups):
-            t = cpu()
-            arr = pf.read_row_group(rg, columns=["text"], use_threads=False).column(0).combine_chunks()
-            spent["read"] += cpu() - t
-            ends = np.cumsum(byte_lengths(arr))
-            if out is None:  # parquet parts: 1/32 of the input's text (estimated from the first row group)
-                part_bytes = int(ends[-1]) * pf.metadata.num_row_groups // PARTS_PARQUET if len(arr) else 1
-                out = _Output(fmt, d, dtype, bos if bos is not None else 0, part_bytes, spent)
-            start = 0
-            while start < len(arr):
-                base = int(ends[start - 1]) if start else 0
-                stop = max(start + 1, int(np.searchsorted(ends, base + batch_bytes, side="right")))
-                text += int(ends[stop - 1]) - base
-                t = cpu()
-                texts = arr.slice(start, stop - start).to_pylist()
-                spent["str"] += cpu() - t
-                start = stop
-                t = cpu()
-                ids, offsets = enc.encode_batch(texts)
-                spent["encode"] += cpu() - t
-                t = cpu()
-                ids, offsets = add_special(ids, offsets, bos, None, dtype)
-                spent["special"] += cpu() - t
-                out.add(ids, offsets, int(ends[stop - 1]) - base)
-        if out is not None:
-            t = cpu()
-            out.close()
-            spent["write"] += cpu() - t
-    return {k: v / (text / 1e9) for k, v in spent.items()}
+from pretok_lib.bench.stages import STAGES, bounds
 
 
 def main() -> None:
@@ -143,26 +25,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch-mb", type=float, default=1.0)
     ap.add_argument("--workdir", default=tempfile.gettempdir())
+    ap.add_argument("--mb", type=float, default=None, help="~this much text, every k-th row group of the file")
     args = ap.parse_args()
-    limit_threads_to_one_cpu(0)
-    info = load_tokenizer(args.tokenizer)
-    dtype = np.dtype(id_dtype_for(info.vocab_size)).newbyteorder("<")
-    rounds = []
-    for r in range(args.rounds):
-        enc = make_encoder(info, "fastokens")  # a fresh encoder each round, as each engine run and the ceiling have:
-        enc.encode_batch(["warm up"])          # its caches warm from an earlier pass would make encoding cheaper
-        s = one_round(args.corpus, args.format, enc, info.bos_id, dtype, int(args.batch_mb * 1e6), args.workdir)
-        rounds.append(s)
+    max_bytes = None if args.mb is None else int(args.mb * 1e6)
+    b = bounds(args.corpus, args.tokenizer, "fastokens", [args.format], args.rounds, int(args.batch_mb * 1e6),
+               args.workdir, max_bytes)[args.format]
+    for r, s in enumerate(b["rounds"]):
         total = sum(s.values())
         print(f"round {r}: " + "  ".join(f"{k} {v:.2f}" for k, v in s.items())
               + f"  | total {total:.2f} CPU-s/GB, encode share {s['encode'] / total:.3f}", flush=True)
-    print(f"\nCPU-s per GB of text, median [min, max] over {len(rounds)} rounds ({os.path.basename(args.corpus)}, "
-          f"{info.spec}, {args.format}, one pinned core):")
+    print(f"\nCPU-s per GB of text, median [min, max] over {len(b['rounds'])} rounds ({os.path.basename(args.corpus)}, "
+          f"{args.tokenizer}, {args.format}, one pinned core):")
     for k in (*STAGES[args.format], "total"):
-        xs = [sum(s.values()) if k == "total" else s[k] for s in rounds]
+        xs = [sum(s.values()) if k == "total" else s[k] for s in b["rounds"]]
         print(f"  {k:8s} {statistics.median(xs):6.2f} [{min(xs):.2f}, {max(xs):.2f}]")
-    share = estimate(s["encode"] / sum(s.values()) for s in rounds)
-    print(f"bound on wN / ceiling (encode / total): {share.median:.3f} [{share.lo:.3f}, {share.hi:.3f}], n={share.n}")
+    lo, hi = b["bound"]["interval"]
+    print(f"bound on wN / ceiling (encode / total): {b['bound']['median']:.3f} [{lo:.3f}, {hi:.3f}], "
+          f"n={b['bound']['n']}")
 
 
 if __name__ == "__main__":

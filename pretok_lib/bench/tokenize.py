@@ -25,7 +25,7 @@ from .tokenize_methods import (ChildRss, ceiling_parallel, child_ceiling, child_
 from .tokenize_report import (CEIL, LOOP, MAP, add_intervals, ceil_name, fastest, paired_ratio, phase_name,
                               print_repeats, rates, repeat_summary, table, targets)
 
-SKIPPABLE = ("loop", "datasets-map", "ceiling", "engine-1", "rss-scan")
+SKIPPABLE = ("loop", "datasets-map", "ceiling", "engine-1", "rss-scan", "stages")
 NOTES = """\
 (a), (b) measured on the first {k} docs ({kmb:.1f} MB), the others on all {docs} docs ({mb:.1f} MB); ratios: MB/s.
 (a) HF fast tokenizer, 1 pinned core, ids -> np.uint32 per doc. (b) map(batched, num_proc={n}) + save_to_disk as
@@ -51,6 +51,7 @@ class TokenizeBench(BenchConfig):
     skip: list[str] = field(default_factory=list)  # methods left out (SKIPPABLE)
     loop_mb: float = 20.0  # corpus prefix measured by (a) and (b)
     rss_scan: str = "10,100,500,2000"  # corpus MB sizes for the worker-RSS check ('' = off)
+    stages_mb: float = 200.0  # text (every k-th row group) each format's stage bound is measured on, per round
     part_mb: float | None = None  # engine --part-mb (None: the engine's)
     batch_mb: float | None = None  # engine --batch-mb, also the ceiling's batch size
     repeat: int = 3  # rounds of the engine, the ceilings and the loop: the table keeps the fastest, targets pair
@@ -68,6 +69,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loop-mb", type=positive, default=d.loop_mb, help="corpus prefix measured by (a) and (b)")
     p.add_argument("--rss-scan", type=sizes, default=d.rss_scan,
                    help="corpus MB sizes for the worker-RSS check, smallest to largest ('' = off)")
+    p.add_argument("--stages-mb", type=positive, default=d.stages_mb,
+                   help="text MB (every k-th row group of the corpus) each format's stage bound is timed on, per round")
     p.add_argument("--part-mb", type=positive, default=d.part_mb, help="engine --part-mb (default: the engine's)")
     p.add_argument("--batch-mb", type=positive, default=d.batch_mb,
                    help="engine --batch-mb, also the ceiling's batch size")
@@ -112,18 +115,20 @@ def run(cfg: TokenizeBench) -> dict:
         methods[MAP] = rates(r, cinfo["prefix_bytes"])
     scan = [] if "rss-scan" in skip else _rss_scan(cfg, tok, n)
     coarse = _coarse_run(cfg, tok, n, scan)
-    tg = targets(methods, n, scan, rounds)
+    bounds = None if "stages" in skip else _stage_bounds(cfg, corpus, tok, runs, backends[0])
+    tg = targets(methods, n, scan, rounds, bounds)
     repeated = repeat_summary(runs, rounds, cinfo, n)
     add_intervals(tg, rounds, n)
     env = environment()
     print(f"\nCPU: {env['cpu_model']}, {env['cpus']} usable; tokenizer: {tok} (vocab {info.vocab_size})")
-    _print_results(methods, cinfo, n, scan, tg)
+    _print_results(methods, cinfo, n, scan, tg, bounds)
     print_repeats(repeated)
     sc = scaling(runs, rounds, cinfo["text_bytes"], n, phase_name(""), scan, coarse)
     print("\n" + "\n".join(scaling_lines(sc)))
     result = {"repeats": repeated, "machine": repeated["machine"],
               "corpus": cinfo, "tokenizer": {"spec": tok, "info": info.to_dict(), "backends": backends},
               "workers": n, "methods": methods, "rounds": rounds, "rss_scan": scan, "coarse_run": coarse,
+              "stage_bounds": bounds,
               "targets": tg, "scaling": sc,
               "environment": env,
               "env": {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS")},
@@ -246,7 +251,26 @@ def _coarse_run(cfg: TokenizeBench, tok: str, n: int, scan: list[dict]) -> dict 
     return {"mb": mb, **{k: r[k] for k in ("seconds", "units", "cpu", "input_bytes")}}
 
 
-def _print_results(methods: dict[str, dict], cinfo: dict, n: int, scan: list[dict], tg: list[dict]) -> None:
+def _stage_bounds(cfg: TokenizeBench, corpus: str, tok: str, runs: dict[str, list[dict]], first_backend: str
+                  ) -> dict[str, dict]:
+    """Each format's stages timed on one pinned core in a child (`bench.stages`): the bound encode / total that no
+    engine reading this input and writing this format reaches past against the ceiling."""
+    from ..engine.config import TokenizeConfig
+    from .stages import child_bounds
+
+    backend = next((rs[0]["backend"] for name, rs in runs.items() if name.startswith("(d)")), first_backend)
+    batch = int((cfg.batch_mb or TokenizeConfig.batch_mb) * 1e6)
+    out = in_child(child_bounds, corpus, tok, backend, list(cfg.formats), max(1, cfg.repeat), batch, cfg.workdir,
+                   int(cfg.stages_mb * 1e6))
+    for fmt, b in out.items():
+        lo, hi = b["bound"]["interval"]
+        print(f"  stages {fmt}: {b['total']:.2f} CPU-s/GB, bound {b['bound']['median']:.2f} [{lo:.2f}, {hi:.2f}]",
+              flush=True)
+    return out
+
+
+def _print_results(methods: dict[str, dict], cinfo: dict, n: int, scan: list[dict], tg: list[dict],
+                   bounds: dict[str, dict] | None = None) -> None:
     """The table, how each number is measured, the RSS scan, the engine's timeline, the targets."""
     b, ceil = methods.get(MAP), methods.get(CEIL)
     print("\n" + table(methods, b["mb_per_s"] if b else None))
@@ -262,6 +286,11 @@ def _print_results(methods: dict[str, dict], cinfo: dict, n: int, scan: list[dic
             steady = cinfo["text_bytes"] / 1e6 / tl["tokenize_seconds"]
             print(f"{name} (fastest of {len(r['all_seconds'])}: {times} s): start-up {tl['startup_seconds']:.2f} s, "
                   f"tokenizing {tl['tokenize_seconds']:.2f} s ({steady:.0f} MB/s), finish {tl['finish_seconds']:.2f} s")
+    for fmt, b in (bounds or {}).items():
+        lo, hi = b["bound"]["interval"]
+        print(f"stages of {fmt} on one pinned core, CPU-s per GB of text (median of {b['bound']['n']} rounds): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in b["stages"].items())
+              + f"; total {b['total']:.2f}; bound encode / total {b['bound']['median']:.3f} [{lo:.3f}, {hi:.3f}]")
     print()
     for t in tg:
         v, status = "n/a" if t["value"] is None else f"{t['value']:.2f}", {True: "PASS", False: "FAIL", None: "info"}

@@ -73,10 +73,12 @@ def paired_ratio(rounds: list[dict[str, float]], slow: str, fast: str) -> float 
     return statistics.median(vals) if vals else None
 
 
-def targets(methods: dict[str, dict], n: int, scan: list[dict], rounds: list[dict[str, float]] = ()) -> list[dict]:
+def targets(methods: dict[str, dict], n: int, scan: list[dict], rounds: list[dict[str, float]] = (),
+            bounds: Mapping[str, Mapping] | None = None) -> list[dict]:
     """The targets, each with its value, threshold and pass/fail/None. Ratios of
     the engine and the ceilings are the median of their ratios within each round (runs minutes apart on a shared
-    machine see different speeds); without rounds, of the fastest runs."""
+    machine see different speeds); without rounds, of the fastest runs. `bounds`: each format's stage bound
+    (`bench.stages`), reported beside its wN / ceiling with the share of it reached."""
     out: list[dict] = []
 
     def add(name: str, value: float | None, need: float | None, op: str = ">=", note: str = "") -> None:
@@ -101,12 +103,17 @@ def targets(methods: dict[str, dict], n: int, scan: list[dict], rounds: list[dic
     # the engine end to end near the machine's own ceiling on as many cores: >= 0.8x on 1 core (memmap), >= 0.7x
     # on n cores for every format (memmap paired by round; the other formats' fastest runs against the fastest
     # ceiling, as they run after the rounds)
-    add("engine memmap w1 / in-memory ceiling on 1 core", rate_ratio(e1, CEIL), 0.8)
+    add("engine memmap w1 / in-memory ceiling on 1 core", rate_ratio(e1, CEIL), 0.8,
+        note=bound_note((bounds or {}).get("memmap")))
     if n > 1:
         for name in (k for k in methods if k.startswith("(d) engine ") and k.endswith(f" w{n}")):
             fmt = name.split()[2]
             value = rate_ratio(name, ceil_name(n)) if fmt == "memmap" else ratio(mbs(name), mbs(ceil_name(n)))
-            add(f"engine {fmt} w{n} / in-memory ceiling on {n} cores, measured", value, 0.7)
+            add(f"engine {fmt} w{n} / in-memory ceiling on {n} cores, measured", value, 0.7,
+                note=bound_note((bounds or {}).get(fmt)))
+            if (bounds or {}).get(fmt):
+                add(f"engine {fmt} w{n} / its stage bound (share of what any engine could reach)",
+                    ratio(value, bounds[fmt]["bound"]["median"]), None)
     # start-up: process start to the first batch tokenized, in the fastest run of each engine method
     starts = [(methods[k].get("timeline") or {}).get("startup_seconds") for k in methods if k.startswith("(d) ")]
     starts = [x for x in starts if x is not None]
@@ -144,6 +151,14 @@ def targets(methods: dict[str, dict], n: int, scan: list[dict], rounds: list[dic
         add(f"worker peak RSS {big['mb']:g} MB / {scan[0]['mb']:g} MB input (caches filling)",
             ratio(big["peak_rss_mb"], scan[0]["peak_rss_mb"]), None)
     return out
+
+
+def bound_note(b: Mapping | None) -> str:
+    """A format's stage bound beside a target against the ceiling: what no engine passes on this input."""
+    if not b:
+        return ""
+    lo, hi = b["bound"]["interval"]
+    return f"(stage bound {b['bound']['median']:.2f} [{lo:.2f}, {hi:.2f}]: no engine passes it on this input)"
 
 
 def _paired(rounds: Sequence[Mapping[str, float]], slow: str, fast: str) -> dict | None:

@@ -119,6 +119,14 @@ def test_bench_tokenize_smoke(tmp_path: Path, shared_data: Path, capsys) -> None
         want = (sum(r[ceil_name(2)] / r[e2] for r in rounds) / 2 if fmt == "memmap"
                 else m[f"(d) engine {fmt} w2"]["mb_per_s"] / m[ceil_name(2)]["mb_per_s"])
         assert t["value"] == pytest.approx(want) and t["need"] == ">= 0.7" and t["pass"] is (t["value"] >= 0.7)
+        # each format's stage bound, timed on one pinned core in a child, beside it, and the share of it reached
+        b = res["stage_bounds"][fmt]
+        assert len(b["rounds"]) == 2 and b["stages"]["encode"] > 0 and b["total"] > b["stages"]["encode"]
+        assert 0 < b["bound"]["interval"][0] <= b["bound"]["median"] <= b["bound"]["interval"][1] < 1
+        assert f"stage bound {b['bound']['median']:.2f}" in t["note"]
+        share = by[f"engine {fmt} w2 / its stage bound (share of what any engine could reach)"]
+        assert share["value"] == pytest.approx(t["value"] / b["bound"]["median"]) and share["pass"] is None
+    assert set(res["stage_bounds"]) == {"memmap", "token-list", "padded"}
     w1 = by["engine memmap w1 / in-memory ceiling on 1 core"]
     assert w1["value"] == pytest.approx(sum(r[CEIL] / r[e1] for r in rounds) / 2) and w1["need"] == ">= 0.8"
     start = by["engine start-up s (to the first batch tokenized), slowest engine method"]

@@ -36,3 +36,48 @@ def test_the_stages_of_a_worker_sum_to_a_bound_below_one(tmp_path, shared_data, 
     bound = float(re.search(r"encode / total\): ([\d.]+) \[", proc.stdout).group(1))
     assert 0 < bound < 1
     assert list(tmp_path.iterdir()) == [corpus]  # its part and data files were removed
+
+
+@pytest.mark.parametrize("groups,max_mb", [(1, None), (7, None), (7, 100.0), (40, 0.05), (40, 0.2), (41, 0.013)])
+def test_stage_sample_takes_every_kth_row_group_of_the_whole_file(tmp_path, groups, max_mb):
+    """`--mb`/the bench's `--stages-mb`: the row groups timed are spread over the whole file (every k-th), about
+    `max_bytes` of it, never none."""
+    from pretok_lib.bench.stages import sampled_row_groups
+
+    docs = [("document %d " % i) * 50 for i in range(groups * 10)]
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"text": docs}), corpus, row_group_size=10)
+    meta = pq.ParquetFile(corpus).metadata
+    assert meta.num_row_groups == groups
+    size = sum(meta.row_group(i).total_byte_size for i in range(groups))
+    max_bytes = None if max_mb is None else int(max_mb * 1e6)
+    picked = list(sampled_row_groups(meta, max_bytes))
+    assert picked[0] == 0 and picked == sorted(set(picked)) and all(0 <= g < groups for g in picked)
+    if max_bytes is None or max_bytes >= size:
+        assert picked == list(range(groups))
+    else:
+        step = picked[1] - picked[0] if len(picked) > 1 else groups
+        assert all(b - a == step for a, b in zip(picked, picked[1:])) and picked[-1] + step >= groups
+        per_group = size / groups
+        assert len(picked) * per_group <= max_bytes + per_group  # about max_bytes, spread over the file
+        assert picked[-1] >= groups - step  # reaching the file's end
+
+
+def test_bounds_of_every_format_in_one_process(tmp_path):
+    """`bench.stages.bounds` (what `pretok bench tokenize` runs in a child): every format's stages, total and bound,
+    with each round kept."""
+    from pretok_lib.bench.stages import STAGES, bounds
+
+    docs = [json.loads(line)["text"] for line in PYDOCS_JSONL.open()][:80]
+    corpus = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"text": docs}), corpus, row_group_size=20)
+    out = bounds(str(corpus), str(GPT2_JSON), "fastokens", list(STAGES), 2, 100_000, str(tmp_path), None, cpu=None)
+    assert set(out) == set(STAGES)
+    for fmt, b in out.items():
+        assert len(b["rounds"]) == 2 and list(b["stages"]) == list(STAGES[fmt])
+        assert all(v >= 0 for r in b["rounds"] for v in r.values()) and b["stages"]["encode"] > 0
+        assert b["total"] == pytest.approx(sorted(sum(r.values()) for r in b["rounds"])[0] / 2
+                                           + sorted(sum(r.values()) for r in b["rounds"])[1] / 2)
+        lo, hi = b["bound"]["interval"]
+        assert 0 < lo <= b["bound"]["median"] <= hi < 1 and b["bound"]["n"] == 2
+    assert list(tmp_path.iterdir()) == [corpus]
