@@ -1,7 +1,7 @@
 """A worker's path taken apart: the stages a worker runs, in one process on one pinned core, with no queues,
 threads or other processes, each timed in CPU seconds per GB of text. Encoding's share of the sum bounds what any
 engine that reads the same input and writes the same output on the same cores can reach against the in-memory
-ceiling (which times encoding alone): wN / ceiling <= encode / total.
+ceiling (which times encoding alone): wN / ceiling <= encoding alone / total.
 
 Stages, per row group of the text column: read (Parquet decompress + decode to an Arrow string array), str (Arrow to
 Python `str`, what the encoder takes), encode (the backend's `encode_batch`, ~batch_bytes batches), special (BOS
@@ -13,6 +13,7 @@ inserted and cast to the output's dtype, `engine.parts.add_special`), then per f
   write (`ParquetPartWriter`: row groups compressed with the default codec, the part's checksum at close; a part
   per 1/32 of the input, as the engine cuts these formats).
 
+The bound: the same batches encoded alone (texts in memory, as the ceiling times them) over the stages' total.
 `scripts/engine_stages.py` runs it from the command line; `pretok bench tokenize` runs it beside the engine
 (`child_bounds`) and reports each format's wN / ceiling against its bound.
 """
@@ -95,9 +96,10 @@ class _Output:
 
 
 def one_round(corpus: str, fmt: str, enc, bos: int | None, dtype: np.dtype, batch_bytes: int, workdir: str,
-              max_bytes: int | None = None) -> dict[str, float]:
+              max_bytes: int | None = None, keep: list | None = None) -> dict[str, float]:
     """CPU seconds per GB of text of each stage over the corpus (with `max_bytes`: over every k-th row group, k such
-    that ~`max_bytes` of text spread over the whole file are read), once."""
+    that ~`max_bytes` of text spread over the whole file are read), once. `keep`: the encoded batches of texts are
+    appended to it."""
     cpu, spent, text = time.process_time, dict.fromkeys(STAGES[fmt], 0.0), 0
     pf = pq.ParquetFile(corpus)
     with tempfile.TemporaryDirectory(dir=workdir) as d:
@@ -122,6 +124,8 @@ def one_round(corpus: str, fmt: str, enc, bos: int | None, dtype: np.dtype, batc
                 t = cpu()
                 ids, offsets = enc.encode_batch(texts)
                 spent["encode"] += cpu() - t
+                if keep is not None:
+                    keep.append(texts)
                 t = cpu()
                 ids, offsets = add_special(ids, offsets, bos, None, dtype)
                 spent["special"] += cpu() - t
@@ -141,29 +145,54 @@ def sampled_row_groups(meta, max_bytes: int | None) -> range:
     return range(0, groups, step)
 
 
+def encode_alone(enc, batches: list[list[str]]) -> float:
+    """CPU seconds of encoding `batches` already in memory, back to back (what the ceiling times)."""
+    t = time.process_time()
+    for texts in batches:
+        enc.encode_batch(texts)
+    return time.process_time() - t
+
+
 def bounds(corpus: str, tok_spec: str, backend: str, formats: list[str], rounds: int, batch_bytes: int,
            workdir: str, max_bytes: int | None = None, cpu: int | None = 0) -> dict[str, dict]:
-    """Per format: every round's stages (CPU-s per GB of text), their medians, the total and the bound encode /
-    total (median and interval over the rounds). The formats alternate within each round; each round of each
-    format has a fresh encoder (as each engine run and the ceiling have: caches warm from an earlier pass would
-    make encoding cheaper). Pins this process to `cpu` (None: as it is)."""
+    """Per format: every round's stages (CPU-s per GB of text), their medians, the total and the bound on wN /
+    ceiling (median and interval over the rounds): encoding the same batches alone, in memory, as the ceiling does
+    (`alone`, timed in the same round), over the stages' total. Encoding inside the stages costs more than alone
+    (the read and the writes between batches evict its caches), which no engine on a loaded machine avoids; the
+    stages' own encode / total is kept as `encode_share`. The formats alternate within each round; every pass has a
+    fresh encoder (as each engine run and the ceiling have: caches warm from an earlier pass would make encoding
+    cheaper). Pins this process to `cpu` (None: as it is)."""
     from ..tokenizer import id_dtype_for, limit_threads_to_one_cpu, load_tokenizer, make_encoder
 
     limit_threads_to_one_cpu(cpu)
     info = load_tokenizer(tok_spec)
     dtype = np.dtype(id_dtype_for(info.vocab_size)).newbyteorder("<")
+
+    def fresh():
+        enc = make_encoder(info, backend)
+        enc.encode_batch(["warm up"])
+        return enc
+
     per: dict[str, list[dict[str, float]]] = {fmt: [] for fmt in formats}
     for _ in range(max(1, rounds)):
+        batches: list[list[str]] = []
+        for k, fmt in enumerate(formats):
+            per[fmt].append(one_round(corpus, fmt, fresh(), info.bos_id, dtype, batch_bytes, workdir, max_bytes,
+                                      batches if k == 0 else None))
+        text = sum(len(t.encode("utf-8")) for b in batches for t in b)
+        alone = encode_alone(fresh(), batches) / (max(text, 1) / 1e9)
         for fmt in formats:
-            enc = make_encoder(info, backend)
-            enc.encode_batch(["warm up"])
-            per[fmt].append(one_round(corpus, fmt, enc, info.bos_id, dtype, batch_bytes, workdir, max_bytes))
+            per[fmt][-1] = {**per[fmt][-1], "alone": alone}
     out = {}
     for fmt, rs in per.items():
-        share = estimate(r["encode"] / sum(r.values()) for r in rs)
-        out[fmt] = {"rounds": rs, "stages": {k: statistics.median(r[k] for r in rs) for k in STAGES[fmt]},
-                    "total": statistics.median(sum(r.values()) for r in rs),
+        stages = [{k: r[k] for k in STAGES[fmt]} for r in rs]
+        share = estimate(r["alone"] / sum(s.values()) for r, s in zip(rs, stages))
+        inside = estimate(s["encode"] / sum(s.values()) for s in stages)
+        out[fmt] = {"rounds": stages, "stages": {k: statistics.median(s[k] for s in stages) for k in STAGES[fmt]},
+                    "total": statistics.median(sum(s.values()) for s in stages),
+                    "alone": statistics.median(r["alone"] for r in rs),
                     "bound": {"median": share.median, "interval": [share.lo, share.hi], "n": share.n},
+                    "encode_share": {"median": inside.median, "interval": [inside.lo, inside.hi], "n": inside.n},
                     "backend": backend, "max_bytes": max_bytes}
     return out
 

@@ -33,8 +33,9 @@ def test_the_stages_of_a_worker_sum_to_a_bound_below_one(tmp_path, shared_data, 
     assert list(per_stage) == ["read", "str", "encode", "special", *stages, "total"]
     assert float(per_stage["write"]) > 0  # the format's own output stage ran
     assert float(per_stage["encode"]) > 0 and float(per_stage["total"]) >= float(per_stage["encode"])
-    bound = float(re.search(r"encode / total\): ([\d.]+) \[", proc.stdout).group(1))
-    assert 0 < bound < 1
+    share = float(re.search(r"^encode / total: ([\d.]+) \[", proc.stdout, re.M).group(1))
+    bound = float(re.search(r"encoding alone / total\): ([\d.]+) \[", proc.stdout).group(1))
+    assert 0 < share < 1 and bound > 0  # alone vs the stages: two timings of ms each here, so no order asserted
     assert list(tmp_path.iterdir()) == [corpus]  # its part and data files were removed
 
 
@@ -78,6 +79,14 @@ def test_bounds_of_every_format_in_one_process(tmp_path):
         assert all(v >= 0 for r in b["rounds"] for v in r.values()) and b["stages"]["encode"] > 0
         assert b["total"] == pytest.approx(sorted(sum(r.values()) for r in b["rounds"])[0] / 2
                                            + sorted(sum(r.values()) for r in b["rounds"])[1] / 2)
-        lo, hi = b["bound"]["interval"]
-        assert 0 < lo <= b["bound"]["median"] <= hi < 1 and b["bound"]["n"] == 2
+        assert b["alone"] > 0 and all(set(r) == set(STAGES[fmt]) for r in b["rounds"])
+        for key in ("bound", "encode_share"):
+            lo, hi = b[key]["interval"]
+            assert 0 < lo <= b[key]["median"] <= hi and b[key]["n"] == 2
+        assert b["encode_share"]["median"] == pytest.approx(
+            sorted(r["encode"] / sum(r.values()) for r in b["rounds"])[0] / 2
+            + sorted(r["encode"] / sum(r.values()) for r in b["rounds"])[1] / 2)
+    # every format's bound divides the same encoding-alone time (one pass a round) by its own total
+    alone = {fmt: b["alone"] for fmt, b in out.items()}
+    assert len(set(alone.values())) == 1
     assert list(tmp_path.iterdir()) == [corpus]
