@@ -257,6 +257,21 @@ def _differences_from_manifest(out: Path, key: dict) -> list[str] | None:
     return config_differences(recorded, comparable_key(key))
 
 
+def recorded_part_bytes(out: Path) -> int | None:
+    """The part size an existing output was planned with (its run state's key, else its manifest), or None (no
+    output there, or nothing readable). A run given no `--part-mb` plans with it, so that an output made while
+    another default held is resumed, or found complete, as it was planned, not refused."""
+    for path, get in ((out / STATE / "config.json", lambda d: d["part_bytes"]),
+                      (out / "manifest.json", lambda d: d["source"]["part_bytes"])):
+        try:
+            value = get(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+    return None
+
+
 def prepare_output(out: Path, key: dict, overwrite: bool) -> bool:
     """Create/validate the output dir, holding its lock; returns whether it is complete already. Refuses a
     different config (or a directory that is not a pretok output) unless `overwrite`."""

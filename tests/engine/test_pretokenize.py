@@ -290,6 +290,49 @@ def test_kill9_then_resume_is_byte_identical(corpus, tmp_path, fmt):
     assert interrupted == 5, "every kill lands before the run's last part"
 
 
+@pytest.mark.parametrize("fmt", ["memmap", "token-list"])
+def test_an_output_planned_under_another_default_is_resumed_or_found_complete_as_planned(corpus, tmp_path, fmt):
+    """Default part sizes change between versions (memmap's floor went from 1 MB to 8 MB). The same command with no
+    --part-mb then refused an output planned under the old default as "of a different config (part_bytes, units)";
+    now it resumes it, or finds it complete, with the part size it was planned with (one a default could have
+    chosen: 1-64 MB). A --part-mb given that differs is still refused, as is a recorded size no default chooses,
+    and --overwrite plans afresh with today's default."""
+    bigger = tmp_path / "corpus3.parquet"  # ~15 MB: several 1.5 MB parts
+    pq.write_table(pa.concat_tables([pq.read_table(corpus)] * 3), bigger, row_group_size=400)
+    args = [str(bigger), "--tokenizer", str(GPT2_JSON), "--format", fmt, "--batch-mb", "0.05", "--workers", "2",
+            "--no-progress"]
+    ref = tmp_path / "ref"
+    assert run_cli("tokenize", *args, "--part-mb", "1.5", "--out", str(ref)).returncode == 0
+    parts = len(read_manifest(ref)["parts"])
+    assert parts >= 3, parts
+    out = tmp_path / "o"  # interrupted after its first part, then run with no --part-mb: resumed as planned
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    p = subprocess.Popen([sys.executable, "-m", "pretok_lib.cli", "tokenize", *args, "--part-mb", "1.5", "--out",
+                          str(out)], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert signal_when(p, after_parts(out, 1), signal.SIGKILL)
+    p.wait(timeout=300)
+    assert not (out / "manifest.json").exists()
+    r = run_cli("tokenize", *args, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    m = read_manifest(out)
+    assert m["source"]["part_bytes"] == 1_500_000 and len(m["parts"]) == parts
+    assert data_files(out) == data_files(ref) and m["counts"] == read_manifest(ref)["counts"]
+    for state in ("kept", "deleted"):  # complete: found so, nothing rewritten (also from the manifest alone)
+        if state == "deleted":
+            shutil.rmtree(out / ".pretok")
+        r = run_cli("tokenize", *args, "--out", str(out))
+        assert r.returncode == 0 and read_manifest(out)["created"] == m["created"], (state, r.stderr)
+    r = run_cli("tokenize", *args, "--part-mb", "3", "--out", str(out))  # another size, given: refused
+    assert r.returncode != 0 and "part_bytes" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run_cli("tokenize", *args, "--overwrite", "--out", str(out))  # afresh: today's default
+    assert r.returncode == 0 and read_manifest(out)["source"]["part_bytes"] != 1_500_000
+    assert read_manifest(out)["counts"] == m["counts"]
+    tiny = tmp_path / "tiny"  # a size no default chooses (a --part-mb given then): not adopted, refused as before
+    assert run_cli("tokenize", *args, "--part-mb", "0.2", "--out", str(tiny)).returncode == 0
+    r = run_cli("tokenize", *args, "--out", str(tiny))
+    assert r.returncode != 0 and "part_bytes" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_text_with_separator_regex(tmp_path):
     """Documents are exactly the non-empty pieces of `re.split(separator, file)`, even across read blocks."""
     pattern = r"(?m)^(?= = [^=].* = $)"  # a wikitext article starts at a ` = Title = ` line (shared README)
