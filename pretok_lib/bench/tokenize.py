@@ -252,13 +252,16 @@ def _coarse_run(cfg: TokenizeBench, tok: str, n: int, scan: list[dict]) -> dict 
 
 
 def _stage_bounds(cfg: TokenizeBench, corpus: str, tok: str, runs: dict[str, list[dict]], first_backend: str
-                  ) -> dict[str, dict]:
+                  ) -> dict[str, dict] | None:
     """Each format's stages timed on one pinned core in a child (`bench.stages`): the bound (the same batches encoded
     alone / the stages' total) that no engine reading this input and writing this format passes against the
     ceiling."""
     from ..engine.config import TokenizeConfig
     from .stages import child_bounds
 
+    if not corpus.endswith(".parquet"):  # the stages time the Parquet reader (the embedded corpus, or --corpus)
+        print(f"  stages: not timed ({Path(corpus).name} is not Parquet)", flush=True)
+        return None
     backend = next((rs[0]["backend"] for name, rs in runs.items() if name.startswith("(d)")), first_backend)
     batch = int((cfg.batch_mb or TokenizeConfig.batch_mb) * 1e6)
     out = in_child(child_bounds, corpus, tok, backend, list(cfg.formats), max(1, cfg.repeat), batch, cfg.workdir,

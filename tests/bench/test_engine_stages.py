@@ -90,3 +90,15 @@ def test_bounds_of_every_format_in_one_process(tmp_path):
     alone = {fmt: b["alone"] for fmt, b in out.items()}
     assert len(set(alone.values())) == 1
     assert list(tmp_path.iterdir()) == [corpus]
+
+
+def test_the_bench_times_stages_of_parquet_corpora_only(tmp_path, capsys):
+    """`pretok bench tokenize --corpus x.jsonl`: the stages time the Parquet reader, so a JSONL corpus gets a line
+    saying they were not timed (no bound, no crash in the child), and its targets carry no bound note."""
+    from pretok_lib.bench.tokenize import TokenizeBench, _stage_bounds
+    from pretok_lib.bench.tokenize_report import bound_note
+
+    cfg = TokenizeBench(workdir=str(tmp_path))
+    assert _stage_bounds(cfg, str(tmp_path / "c.jsonl"), str(GPT2_JSON), {}, "fastokens") is None
+    assert "stages: not timed (c.jsonl is not Parquet)" in capsys.readouterr().out
+    assert bound_note(None) == ""
