@@ -85,7 +85,7 @@ class TokenizeConfig:
     def part_bytes(self, text_bytes: int) -> int:
         """Text bytes per part: as given, or a share of the input's text clamped to [floor, 64 MB]: 1/PARTS_MEMMAP
         for memmap, whose parts become one file, at least 8 MB (a unit costs a worker ~1-1.5 ms beyond its bytes,
-        and the main process a message and a placement: 2 MB units made a 2-worker run 1.25x slower than 8 MB ones,
+        and the main process a message and a placement: 2 MB units made 1 GB on 2 workers ~1.2x slower than 8 MB ones,
         docs/BENCHMARKS.md); >= 288 units from 2.3 GB on, ~3.5 a worker of a 288-core node from 8 GB on, and large
         inputs resume at 64 MB granularity. 1/PARTS_PARQUET, at least 1 MB, for the parquet formats, where each
         part is a file of the output. Depends on the inputs and the format only (never on the workers: the bytes
