@@ -15,7 +15,7 @@ inserted and cast to the output's dtype, `engine.parts.add_special`), then per f
 
 The bound: the same batches encoded alone (texts in memory, as the ceiling times them) over the stages' total.
 `scripts/engine_stages.py` runs it from the command line; `pretok bench tokenize` runs it beside the engine
-(`child_bounds`) and reports each format's wN / ceiling against its bound.
+(`bounds`, in a spawned child) and reports each format's wN / ceiling against its bound.
 """
 
 from __future__ import annotations
@@ -196,8 +196,3 @@ def bounds(corpus: str, tok_spec: str, backend: str, formats: list[str], rounds:
                     "backend": backend, "max_bytes": max_bytes}
     return out
 
-
-def child_bounds(corpus: str, tok_spec: str, backend: str, formats: list[str], rounds: int, batch_bytes: int,
-                 workdir: str, max_bytes: int | None) -> dict:
-    """`bounds` in a spawned child of the bench (own memory, pinned to the first usable core)."""
-    return bounds(corpus, tok_spec, backend, formats, rounds, batch_bytes, workdir, max_bytes)

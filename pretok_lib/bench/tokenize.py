@@ -257,14 +257,14 @@ def _stage_bounds(cfg: TokenizeBench, corpus: str, tok: str, runs: dict[str, lis
     alone / the stages' total) that no engine reading this input and writing this format passes against the
     ceiling."""
     from ..engine.config import TokenizeConfig
-    from .stages import child_bounds
+    from .stages import bounds
 
     if not corpus.endswith(".parquet"):  # the stages time the Parquet reader (the embedded corpus, or --corpus)
         print(f"  stages: not timed ({Path(corpus).name} is not Parquet)", flush=True)
         return None
     backend = next((rs[0]["backend"] for name, rs in runs.items() if name.startswith("(d)")), first_backend)
     batch = int((cfg.batch_mb or TokenizeConfig.batch_mb) * 1e6)
-    out = in_child(child_bounds, corpus, tok, backend, list(cfg.formats), max(1, cfg.repeat), batch, cfg.workdir,
+    out = in_child(bounds, corpus, tok, backend, list(cfg.formats), max(1, cfg.repeat), batch, cfg.workdir,
                    int(cfg.stages_mb * 1e6))
     for fmt, b in out.items():
         lo, hi = b["bound"]["interval"]

@@ -20,6 +20,7 @@ CHOICES = {"dtype": ("auto", "uint16", "int32"), "bos": ("auto", "yes", "no"), "
 
 MAX_PART_BYTES = 64_000_000  # the largest part the plan cuts (from 64 GB of memmap input on)
 MIN_PART_BYTES = {"memmap": 8_000_000}  # the smallest part the plan cuts (other formats: 1 MB); see part_bytes
+FLOOR_PART_BYTES = 1_000_000  # the smallest part any format's plan cuts, in any version
 PARTS_MEMMAP = 1024   # memmap: parts per input between the floor and the cap; ~3.5 per worker on a 288-core node
 PARTS_PARQUET = 32    # token-list, padded: each part is an output file
 
@@ -84,7 +85,7 @@ class TokenizeConfig:
 
     def part_bytes(self, text_bytes: int) -> int:
         """Text bytes per part: as given, or a share of the input's text clamped to [floor, 64 MB]: 1/PARTS_MEMMAP
-        for memmap, whose parts become one file, at least 8 MB (a unit costs a worker ~1-1.5 ms beyond its bytes,
+        for memmap, whose parts become one file, at least 8 MB (a unit costs a worker ~1 ms beyond its bytes,
         and the main process a message and a placement: 2 MB units made 1 GB on 2 workers ~1.2x slower than 8 MB ones,
         docs/BENCHMARKS.md); >= 288 units from 2.3 GB on, ~3.5 a worker of a 288-core node from 8 GB on, and large
         inputs resume at 64 MB granularity. 1/PARTS_PARQUET, at least 1 MB, for the parquet formats, where each
@@ -93,13 +94,24 @@ class TokenizeConfig:
         if self.part_mb is not None:
             return max(1, int(self.part_mb * 1e6))
         share = PARTS_MEMMAP if self.format == "memmap" else PARTS_PARQUET
-        return int(min(MAX_PART_BYTES, max(MIN_PART_BYTES.get(self.format, 1e6), text_bytes / share)))
+        return int(min(MAX_PART_BYTES, max(MIN_PART_BYTES.get(self.format, FLOOR_PART_BYTES), text_bytes / share)))
 
-    def source_options(self, text_bytes: int) -> SourceOptions:
+    def planned_part_bytes(self, text_bytes: int, recorded: int | None) -> int:
+        """`part_bytes`, or with no `--part-mb` (and no `--overwrite`) the size an existing output was planned with
+        (`recorded`), if a default plan could have chosen it ([1 MB, 64 MB], any version): an output planned under
+        another default is then resumed, or found complete, as it was planned, not refused as another config. A
+        size outside (a `--part-mb` given then, or a manifest not ours) is not adopted."""
+        if self.part_mb is None and not self.overwrite and recorded is not None \
+                and FLOOR_PART_BYTES <= recorded <= MAX_PART_BYTES:
+            return recorded
+        return self.part_bytes(text_bytes)
+
+    def source_options(self, text_bytes: int, recorded_part_bytes: int | None = None) -> SourceOptions:
+        """How the inputs are read; `recorded_part_bytes`: see `planned_part_bytes`."""
         from ..sources import SourceOptions
 
         return SourceOptions(self.text_column, self.separator, self.bad_docs,
-                             self.part_bytes(text_bytes), int(self.batch_mb * 1e6))
+                             self.planned_part_bytes(text_bytes, recorded_part_bytes), int(self.batch_mb * 1e6))
 
 
 def default(name: str) -> Any:

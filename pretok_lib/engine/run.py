@@ -17,7 +17,6 @@ import os
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -33,7 +32,7 @@ from ..sources.remote import is_url, schemes
 from ..tokenizer import TokenizerInfo, backends_for, id_dtype_for, load_tokenizer, select_backend
 from ..tokenizer.specials import policy_id
 from .boundaries import boundary_warnings, empty_shards_warning
-from .config import MAX_PART_BYTES, TokenizeConfig
+from .config import TokenizeConfig
 from .finalize import Plan, finalize
 from .memmap_place import MemmapAssembler
 from .outdir import (committed_parts, output_lock, prepare_output, recorded_part_bytes, refuse_overlap, remove_output,
@@ -43,9 +42,6 @@ from .progress import Progress
 from .workers import Stopped, Work, Workers
 
 MEMMAP_PREFIX = "data"
-# part sizes a default plan has chosen (any version): an output planned with one, run again with no --part-mb, keeps
-# it; a size outside (a --part-mb given then, or a manifest not ours) is not adopted: the run is refused as differing
-DEFAULT_PART_RANGE = (1_000_000, MAX_PART_BYTES)
 
 
 def resolve_policy(info: TokenizerInfo, cfg: TokenizeConfig) -> Policy:
@@ -168,10 +164,8 @@ def _run(cfg: TokenizeConfig, start: tuple[float, float], out: Path, workers: Wo
     t0, cpu0 = start
     files = expand_inputs(cfg.inputs, output=out)
     refuse_overlap(out, [f.path for f in files if not is_url(f.path)], "input")  # before anything is deleted
-    sopts = cfg.source_options(estimate_text_bytes(files, cfg.text_column))
-    kept = None if cfg.part_mb is not None or cfg.overwrite else recorded_part_bytes(out)
-    if kept is not None and kept != sopts.part_bytes and DEFAULT_PART_RANGE[0] <= kept <= DEFAULT_PART_RANGE[1]:
-        sopts = replace(sopts, part_bytes=kept)  # an output planned under another default: kept as it was planned
+    # an output already there keeps the part size it was planned with (`TokenizeConfig.planned_part_bytes`)
+    sopts = cfg.source_options(estimate_text_bytes(files, cfg.text_column), recorded_part_bytes(out))
     units = plan_units(files, sopts)
     if not units:  # empty files, zero-row tables: before anything is written
         check_skipped(0, {}, cfg.max_bad_fraction, cfg.inputs[0] if len(cfg.inputs) == 1 else None)

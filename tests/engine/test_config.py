@@ -67,3 +67,21 @@ def test_units_keep_many_workers_busy_for_memmap_and_few_files_for_parquet(fmt, 
         assert text / part >= 1000
     assert TokenizeConfig(inputs=["x"], out="o", tokenizer="t", format=fmt, workers=7).part_bytes(text) == part
     assert TokenizeConfig(inputs=["x"], out="o", tokenizer="t", format=fmt, part_mb=3).part_bytes(text) == 3_000_000
+
+
+@pytest.mark.parametrize("fmt", ["memmap", "token-list"])
+@pytest.mark.parametrize("recorded", [None, 1, 999_999, 1_000_000, 2_000_000, 8_000_000, 64_000_000, 64_000_001])
+@pytest.mark.parametrize("given", [None, "part_mb", "overwrite"])
+def test_an_existing_outputs_part_size_is_kept_when_a_default_could_have_chosen_it(fmt, recorded, given):
+    """With no --part-mb and no --overwrite, the part size an existing output was planned with is kept if it lies
+    in [1 MB, 64 MB] (what a default plan of any version chose), else today's default; a --part-mb given is
+    itself; --overwrite plans afresh."""
+    from pretok_lib.engine.config import TokenizeConfig
+
+    kw = {"part_mb": 3} if given == "part_mb" else {"overwrite": True} if given == "overwrite" else {}
+    cfg = TokenizeConfig(inputs=["x"], out="o", tokenizer="t", format=fmt, **kw)
+    text = 5_000_000_000
+    got = cfg.planned_part_bytes(text, recorded)
+    adopt = given is None and recorded is not None and 1_000_000 <= recorded <= 64_000_000
+    assert got == (recorded if adopt else cfg.part_bytes(text))
+    assert cfg.source_options(text, recorded).part_bytes == got
