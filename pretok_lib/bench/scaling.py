@@ -3,20 +3,20 @@ main process's CPU per GB of input beside the workers', the serial fraction, and
 288 cores with its assumptions.
 
 The engine records its CPU in the manifest (`run.main_cpu_seconds`, `main_cpu_streaming_seconds` from the first
-batch on, `workers_cpu_seconds`: engine/run.py). Per GB of input text, S = the main process's streaming CPU (what
-it does while the workers run: handing out tasks and offsets, progress, the backend check) and W = the workers'
-CPU. One worker per core and the main process on its own: T(n) = S + W/n per GB, so the serial fraction is
-s = S / (S + W) and the throughput on n cores 1 / (S + W / min(n, units)) GB/s, where `units` caps the busy workers
-(the plan cuts an input into units; a worker takes one at a time). The fraction fitted from the tokenizing phase's
-wall time at 1 and N workers, s = (N·T(N)/T(1) − 1)/(N − 1), is shown beside it as a check: on a 2-core machine the
-main process shares a core with a worker, so that fit counts its CPU twice over and noise moves it by ±0.1.
-S at one size also holds per-run constants (the backend check tokenizes a sample in a thread of the main
-process), which dominate small inputs: an upper bound. The per-byte shares are the slopes of S and W over the
-RSS scan's input sizes (`per_byte`: least squares, CPU-s per GB, with the per-run constant as intercept); the
-predictions are made from them when the scan has two sizes or more. Over the scan, units grow with the input (the
-plan cuts ~2 MB units up to ~1 GB), so a per-unit cost of the main process shows up in its slope as a per-byte one;
-a run of the largest input in 64 MB units separates them (`per_unit`), and an input large enough for 64 MB units is
-predicted from both.
+batch on, `workers_cpu_seconds`: engine/run.py). Per GB of input text, S = the main process's streaming CPU (what it
+does while the workers run: handing out tasks and offsets, progress, the backend check) and W = the workers' CPU.
+One worker per core and the main process on its own: T(n) = S + W/n per GB, so the serial fraction is s = S / (S +
+W) and the throughput on n cores 1 / (S + W / min(n, units)) GB/s, where `units` caps the busy workers (the plan
+cuts an input into units; a worker takes one at a time). The fraction fitted from the tokenizing phase's wall time
+at 1 and N workers, s = (N·T(N)/T(1) − 1)/(N − 1), is shown beside it as a check: on a 2-core machine the main
+process shares a core with a worker, so that fit counts its CPU twice over and noise moves it by ±0.1. S at one size
+also holds per-run constants (the backend check tokenizes a sample in a thread of the main process), which dominate
+small inputs: an upper bound. The per-byte shares are the slopes of S and W over the RSS scan's input sizes
+(`per_byte`: least squares, CPU-s per GB, with the per-run constant as intercept); the predictions are made from
+them when the scan has two sizes or more. Over the scan, units grow with the input (memmap units are ~1/1024 of the
+input, at least 8 MB), so a per-unit cost of the main process shows up in its slope as a per-byte one; a run of the
+largest input in 64 MB units separates them (`per_unit`), and an input large enough for 64 MB units is predicted
+from both.
 """
 
 from __future__ import annotations

@@ -231,7 +231,7 @@ def _rss_scan(cfg: TokenizeBench, tok: str, n: int) -> list[dict]:
         r = run_engine(path, tok, "memmap", n, Path(cfg.workdir) / f"rss-{mb:g}mb", cfg.part_mb, cfg.batch_mb)
         shutil.rmtree(r["out"], ignore_errors=True)
         scan.append({"mb": mb, "mb_per_s": mb / r["seconds"], **{k: r[k] for k in (
-            "peak_rss_mb", "sampled_children_peak_rss_mb", "seconds", "units", "documents", "cpu", "input_bytes")}})
+            "peak_rss_mb", "seconds", "units", "documents", "cpu", "input_bytes")}})
         print(f"  rss scan {mb:g} MB: worker peak {r['peak_rss_mb']} MB, {mb / r['seconds']:.1f} MB/s", flush=True)
     return scan
 

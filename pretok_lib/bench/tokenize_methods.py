@@ -58,30 +58,23 @@ def in_child(fn: Callable[..., dict], *args: Any) -> dict:
         return ex.submit(fn, *args).result()
 
 
-def _engine_cpu(run: dict, sampler_cpu: float) -> dict:
-    """The manifest's CPU accounts less the RSS sampler's CPU (a thread of this process while the engine ran in it):
-    all of it from the main total, the share of the run after the first batch from the streaming part."""
-    main, stream = run.get("main_cpu_seconds"), run.get("main_cpu_streaming_seconds")
-    wall, start = run.get("wall_seconds") or 0.0, run.get("startup_seconds") or 0.0
-    share = max(0.0, min(1.0, 1 - start / wall)) if wall else 1.0
-    return {"main_cpu_seconds": None if main is None else max(0.0, main - sampler_cpu),
-            "main_cpu_streaming_seconds": None if stream is None else max(0.0, stream - share * sampler_cpu),
-            "workers_cpu_seconds": run.get("workers_cpu_seconds"), "sampler_cpu_seconds": round(sampler_cpu, 3)}
+def _engine_cpu(run: dict) -> dict:
+    """The manifest's CPU accounts (`engine/run.py`): the main process's in all and from the first batch on, the
+    workers'."""
+    return {k: run.get(k) for k in ("main_cpu_seconds", "main_cpu_streaming_seconds", "workers_cpu_seconds")}
 
 
 class ChildRss:
-    """Peak RSS of any single descendant process, sampled every `interval` seconds by a thread; `cpu_seconds`: the
-    thread's own CPU, which the engine's main-process accounts (the process's CPU) must not be charged with."""
+    """Peak RSS of any single descendant process, sampled every `interval` seconds by a thread (`datasets.map`'s
+    workers; the engine's workers record their own)."""
 
     def __init__(self, interval: float = 0.02):
         self.interval, self.peak_mb, self._stop = interval, 0.0, threading.Event()
-        self.cpu_seconds = 0.0
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         import psutil
 
-        t0 = time.thread_time()
         me = psutil.Process()
         while not self._stop.wait(self.interval):
             for p in me.children(recursive=True):
@@ -89,7 +82,6 @@ class ChildRss:
                     self.peak_mb = max(self.peak_mb, round(p.memory_info().rss / 2**20, 1))
                 except psutil.Error:
                     pass
-            self.cpu_seconds = time.thread_time() - t0
 
     def __enter__(self) -> ChildRss:
         return self._thread.start() or self
@@ -248,21 +240,19 @@ def run_engine(corpus: str, tok: str, fmt: str, workers: int, out: Path, part_mb
     cfg.part_mb, cfg.batch_mb = part_mb or cfg.part_mb, batch_mb or cfg.batch_mb
     shutil.rmtree(out, ignore_errors=True)  # deleting an old output is not part of the measurement
     os.sync()  # start each timing without dirty pages of earlier runs being written back meanwhile
+    # no sampler thread beside it: it would take CPU from the workers and count in the main process's CPU
     t0 = time.perf_counter()
-    with ChildRss() as workers_rss:
-        m = run_tokenize(cfg)
+    m = run_tokenize(cfg)
     secs = time.perf_counter() - t0
     c, pol = m["counts"], m["policy"]
     specials = (pol["bos_id"] is not None) + (pol["eos_id"] is not None)
     return {"seconds": secs, "manifest_wall_seconds": m["run"]["wall_seconds"], "documents": c["documents"],
             "input_bytes": c["input_bytes"],
             "timeline": {k: m["run"].get(k) for k in ("startup_seconds", "tokenize_seconds", "finish_seconds")},
-            "cpu": _engine_cpu(m["run"], workers_rss.cpu_seconds),
+            "cpu": _engine_cpu(m["run"]),
             # padded: counts.tokens are the kept tokens; the truncated ones are counted apart
             "tokens": c["tokens"] + c.get("truncated", 0) - specials * c["documents"], "engine_tokens": c["tokens"],
             "stored_tokens": c["tokens"], "disk_bytes": sum(f["size"] for f in m["files"]),
-            # each worker's own VmHWM, from the manifest; sampling children also catches spawn's fork-before-exec
-            # copies of this (large) process, which are not workers
-            "peak_rss_mb": m["run"]["worker_peak_rss_mb"], "sampled_children_peak_rss_mb": workers_rss.peak_mb,
+            "peak_rss_mb": m["run"]["worker_peak_rss_mb"],  # each worker's own VmHWM, from the manifest
             "units": len(m["parts"]), "workers": workers, "backend": m["tokenizer"]["backend"]["backend"],
             "out": str(out), "policy": pol}

@@ -9,8 +9,10 @@ the unit's objects, its stamps), ("hash", [(block, (file, offset, size)),
 ...]) or None (stop); `urgent` queue, taken first: ("place", Placement) of a part in its files; each worker's own
 pipe, taken before both: ("write", Placement) of a part that worker keeps in memory. Workers → main `results` queue:
 ("progress", bytes, docs, tokens, the worker's time.time()) at most every 0.25 s per worker, ("done", record,
-progress not sent yet or None, the worker's slot if it keeps the part in memory else None), ("hashed", [(block,
-leaf), ...]), ("placed", the placement's unit index), ("error", exception). A worker that dies makes the zygote exit
+progress not sent yet or None, the worker's slot if it keeps the part in memory else None, placed), ("hashed",
+[(block, leaf), ...], placed), ("placed", placed), ("error", exception); `placed`: the unit indices of the placements
+the worker did since its last message (sent with its next record, or on their own before it waits for a task: one
+message per unit, not two). A worker that dies makes the zygote exit
 with a code saying how; the main process watches the zygote. Zygote → main, once, on its own pipe: `Ready` (the
 backend it built for the workers, why faster ones could not be built), sent before it forks.
 
@@ -330,7 +332,13 @@ class Workers:
                 continue
             if kind == "progress":
                 bar.update(*msg)
-            elif kind == "done":
+                continue
+            if kind == "error":
+                raise msg[0]  # a worker's PretokError, with its one-line message
+            for index in msg[-1]:  # the placements the worker did since its last message (the unit indices)
+                placing -= 1
+                work.on_placed(index)
+            if kind == "done":
                 running -= 1
                 if msg[1] is not None:
                     bar.update(*msg[1])
@@ -343,11 +351,6 @@ class Workers:
                 running -= 1
                 for k, leaf in msg[0]:
                     work.on_hashed(k, leaf)
-            elif kind == "placed":
-                placing -= 1
-                work.on_placed(msg[0])  # the unit index of the placement
-            else:
-                raise msg[0]  # a worker's PretokError, with its one-line message
         self.drained = True
 
     def _place(self, p: Placement, slot: int | None) -> None:

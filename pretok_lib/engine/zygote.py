@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait as wait_any
+from typing import Callable
 
 # The environment the zygote starts in, inherited by its workers. It must hold no thread when it forks: all but the
 # last keep numpy's OpenBLAS, Arrow's jemalloc and the tokenizer libraries from starting any (each worker is one
@@ -300,21 +301,27 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
     kept: dict = {}  # unit index → its part kept in memory (`parts.HeldPart`) until its placement comes on `writes`
     keep_parts, keep_bytes = keep_limit("KEEP_PARTS"), keep_limit("KEEP_MB")
 
+    placed: list[int] = []  # placements done, not reported yet: they go with the next message, or before a wait
+
     def write_kept(p) -> None:
         write_held(p, kept.pop(p.index))
-        results.put(("placed", p.index))
+        placed.append(p.index)
+
+    def report_placed() -> None:  # before the worker waits: the main process counts on them to finish
+        if placed:
+            results.put(("placed", _taken(placed)))
     while True:
-        task, held = _next_task(queued, urgent, held, writes)
+        task, held = _next_task(queued, urgent, held, writes, report_placed)
         if task is None:
             break
         try:
             if task[0] == "place":
                 place_part(task[1])
-                results.put(("placed", task[1].index))
+                placed.append(task[1].index)
             elif task[0] == "write":
                 write_kept(task[1])
             elif task[0] == "hash":
-                results.put(("hashed", hash_blocks(task[1])))
+                results.put(("hashed", hash_blocks(task[1]), _taken(placed)))
             else:
                 _, unit, backend, run_job, objects, stamps = task
                 if run_job != blob:  # the run's job, sent pickled with every unit: unpickled once
@@ -330,12 +337,14 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
                 record, part = process_unit(unit, _encoder(backend), job, report)
                 if part is not None:
                     kept[unit.index] = part
-                results.put(("done", record, report.take(), slot if part is not None else None))
+                results.put(("done", record, report.take(), slot if part is not None else None, _taken(placed)))
                 # Keeping too much: wait for the placements. That cannot deadlock: a kept part waits only for units
                 # before it, and the earliest unit not done is queued or with a worker tokenizing it (a task held
                 # ahead is later than the one in hand). The count also keeps the placements the main process sends a
                 # busy worker (~300 bytes each) below a pipe's buffer.
                 while len(kept) > keep_parts or sum(p.nbytes for p in kept.values()) > keep_bytes:
+                    if not writes.poll():
+                        report_placed()
                     write_kept(writes.recv()[1])
         except Exception as e:
             results.put(("error", e))
@@ -367,6 +376,13 @@ class _Progress:
 
 
 _NOTHING = object()  # a worker holds no task taken ahead
+
+
+def _taken(items: list) -> list:
+    """The items of `items` (a copy), which is emptied."""
+    out = items[:]
+    items.clear()
+    return out
 _FORKED = [1]  # the workers forked (set by the zygote before it forks)
 
 
@@ -383,11 +399,13 @@ def _take_now(q):
         return _NOTHING
 
 
-def _next_task(tasks, urgent, held=_NOTHING, writes=None) -> tuple:
+def _next_task(tasks, urgent, held=_NOTHING, writes=None, before_wait: Callable[[], None] = lambda: None) -> tuple:
     """(the next task, what the worker holds after it): a placement of a part it keeps (on `writes`) first, then a
-    waiting placement of a part's files, then the task held ahead, then the next one queued (None: stop)."""
+    waiting placement of a part's files, then the task held ahead, then the next one queued (None: stop).
+    `before_wait` is called when none can be had at once, before waiting for one."""
     import queue
 
+    waited = False
     while True:
         if writes is not None and writes.poll():
             return writes.recv(), held
@@ -397,6 +415,12 @@ def _next_task(tasks, urgent, held=_NOTHING, writes=None) -> tuple:
             pass
         if held is not _NOTHING:
             return held, _NOTHING
+        if not waited:
+            try:
+                return tasks.get_nowait(), held
+            except queue.Empty:
+                before_wait()
+                waited = True
         try:
             return tasks.get(timeout=0.02), held
         except queue.Empty:

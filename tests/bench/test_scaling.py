@@ -89,24 +89,20 @@ def test_the_per_byte_shares_are_the_slopes_over_sizes_and_drive_the_prediction(
     assert not scaling(runs, [], sizes[0] * 10**6, 2, scan=flat)["from_slopes"]  # tiny sizes: one size's numbers
 
 
-def test_the_benchs_rss_sampler_is_not_charged_to_the_engines_main_process():
-    """`pretok bench tokenize` runs the engine in its own process beside a thread sampling the workers' RSS every
-    20 ms: the manifest's main-process CPU held that thread's (1.32 CPU-s/GB at 1 GB against 0.64 for the engine
-    alone). The bench takes the sampler's own CPU out: all of it from the total, its post-start-up share from the
-    streaming part."""
-    import subprocess
-    import sys
+def test_the_bench_reads_the_engines_cpu_from_its_manifest_with_no_sampler_beside_it():
+    """The engine runs in the bench's process: a thread sampling the workers' RSS there (every 20 ms) took ~7% of a
+    core from the workers on 2 cores and counted in the main process's CPU. The workers' peak RSS is their own
+    record; the CPU accounts are the manifest's as they are."""
+    import inspect
 
-    from pretok_lib.bench.tokenize_methods import ChildRss, _engine_cpu
+    from pretok_lib.bench import tokenize_methods
+    from pretok_lib.bench.tokenize_methods import _engine_cpu
 
-    with ChildRss(interval=0.001) as s:
-        subprocess.run([sys.executable, "-c", "import time; time.sleep(0.3)"], check=True)
-    assert s.cpu_seconds > 0
     run = {"main_cpu_seconds": 2.0, "main_cpu_streaming_seconds": 1.5, "workers_cpu_seconds": 9.0,
-           "wall_seconds": 10.0, "startup_seconds": 2.0}
-    got = _engine_cpu(run, 0.5)
-    assert got["main_cpu_seconds"] == pytest.approx(1.5) and got["main_cpu_streaming_seconds"] == pytest.approx(1.1)
-    assert got["workers_cpu_seconds"] == 9.0 and _engine_cpu(run, 5.0)["main_cpu_seconds"] == 0.0
+           "wall_seconds": 10.0}
+    assert _engine_cpu(run) == {k: run[k] for k in ("main_cpu_seconds", "main_cpu_streaming_seconds",
+                                                    "workers_cpu_seconds")}
+    assert "ChildRss" not in inspect.getsource(tokenize_methods.run_engine)
 
 
 @given(a=st.floats(0.1, 2), u=st.floats(0, 3e-3), b=st.floats(0, 1), sizes=st.lists(st.integers(1, 4000), min_size=2,

@@ -172,6 +172,33 @@ def test_keep_limits_do_not_change_bytes(corpus, tmp_path, monkeypatch, keep):
     assert len(m["parts"]) >= 24 and m["run"]["workers_started"] == 3
 
 
+def test_drawn_keep_limits_and_worker_counts_finish_with_the_same_bytes(corpus, tmp_path):
+    """Workers report their placements with their next message, or on their own before they wait: a run that missed
+    one would wait for it for ever. Drawn worker counts, keep limits and unit sizes (parts kept, waited for, spilled
+    to their files and placed by any worker, mixed in one run): every run ends, within a time limit, with the bytes
+    of 0 workers."""
+    import random
+
+    small = tmp_path / "small-row-groups.parquet"
+    pq.write_table(pq.read_table(corpus), small, row_group_size=40)
+    draw, refs = random.Random(37), {}
+    for k in range(5):
+        part_mb = draw.choice([0.02, 0.05, 0.2])
+        if part_mb not in refs:
+            tok(small, tmp_path / f"ref-{part_mb}", part_mb=part_mb)
+            refs[part_mb] = data_files(tmp_path / f"ref-{part_mb}")
+        env = {"PRETOK_KEEP_PARTS": str(draw.choice([0, 1, 2, 32])), "PRETOK_KEEP_MB": str(draw.choice([0, 1, 64])),
+               "PRETOK_KEEP_PART_MB": str(draw.choice([0, 0, 1, 64]))}
+        workers = draw.choice([1, 2, 3, 4])
+        r = subprocess.run([sys.executable, "-m", "pretok_lib.cli", "tokenize", str(small), "--out",
+                            str(tmp_path / f"o{k}"), "--tokenizer", str(GPT2_JSON), "--workers", str(workers),
+                            "--part-mb", str(part_mb), "--batch-mb", "0.25", "--no-progress"], capture_output=True,
+                           text=True, timeout=180, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1",
+                                                                      PYTHONPATH=str(ROOT), **env))
+        assert r.returncode == 0, (env, workers, r.stderr[-2000:])
+        assert data_files(tmp_path / f"o{k}") == refs[part_mb], (env, workers, part_mb)
+
+
 def test_rerun_is_noop_and_other_config_refused(corpus, tmp_path):
     out = tmp_path / "o"
     m1 = tok(corpus, out)
