@@ -120,10 +120,20 @@ def cmd_corpus(a: argparse.Namespace) -> None:
 
 
 def cmd_tokenize(a: argparse.Namespace) -> None:
-    from .engine.verify import format_inspect, inspect
-    from .pretokenize import run_tokenize
+    from .engine.spawn import discard_early, start_early
+    from .sources.remote import schemes
 
-    run_tokenize(tokenize_config(a), _t0=_STARTED)
+    cfg = tokenize_config(a)
+    # the zygote starts before this process imports the engine (numpy, pyarrow: ~0.15 s); the run takes it over
+    if cfg.workers > 0 and (cfg.overwrite or not (Path(cfg.out) / "manifest.json").exists()):
+        start_early(cfg.tokenizer, cfg.backend, cfg.workers, schemes(cfg.inputs))
+    try:
+        from .engine.verify import format_inspect, inspect
+        from .pretokenize import run_tokenize
+
+        run_tokenize(cfg, _t0=_STARTED)
+    finally:
+        discard_early()
     print(format_inspect(inspect(a.out)))
 
 

@@ -25,18 +25,13 @@ memmap parts into the final files; the main process only hands out tasks and off
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import pickle
 import queue as queue_mod
-import sys
 import threading
 import time
-import types
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -54,7 +49,8 @@ from ..tokenizer import (
 )
 from .memmap_place import Placement, place_part, write_held
 from .parts import Job, PartRecord, process_unit
-from .zygote import DIED_BY_SIGNAL, DIED_EXIT, WORKER_ENV, Ready, run_zygote
+from .spawn import spawn, take_early
+from .zygote import DIED_BY_SIGNAL, DIED_EXIT, Ready
 
 if TYPE_CHECKING:
     from .progress import Progress
@@ -120,22 +116,6 @@ class Stopped(BaseException):
     """A wait on the pool given up because the run is ending (not an error of the work itself)."""
 
 
-@contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """While a spawned process starts, show multiprocessing a `__main__` with no file and no spec. Spawn otherwise
-    runs the parent's main script again in the child (as `__mp_main__`), for objects defined there; the zygote
-    needs none (its target and arguments live in pretok_lib). So a script that calls the engine at top level
-    without an `if __name__ == "__main__":` guard, or one fed on stdin, works, and a guarded one's top-level
-    imports (torch, a model...) are not paid again in the zygote, whose memory every forked worker inherits."""
-    main = sys.modules.get("__main__")
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        if main is not None:
-            sys.modules["__main__"] = main
-
-
 class Workers:
     """The zygote and its forked workers, or inline processing for `workers <= 0`."""
 
@@ -147,35 +127,11 @@ class Workers:
         self.ready: Ready | None = None  # the zygote's build report (inline: this process's), once known
         self.inline: Encoder | None = None
         self.writes: list = []  # the main process's end of each worker's pipe of placements of parts it keeps
-        if self.n:
-            ctx = mp.get_context("spawn")
-            self.tasks, self.urgent, self.results = ctx.Queue(), ctx.Queue(), ctx.Queue()
-            self.conn, child = ctx.Pipe()
-            writes = [ctx.Pipe(duplex=False) for _ in range(self.n)]  # (worker's end, main's end) per worker
-            self.writes = [w for _, w in writes]
-            self.ready_conn, ready_child = ctx.Pipe(duplex=False)
-            self.lock = threading.Lock()  # one encode request at a time on the pipe
-            # [tasks the plan holds (`expect`; 0: not known yet), workers the zygote forked (-1: not yet)]
-            self.counts = ctx.RawArray("q", [0, -1])
-            self.zygote = ctx.Process(target=run_zygote, args=(spec, backend, self.n,
-                                                               (self.tasks, self.urgent, [r for r, _ in writes]),
-                                                               self.results, child, ready_child, preload, self.counts),
-                                      name="pretok-zygote")
-            saved = {k: os.environ.get(k) for k in WORKER_ENV}
-            os.environ.update(WORKER_ENV)  # read by the spawned interpreter as it starts, before any import
-            try:
-                with _main_module_hidden():
-                    self.zygote.start()
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-            child.close()
-            ready_child.close()
-            for r, _ in writes:
-                r.close()
+        if self.n:  # the zygote `pretok tokenize` started before importing the engine, or a new one
+            sp = take_early(spec, backend, self.n, preload) or spawn(spec, backend, self.n, preload)
+            self.spawned, self.zygote, self.writes, self.lock = sp, sp.zygote, sp.writes, sp.lock
+            self.tasks, self.urgent, self.results, self.conn = sp.tasks, sp.urgent, sp.results, sp.conn
+            self.ready_conn, self.counts = sp.ready_conn, sp.counts
 
     def expect(self, tasks: int) -> None:
         """Tell the zygote how many tasks the plan holds: it forks no more workers than that, if told before it forks
@@ -263,20 +219,7 @@ class Workers:
         zygote at once, even mid start-up, and its workers die with it."""
         if self.zygote is None:
             return
-        if self.drained and self.zygote.is_alive():
-            for _ in range(self.n):
-                self.tasks.put(None)
-            self.conn.close()  # the zygote then only waits for its workers
-            self.zygote.join(10)
-        if self.zygote.is_alive():
-            self.zygote.kill()
-        self.zygote.join()
-        self.ready_conn.close()
-        for w in self.writes:
-            w.close()
-        for q in (self.tasks, self.urgent, self.results):
-            q.cancel_join_thread()
-            q.close()
+        self.spawned.close(self.drained)
         self.zygote = None
 
     def run(self, work: Work, bar: Progress, keep_going: Callable[[], None] = lambda: None) -> None:
