@@ -376,6 +376,7 @@ class _Progress:
 
 
 _NOTHING = object()  # a worker holds no task taken ahead
+_FORKED = [1]  # the workers forked (set by the zygote before it forks)
 
 
 def _taken(items: list) -> list:
@@ -383,7 +384,6 @@ def _taken(items: list) -> list:
     out = items[:]
     items.clear()
     return out
-_FORKED = [1]  # the workers forked (set by the zygote before it forks)
 
 
 def _take_now(q):
