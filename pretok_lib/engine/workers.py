@@ -134,8 +134,8 @@ class Workers:
             self.ready_conn, self.counts = sp.ready_conn, sp.counts
 
     def expect(self, tasks: int) -> None:
-        """Tell the zygote how many tasks the plan holds: it forks no more workers than that, if told before it forks
-        (a 3 MB input on a 288-core node: 3 workers, not 287). Told later, every worker is forked."""
+        """Tell the zygote how many tasks the plan holds: it forks no more workers than that (a 3 MB input on a
+        288-core node: 3 workers, not 287), and none before it is told."""
         if self.zygote is not None:
             self.counts[0] = max(1, tasks)
 

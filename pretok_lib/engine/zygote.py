@@ -165,8 +165,9 @@ def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, rea
         conn: the backend check's `encode` requests from the main process.
         ready_conn: where `Ready` (or the failure) is sent once the encoder is built.
         preload: URL schemes whose filesystems are imported before forking.
-        counts: shared [the plan's tasks, set by the main process once planned (0: not yet), workers forked]: at
-            most that many workers are forked, and how many is written back.
+        counts: shared [the plan's tasks, set by the main process once planned (0: not yet), workers forked]: the
+            zygote waits for the first (after it has sent `Ready`), forks at most that many workers and writes back
+            how many.
     """
     _set_parent_death_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
@@ -185,7 +186,9 @@ def run_zygote(spec: str, backend: str | None, n: int, tasks, results, conn, rea
     ready_conn.close()
     if report.backend is None:  # nothing the workers could run: the main process reports why and ends the run
         n = 0
-    elif counts is not None and counts[0] > 0:  # planned already: no idle workers for a small input
+    elif counts is not None:  # no idle workers for a small input: wait for the plan, if the main process has not
+        while counts[0] <= 0:  # planned yet (started early, its imports can outlast this build on a slow disk);
+            time.sleep(0.002)  # no task could come before the plan anyway
         n = min(n, counts[0])
     if counts is not None:
         counts[1] = n

@@ -225,6 +225,7 @@ def test_the_main_process_closing_mid_check_ends_the_zygote_quietly(capfd, delay
     info = identify(str(GPT2_JSON))
     texts = [TEXTS[0] * 2000] * 40  # a few MB: encoding and answering take a moment
     with Workers(str(GPT2_JSON), None, 1) as w:
+        w.expect(1)  # the plan's tasks: the zygote forks (and answers) once it knows them
         backend = w.backend(info, None)
         capfd.readouterr()
         w.conn.send((texts, backend))
@@ -322,6 +323,26 @@ def test_the_zygote_forks_no_more_workers_than_the_plan_has_tasks(shared_data: P
         zygote_pid = w.zygote.pid
     assert not psutil.pid_exists(zygote_pid) or psutil.Process(zygote_pid).status() == psutil.STATUS_ZOMBIE
     assert Workers(str(GPT2_JSON), None, 0).started == 0
+
+
+def test_the_zygote_forks_only_once_told_the_plans_tasks_however_late():
+    """`pretok tokenize` starts the zygote before its own imports, which on a slow disk can outlast the build: the
+    zygote, its encoder ready, waits for the plan's task count instead of forking one worker per core."""
+    import time
+
+    from pretok_lib.engine.workers import Workers
+    from pretok_lib.tokenizer import load_tokenizer
+
+    with Workers(str(GPT2_JSON), None, 6) as w:
+        w.backend(load_tokenizer(str(GPT2_JSON)), None)  # the build is done: the zygote could fork now
+        time.sleep(0.3)
+        assert w.started is None and w.zygote.is_alive()
+        w.expect(2)
+        end = time.monotonic() + 60  # only catches a hang
+        while w.started is None:
+            assert time.monotonic() < end
+            time.sleep(0.01)
+        assert w.started == 2
 
 
 @pytest.mark.parametrize("workers", [1, 3, 16])
