@@ -5,16 +5,16 @@ once per worker, and begins at the start of a run, while the main process still 
 tokenizer itself. Each worker begins with the encoder the zygote built.
 
 Messages: main → workers, `tasks` queue: ("unit", Unit, backend, the run's Job pickled without any unit's fields,
-the unit's objects, its stamps), ("hash", [(block, (file, offset, size)),
-...]) or None (stop); `urgent` queue, taken first: ("place", Placement) of a part in its files; each worker's own
-pipe, taken before both: ("write", Placement) of a part that worker keeps in memory. Workers → main `results` queue:
-("progress", bytes, docs, tokens, the worker's time.time()) at most every 0.25 s per worker, ("done", record,
-progress not sent yet or None, the worker's slot if it keeps the part in memory else None, placed), ("hashed",
-[(block, leaf), ...], placed), ("placed", placed), ("error", exception); `placed`: the unit indices of the placements
-the worker did since its last message (sent with its next record, or on their own before it waits for a task: one
-message per unit, not two). A worker that dies makes the zygote exit
-with a code saying how; the main process watches the zygote. Zygote → main, once, on its own pipe: `Ready` (the
-backend it built for the workers, why faster ones could not be built), sent before it forks.
+the unit's objects, its stamps), ("hash", [(block, (file, offset, size)), ...]) or None (stop); `urgent` queue,
+taken first: ("place", Placement) of a part in its files; each worker's own pipe, taken before both: ("write",
+Placement) of a part that worker keeps in memory. Workers → main `results` queue: ("progress", bytes, docs, tokens,
+the worker's time.time()) at most every 0.25 s per worker and 16 a second from all of them (`zygote._Progress`),
+("done", record, progress not sent yet or None, the worker's slot if it keeps the part in memory else None, placed),
+("hashed", [(block, leaf), ...], placed), ("placed", placed), ("error", exception); `placed`: the unit indices of
+the placements the worker did since its last message (sent with its next record, or on their own before it waits for
+a task: one message per unit, not two). A worker that dies makes the zygote exit with a code saying how; the main
+process watches the zygote. Zygote → main, once, on its own pipe: `Ready` (the backend it built for the workers, why
+faster ones could not be built), sent before it forks.
 
 A worker may hold one task ahead (taken as it starts a unit, if at least as many tasks as workers are queued;
 placements still go first) to decode that unit's first row group while it encodes (`sources/read_ahead.py`).

@@ -298,7 +298,7 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
         from ..sources.remote import warm_filesystems
 
         warm_filesystems(preload)
-    report = _Progress(results)
+    report = _Progress(results, _FORKED[0])
     queued, urgent, writes = tasks[0], tasks[1], tasks[2][slot]
     blob, base, held = b"", None, _NOTHING
     kept: dict = {}  # unit index → its part kept in memory (`parts.HeldPart`) until its placement comes on `writes`
@@ -354,19 +354,22 @@ def _worker(slot: int, tasks, results, zygote_pid: int, preload: tuple[str, ...]
 
 
 class _Progress:
-    """A worker's progress, sent at most every EVERY_S (its first batch at once: the run's start-up ends at the
-    first), the rest with the part's record (`take`): messages per second of work, not per batch."""
+    """A worker's progress, sent on its own at most every `every` seconds (its first batch at once: the run's
+    start-up ends at the first), the rest with the part's record (`take`): messages per second of work, not per
+    batch. `every` grows with the workers forked, so that all of them together send at most PER_S messages a second
+    on their own (288 workers: every 18 s each; their records, several a second each, carry the rest)."""
 
-    EVERY_S = 0.25
+    EVERY_S, PER_S = 0.25, 16
 
-    def __init__(self, results):
+    def __init__(self, results, workers: int = 1):
         self.results, self.last, self.sent = results, 0.0, False
+        self.every = max(self.EVERY_S, workers / self.PER_S)
         self.counts = [0, 0, 0]  # bytes, documents, tokens not sent yet
 
     def __call__(self, nbytes: int, docs: int, tokens: int) -> None:
         self.counts = [self.counts[0] + nbytes, self.counts[1] + docs, self.counts[2] + tokens]
         now = time.time()
-        if not self.sent or now - self.last >= self.EVERY_S:
+        if not self.sent or now - self.last >= self.every:
             self.results.put(("progress", *self.counts, now))  # when it was done
             self.counts, self.last, self.sent = [0, 0, 0], now, True
 

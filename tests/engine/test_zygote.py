@@ -367,3 +367,27 @@ def test_a_worker_holds_a_task_ahead_only_while_every_other_worker_could_still_t
         finally:
             q.close()
             q.join_thread()
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4, 16, 288])
+def test_workers_progress_messages_stay_few_however_many_workers(monkeypatch, workers):
+    """Each worker sends its first batch's progress at once (the run's start-up ends there), then at most every
+    0.25 s, and less often with many workers: all of them together send at most 16 progress messages a second on
+    their own (288 workers at 4 a second each would cost the main process a wake-up every 0.9 ms). What is not
+    sent goes with the part's record, so no count is lost."""
+    clock, sent = [1000.0], []
+
+    class Results:
+        def put(self, msg):
+            sent.append(msg)
+
+    monkeypatch.setattr(zygote.time, "time", lambda: clock[0])
+    report = zygote._Progress(Results(), workers)
+    for _ in range(4000):  # a batch every 10 ms for 40 s
+        report(100, 1, 10)
+        clock[0] += 0.01
+    rate = (len(sent) - 1) / 40
+    assert sent[0][1:4] == (100, 1, 10)  # the first batch, at once
+    assert rate <= 4.05 and rate * workers <= 16.5  # each at most every 0.25 s; all together 16 a second
+    rest = report.take()
+    assert sum(m[1] for m in sent) + rest[0] == 4000 * 100 and sum(m[3] for m in sent) + rest[2] == 4000 * 10
