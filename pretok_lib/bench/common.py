@@ -156,6 +156,22 @@ def cached_corpus(workdir: Path, mb: float) -> Path:
     return path
 
 
+def corpus_repeats_note(path: str | Path) -> str:
+    """For an embedded default corpus that repeats its sources (`demo/corpus.py`: passes over the same files when
+    the install holds less text than asked for), how often and at least how much text is distinct; else ""."""
+    from ..demo.corpus import read_corpus_info
+
+    try:
+        info = read_corpus_info(path)
+    except PretokError:  # not an embedded corpus: nothing known about repeats
+        return ""
+    if info.repeats <= 1:
+        return ""
+    return (f"the embedded corpus repeats its sources: {info.repeats} passes, at least "
+            f"{info.text_bytes / info.repeats / 1e6:.3g} MB of distinct text (encoder caches see the repeats, in the "
+            "engine and the ceilings alike)")
+
+
 def corpus_and_tokenizer(cfg: BenchConfig) -> tuple[Path, str, str]:
     """(workdir, created; the corpus, absolute: the given one or the cached embedded one; the tokenizer spec)."""
     work = Path(cfg.workdir)

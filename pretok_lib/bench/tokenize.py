@@ -17,7 +17,8 @@ from pathlib import Path
 from ..formats import FORMATS
 from ..machine.cpu_affinity import usable_cpus
 from .common import (GPT2_REL, BenchConfig, add_common_args, add_output_args, at_least, cached_corpus, check_targets,
-                     environment, from_args, offline, positive, resolve_tokenizer, sizes, write_json)
+                     corpus_repeats_note, environment, from_args, offline, positive, resolve_tokenizer, sizes,
+                     write_json)
 from .repeats import probed, rotated
 from .scaling import scaling, scaling_lines
 from .tokenize_methods import (ChildRss, ceiling_parallel, child_ceiling, child_datasets, child_loop, hf_tokenizer,
@@ -100,8 +101,10 @@ def run(cfg: TokenizeBench) -> dict:
     backends = backends_for(info)
     corpus = str(Path(cfg.corpus)) if cfg.corpus else str(cached_corpus(work, cfg.mb))
     cinfo = scan_corpus(corpus, int(cfg.loop_mb * 1e6), work / "prefix.parquet")
+    cinfo["repeats_note"] = corpus_repeats_note(corpus)
     print(f"corpus {corpus}: {cinfo['documents']} docs, {cinfo['text_bytes'] / 1e6:.1f} MB of text; tokenizer {tok} "
-          f"(backends {', '.join(backends)}); N = {n}", flush=True)
+          f"(backends {', '.join(backends)}); N = {n}" + (f"\n  {cinfo['repeats_note']}" if cinfo["repeats_note"]
+                                                          else ""), flush=True)
     warm = run_engine(cinfo["prefix_path"], tok, "memmap", n, work / "warm-up", None, cfg.batch_mb)  # untimed:
     shutil.rmtree(warm["out"], ignore_errors=True)  # page cache, imports and lazy inits warm before the first timing
     widths = ([1] if n > 1 and "engine-1" not in skip else []) + [n]

@@ -135,3 +135,24 @@ def test_a_target_is_resolved_only_by_an_interval_wholly_on_one_side(samples: li
     assert not threshold_resolved(None, need)
     if len(samples) == 1:
         assert not threshold_resolved(d, need)
+
+
+def test_the_bench_says_when_the_embedded_corpus_repeats_its_sources(tmp_path):
+    """Asked for more text than the sources hold, the embedded corpus repeats them (`demo/corpus.py`); encoders
+    cache repeated words, so the bench's corpus line says how often, and at least how much text is distinct."""
+    from pretok_lib.bench.common import corpus_repeats_note
+    from pretok_lib.demo.corpus import build_corpus
+
+    many = build_corpus(tmp_path / "many.parquet", max_mb=2, packages=["pluggy"], include_stdlib=False, extend=False)
+    note = corpus_repeats_note(many.path)
+    assert many.repeats > 1 and f"{many.repeats} passes" in note
+    assert f"at least {many.text_bytes / many.repeats / 1e6:.3g} MB of distinct text" in note
+    once = build_corpus(tmp_path / "once.parquet", max_mb=0.05, packages=["pluggy"], include_stdlib=False,
+                        extend=False)
+    assert once.repeats == 1 and corpus_repeats_note(once.path) == ""
+    other = tmp_path / "user.parquet"  # a corpus of the user's: nothing is known about repeats
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["a b c"]}), other)
+    assert corpus_repeats_note(other) == ""
