@@ -11,7 +11,6 @@ run held its lock, an argument was refused) is killed by `discard_early`, which 
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import sys
 import threading
 import types
@@ -19,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ..machine.process_env import environ_set
 from .zygote import WORKER_ENV, run_zygote
 
 
@@ -67,17 +67,8 @@ def spawn(spec: str, backend: str | None, workers: int, preload: tuple[str, ...]
     counts = ctx.RawArray("q", [0, -1])
     zygote = ctx.Process(target=run_zygote, args=(spec, backend, workers, (tasks, urgent, [r for r, _ in writes]),
                                                   results, child, ready_child, preload, counts), name="pretok-zygote")
-    saved = {k: os.environ.get(k) for k in WORKER_ENV}
-    os.environ.update(WORKER_ENV)  # read by the spawned interpreter as it starts, before any import
-    try:
-        with _main_module_hidden():
-            zygote.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with environ_set(WORKER_ENV), _main_module_hidden():  # WORKER_ENV: read by the spawned interpreter as it starts
+        zygote.start()
     child.close()
     ready_child.close()
     for r, _ in writes:

@@ -408,10 +408,9 @@ def _take_now(q):
 def _next_task(tasks, urgent, held=_NOTHING, writes=None, before_wait: Callable[[], None] = lambda: None) -> tuple:
     """(the next task, what the worker holds after it): a placement of a part it keeps (on `writes`) first, then a
     waiting placement of a part's files, then the task held ahead, then the next one queued (None: stop).
-    `before_wait` is called when none can be had at once, before waiting for one."""
+    `before_wait` is called each time none can be had at once, before waiting for one."""
     import queue
 
-    waited = False
     while True:
         if writes is not None and writes.poll():
             return writes.recv(), held
@@ -421,12 +420,10 @@ def _next_task(tasks, urgent, held=_NOTHING, writes=None, before_wait: Callable[
             pass
         if held is not _NOTHING:
             return held, _NOTHING
-        if not waited:
-            try:
-                return tasks.get_nowait(), held
-            except queue.Empty:
-                before_wait()
-                waited = True
+        try:
+            return tasks.get_nowait(), held
+        except queue.Empty:
+            before_wait()
         try:
             return tasks.get(timeout=0.02), held
         except queue.Empty:

@@ -18,6 +18,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..machine.process_env import environ_set
+
 HOME_ENV = "PRETOK_STUDY_HOME"
 NOTEBOOKS = ("01_pretokenize", "02_loader_benchmark", "03_train", "04_sweep", "05_analysis")
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -58,13 +60,5 @@ def kernel_environment(home: Path) -> Iterator[None]:
     changes = {HOME_ENV: str(home)}
     if source.name not in ("site-packages", "dist-packages"):
         changes["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), os.environ.get("PYTHONPATH")]))
-    old = {k: os.environ.get(k) for k in changes}
-    os.environ.update(changes)
-    try:
+    with environ_set(changes):
         yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

@@ -16,6 +16,7 @@ import pytest
 
 from pretok_lib.engine import spawn
 from pretok_lib.engine.workers import Workers
+from pretok_lib.tokenizer import load_tokenizer
 from tests.conftest import GPT2_JSON
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +33,12 @@ def test_a_run_with_the_same_arguments_takes_the_early_zygote_over():
     early = spawn._EARLY[0]
     with Workers(str(GPT2_JSON), None, 2, ()) as w:
         assert w.zygote is early.zygote and not spawn._EARLY
-        assert w.ready is None or w.ready.backend  # it runs as any zygote would
+        w.expect(1)
+        assert w.backend(load_tokenizer(str(GPT2_JSON)), None) == "fastokens"  # it builds as any zygote would
+        end = time.monotonic() + 60  # only catches a hang
+        while w.started is None and time.monotonic() < end:
+            time.sleep(0.01)
+        assert w.started == 1  # and forks the plan's workers
     assert early.zygote.exitcode is not None  # closed with the run (killed: nothing was run)
 
 
