@@ -19,6 +19,9 @@ from .streams import jsonl_lines, parse_jsonl_line, without_bom
 
 SAMPLE_LINES = 100  # non-blank lines of each JSONL file read at planning time
 SAMPLE_BYTES = 1 << 20  # ... from at most about this many bytes of a plain file
+# what each skipped kind (sources/read.py BAD_DOC_KINDS, the manifest's `skipped` keys) means, for the errors
+SKIPPED_MEANS = {"null": "the text is null", "missing": "no text key", "nonstring": "the text is not a string",
+                 "empty": "the text is empty", "invalid": "not UTF-8, or a lone surrogate"}
 
 
 def check_shape(files: Sequence, text_column: str) -> None:
@@ -69,11 +72,13 @@ def _check_jsonl(path: str, kind: str, stop: int, key: str) -> None:
 def check_skipped(documents: int, skipped: dict[str, int], max_fraction: float, where: str | None = None) -> None:
     """Fail a run that read no document, or skipped more than `max_fraction` of its documents."""
     bad = sum(skipped.values())
-    kinds = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()) if v)
+    kinds = ", ".join(f"{k}: {v}" + (f" ({SKIPPED_MEANS[k]})" if k in SKIPPED_MEANS else "")
+                      for k, v in sorted(skipped.items()) if v)
+    first = "--bad-docs fail stops at the first and says where"
     if documents == 0:
-        raise PretokError("no document could be read from the input" + (f" ({bad} skipped: {kinds})" if bad else
-                                                                          " (it holds none)"), where)
+        raise PretokError("no document could be read from the input" + (f" ({bad} skipped: {kinds}; {first})"
+                                                                          if bad else " (it holds none)"), where)
     if bad > max_fraction * (documents + bad):
         raise PretokError(f"{bad} of {documents + bad} documents skipped ({kinds}), more than --max-bad-fraction "
-                          f"{max_fraction:g}; fix the input (or --text-column/--separator), or raise "
+                          f"{max_fraction:g}; fix the input (or --text-column/--separator; {first}), or raise "
                           "--max-bad-fraction and rerun to finish (tokenized parts are kept)", where)

@@ -77,13 +77,27 @@ def test_skip_threshold_fails_then_a_rerun_allowing_it_resumes(tmp_path, docs):
     p = tmp_path / "some_bad.jsonl"
     p.write_bytes(jsonl(docs[:8]) + b'{"text": null}\n{"text": 3}\n{"text": "\\ud800"}\n')
     line = fails(cli(p, tmp_path / "o", "--workers", "1"), str(p), "3 of 11 documents skipped",
-                 "invalid: 1", "nonstring: 1", "null: 1", "--max-bad-fraction")
+                 "invalid: 1 (not UTF-8, or a lone surrogate)", "nonstring: 1 (the text is not a string)",
+                 "null: 1 (the text is null)", "--max-bad-fraction", "--bad-docs fail stops at the first")
     assert not (tmp_path / "o" / "manifest.json").exists() and "0.1" in line
+    fails(cli(p, tmp_path / "f", "--workers", "1", "--bad-docs", "fail"), str(p), "null 'text'")  # the first, where
     assert "max_bad_fraction" not in (tmp_path / "o" / ".pretok" / "config.json").read_text()
     m = tok([p], tmp_path / "o", max_bad_fraction=0.3)  # resumes the same output: the threshold is no part of it
     assert m["counts"]["documents"] == 8 and m["source"]["max_bad_fraction"] == 0.3
     r = run_cli(*cli(p, tmp_path / "x", "--max-bad-fraction", "2"))  # argparse's usage error
     assert r.returncode == 2 and "--max-bad-fraction: must be between 0 and 1" in r.stderr
+
+
+def test_every_kind_of_skipped_document_is_explained_in_the_errors():
+    from pretok_lib.sources import BAD_DOC_KINDS
+    from pretok_lib.sources.input_checks import SKIPPED_MEANS, check_skipped
+
+    assert set(SKIPPED_MEANS) == set(BAD_DOC_KINDS)
+    for kind in BAD_DOC_KINDS:
+        for docs in (0, 1):
+            with pytest.raises(PretokError) as e:
+                check_skipped(docs, {kind: 2}, 0.1, "in.jsonl")
+            assert f"{kind}: 2 ({SKIPPED_MEANS[kind]})" in str(e.value) and "--bad-docs fail" in str(e.value)
 
 
 def test_lone_surrogates_are_invalid_documents(tmp_path, docs):
