@@ -72,14 +72,24 @@ def write_manifest(out_dir: str | os.PathLike, data: dict) -> Path:
     return path
 
 
+def _why_no_manifest(out_dir: Path) -> str:
+    """What a path without a manifest is: missing, a file, an unfinished output, or some other directory."""
+    if not out_dir.exists():
+        return "no such directory"
+    if not out_dir.is_dir():
+        return "a file, not a pretok output (give the directory that holds manifest.json)"
+    if (out_dir / ".pretok").is_dir():
+        return "no manifest.json (not a finished pretok output: interrupted run? rerun the same command)"
+    return "no manifest.json (not a pretok output)"
+
+
 def read_manifest(out_dir: str | os.PathLike, expect_format: str | None = None) -> dict:
     """Read and validate a manifest: parses, self-checksum matches (no hand edits), known versions, sizes match.
     Its `policy` is returned as `format_policy` states it (fields another format's bytes do not depend on are
     left out), whatever manifest version recorded it."""
     path = Path(out_dir) / MANIFEST
     if not path.exists():
-        raise PretokError("no manifest.json (not a finished pretok output: interrupted run? rerun the same command)",
-                          out_dir)
+        raise PretokError(_why_no_manifest(Path(out_dir)), out_dir)
     try:
         data = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as e:

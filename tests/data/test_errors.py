@@ -5,6 +5,7 @@ corrupted files, an edited manifest, an unknown data path."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -148,10 +149,15 @@ def test_manifest_disagreeing_with_the_data(copy_of, kind):
 
 
 def test_not_a_pretok_output(tmp_path, wiki):
-    fails("no manifest.json", tmp_path, "pretok-memmap", tmp_path)
+    fails(re.escape("no manifest.json (not a pretok output)"), tmp_path, "pretok-memmap", tmp_path)
+    (tmp_path / "unfinished" / ".pretok").mkdir(parents=True)   # a run's state, no manifest yet: interrupted
+    (tmp_path / "data.bin").write_bytes(b"\0" * 8)                # a data file given for its directory
+    cases = {wiki.text.parent / "nothing-here": "no such directory", tmp_path / "data.bin": "a file, not a pretok",
+             tmp_path / "unfinished": "interrupted run? rerun the same command"}
     for kind in PRETOK:
-        with pytest.raises(PretokError, match="no manifest.json"):
-            open_and_read(kind, wiki.text.parent / "nothing-here")
+        for path, why in cases.items():
+            with pytest.raises(PretokError, match=re.escape(why)):
+                open_and_read(kind, path)
 
 
 def test_unknown_kind_and_bad_arguments(wiki):
