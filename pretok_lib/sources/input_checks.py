@@ -21,7 +21,7 @@ SAMPLE_LINES = 100  # non-blank lines of each JSONL file read at planning time
 SAMPLE_BYTES = 1 << 20  # ... from at most about this many bytes of a plain file
 # what each skipped kind (sources/read.py BAD_DOC_KINDS, the manifest's `skipped` keys) means, for the errors
 SKIPPED_MEANS = {"null": "the text is null", "missing": "no text key", "nonstring": "the text is not a string",
-                 "empty": "the text is empty", "invalid": "not UTF-8, or a lone surrogate"}
+                 "empty": "the text is empty", "invalid": "not UTF-8, a lone surrogate, or a line not a JSON object"}
 
 
 def check_shape(files: Sequence, text_column: str) -> None:

@@ -77,7 +77,8 @@ def test_skip_threshold_fails_then_a_rerun_allowing_it_resumes(tmp_path, docs):
     p = tmp_path / "some_bad.jsonl"
     p.write_bytes(jsonl(docs[:8]) + b'{"text": null}\n{"text": 3}\n{"text": "\\ud800"}\n')
     line = fails(cli(p, tmp_path / "o", "--workers", "1"), str(p), "3 of 11 documents skipped",
-                 "invalid: 1 (not UTF-8, or a lone surrogate)", "nonstring: 1 (the text is not a string)",
+                 "invalid: 1 (not UTF-8, a lone surrogate, or a line not a JSON object)",
+                 "nonstring: 1 (the text is not a string)",
                  "null: 1 (the text is null)", "--max-bad-fraction", "--bad-docs fail stops at the first")
     assert not (tmp_path / "o" / "manifest.json").exists() and "0.1" in line
     fails(cli(p, tmp_path / "f", "--workers", "1", "--bad-docs", "fail"), str(p), "null 'text'")  # the first, where
