@@ -40,7 +40,7 @@ def gpu_rows(gpu: Mapping[str, Any], prediction_rows: Sequence[Mapping[str, Any]
         rows.append({"run": name, "path": r["kind"], "workers": int(r["workers"]),
                      "tokens_per_s": r.get("tokens_per_s"), "effective_tokens_per_s": r.get("effective_tokens_per_s"),
                      "measured_stall": r.get("data_stall"), "back_to_back": c.get("back_to_back"),
-                     "paced": c.get("paced"), "study_prediction": None if p is None else (p["stall_low"],
+                     "paced": c.get("paced"), "either": c.get("either"), "study_prediction": None if p is None else (p["stall_low"],
                                                                                           p["stall_high"])})
     return rows
 
@@ -68,14 +68,15 @@ def gpu_markdown(gpu: Mapping[str, Any] | None, prediction_rows: Sequence[Mappin
         return head + "\n\nNo data-path runs in this measurement."
     ours = f"this study's prediction for {acc.name}" if acc else "this study's prediction (no matching accelerator)"
     lines = [head, "", f"| path | workers | tokens/s | measured stall | predicted there (as built) | predicted there "
-             f"(paced) | {ours} |", "|---|---:|---:|---:|---:|---:|---:|"]
+             f"(paced) | either | {ours} |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         sp = r["study_prediction"]
         lines.append(f"| {r['path']} | {r['workers']} | {r['tokens_per_s'] or 0:,.0f} | {_pct(r['measured_stall'])} | "
-                     f"{_interval(r['back_to_back'])} | {_interval(r['paced'])} | "
+                     f"{_interval(r['back_to_back'])} | {_interval(r['paced'])} | {_interval(r['either'])} | "
                      f"{'-' if sp is None else _pct(sp[0]) + '-' + _pct(sp[1])} |")
     lines.append("\nPredicted there: the stall model fed by `pretok bench loaders` on the GPU machine's own CPUs and "
                  "each run's measured compute (interval over the loader rate's and the run's variation); as built: "
-                 "back-to-back loader rates; paced: next() timed once per step (docs/BENCHMARKS.md). This study's "
+                 "back-to-back loader rates; paced: next() timed once per step, after an idle wait of the step's "
+                 "length; either: from the lower end of the two to the higher (docs/BENCHMARKS.md). This study's "
                  "prediction: this machine's loaders at the target MFU range, as in the table above.")
     return "\n".join(lines)

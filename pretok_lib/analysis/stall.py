@@ -31,6 +31,7 @@ from ..errors import PretokError
 from ..train.config import SKIP_STEPS
 from ..train.flops import ACCELERATORS, Accelerator, config_flops_per_token
 from .supply import target_supply
+from .uncertainty import bootstrap_sum_ratio
 
 FORMULA = """
 **Model** (per rank). Tokens are input slots, padding included, on both sides (a padded slot costs as much
@@ -193,7 +194,8 @@ def measured_rates(records: Iterable[Mapping[str, Any]], skip: int = SKIP_STEPS)
     as the model predicts; workers that finish together make a step that waits and one that does not, whose
     per-step mean is half of it; that mean beside it as `data_stall_step_mean`), the
     loader's in-run supply slots / data wait and the loop's own time between steps per slot (`loop`: wall time
-    between records of consecutive steps minus the later one's step time; 0 when no two are consecutive)."""
+    between records of consecutive steps minus the later one's step time; 0 when no two are consecutive). The
+    stall's interval (`data_stall_interval`) is a seeded bootstrap over the steps."""
     train = [r for r in records if r.get("kind") == "train"]
     train = train[skip:] if len(train) > skip else train
     if not train:
@@ -205,8 +207,10 @@ def measured_rates(records: Iterable[Mapping[str, Any]], skip: int = SKIP_STEPS)
     pairs = [(a, b) for a, b in zip(train, train[1:]) if b["step"] == a["step"] + 1]
     between = sum(max(0.0, b["wall_s"] - a["wall_s"] - b["step_time_s"]) for a, b in pairs)
     loop = between / (sum(b["tokens"] for _, b in pairs) / world) if pairs else 0.0
+    share = bootstrap_sum_ratio([r["data_wait_s"] for r in train], [r["step_time_s"] for r in train])
     return {"consumption": slots / compute if compute > 0 else math.inf, "loop_per_slot": loop,
             "data_stall": wait / max(1e-12, sum(r["step_time_s"] for r in train)),
+            "data_stall_interval": list(share[1:]) if share else None,
             "data_stall_step_mean": sum(r["data_stall"] for r in train) / len(train),
             "in_run_supply": slots / wait if wait > 0 else math.inf, "steps": len(train), "world": world,
             "step_compute": [((r["step_time_s"] - r["data_wait_s"]), r["tokens"] / world) for r in train]}

@@ -114,6 +114,22 @@ def bootstrap_ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL
     return Estimate(float(np.median(xa) / np.median(xb)), float(lo), float(hi), n, level, (), level)
 
 
+def bootstrap_sum_ratio(num: Sequence[float], den: Sequence[float], level: float = LEVEL, resamples: int = 2000,
+                        seed: int = 0) -> tuple[float, float, float] | None:
+    """sum(num) / sum(den) over paired items (a share of time, a rate over calls), with a seeded percentile-
+    bootstrap interval over the items (deterministic): (point, lo, hi); None when there is no denominator."""
+    import numpy as np
+
+    a, b = np.asarray(num, float), np.asarray(den, float)
+    if not len(b) or b.sum() <= 0:
+        return None
+    idx = np.random.default_rng(seed).integers(0, len(b), (resamples, len(b)))
+    boot = a[idx].sum(1) / np.maximum(b[idx].sum(1), 1e-300)
+    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+    point = float(a.sum() / b.sum())
+    return point, min(float(lo), point), max(float(hi), point)
+
+
 # ---- validity: values that cannot be true are invalid measurements, not findings ------------------------------
 
 EFFICIENCY_TOLERANCE = 0.05   # scaling efficiency may exceed 1 by this much (cache effects) before it is invalid

@@ -236,11 +236,13 @@ def loaders_part(cfg: GpuStudy, study: Study, seq: int, batch: int) -> Callable[
         for name, c in res["checks"].items():
             print(f"[gpu-study] stall {name}: " + "; ".join(
                 f"{k} {v['measured_stall']:.2%} measured, {v['interval'][0]:.2%}-{v['interval'][1]:.2%} predicted"
-                f"{'' if v['inside'] else ' (outside)'}" for k, v in (c or {}).items() if v), flush=True)
+                f"{'' if v['inside'] else ' (outside' + (', the intervals overlap)' if v['agrees'] else ')')}"
+                for k, v in (c or {}).items() if v), flush=True)
     return run
 
 
-PACED_KEYS = ("pace_s", "paced_batches", "paced_batch_s", "paced_estimate", "paced_tokens_per_s")
+PACED_KEYS = ("pace_s", "paced_batches", "paced_batch_s", "paced_mean_batch_s", "paced_estimate",
+              "paced_tokens_per_s", "paced_rate_interval")
 
 
 def stall_check(loaders: dict, run: dict, skip: int) -> dict | None:
@@ -248,7 +250,9 @@ def stall_check(loaders: dict, run: dict, skip: int) -> dict | None:
     worker count, by the model as first built (`back_to_back`: the benchmark's throughput; the main process's cost
     from the randint-via-DataLoader reference) and, where the benchmark paced the path (`--pace-ms`), as corrected
     (`paced`: analysis/supply.py). Each: the point (the fastest rate, as notebook 05 predicts) and the interval
-    over the rate's and the main cost's intervals and the two ways of taking the run's compute (`check_run`)."""
+    over the rate's and the main cost's intervals and the two ways of taking the run's compute (`check_run`).
+    With both, `either` spans the two: a loader called inside a training step is slower than back to back (its
+    caches gone cold) and at most as slow as after an idle wait of the step's length (the paced time, a sleep)."""
     row = loaders["loaders"].get(f"{run['kind']} w{run['workers']}")
     if not row:
         return None
@@ -257,16 +261,31 @@ def stall_check(loaders: dict, run: dict, skip: int) -> dict | None:
     out = {"back_to_back": _predict(loaders, plain, run["workers"], rows, skip, paced=False)}
     if row.get("paced_tokens_per_s"):
         out["paced"] = _predict(loaders, row, run["workers"], rows, skip, paced=True)
+        if out["paced"] and out["back_to_back"]:
+            out["either"] = _span(out["back_to_back"], out["paced"])
     return out if out["back_to_back"] else None
+
+
+def _span(a: dict, b: dict) -> dict:
+    """The interval from the lower of two predictions' ends to the higher, against the measured stall."""
+    return _against(a["measured_stall"], a.get("measured_interval"), min(a["interval"][0], b["interval"][0]),
+                    max(a["interval"][1], b["interval"][1]))
+
+
+def _against(measured: float, measured_interval: list | None, lo: float, hi: float) -> dict:
+    """A predicted interval beside the measured stall: `inside` (the measured point in it), `off_by` (how far
+    outside), `agrees` (the measured stall's own interval, a bootstrap over the run's steps, overlaps it)."""
+    mlo, mhi = measured_interval or (measured, measured)
+    return {"measured_stall": measured, "measured_interval": [mlo, mhi], "interval": [lo, hi],
+            "inside": lo <= measured <= hi, "agrees": mlo <= hi and lo <= mhi,
+            "off_by": 0.0 if lo <= measured <= hi else (measured - hi if measured > hi else measured - lo)}
 
 
 def _predict(loaders: dict, row: dict, w: int, rows: list[dict], skip: int, paced: bool) -> dict | None:
     """`stall_check`'s prediction for one version of the model: the variants of the row it takes the bounds over."""
     variants = [row]
-    if paced:   # the paced time's interval: supply (no workers) or main cost (workers) at its ends
-        tokens = row["paced_tokens_per_s"] * row["paced_batch_s"]
-        variants += [{**row, "paced_tokens_per_s": tokens / t} for t in
-                     ((row.get("paced_estimate") or {}).get("interval") or []) if t > 0]
+    if paced:   # the paced rate's interval: supply (no workers) or main cost (workers) at its ends
+        variants += [{**row, "paced_tokens_per_s": r} for r in (row.get("paced_rate_interval") or []) if r and r > 0]
     else:
         variants += [{**row, "tokens_per_s": r} for r in ((row.get("estimate") or {}).get("interval") or [])]
     refs = [None]
@@ -281,12 +300,9 @@ def _predict(loaders: dict, row: dict, w: int, rows: list[dict], skip: int, pace
     if not checks or not checks[0]:
         return None
     preds = [c[k] for c in checks for k in ("predicted_stall", "predicted_stall_per_step")]
-    lo, hi = min(preds), max(preds)
     c0 = checks[0]
-    measured = c0["data_stall"]
-    return {"measured_stall": measured, "predicted_stall": c0["predicted_stall"], "interval": [lo, hi],
-            "inside": lo <= measured <= hi, "off_by": 0.0 if lo <= measured <= hi else
-            (measured - hi if measured > hi else measured - lo),
+    return {**_against(c0["data_stall"], c0.get("data_stall_interval"), min(preds), max(preds)),
+            "predicted_stall": c0["predicted_stall"],
             **{k: c0[k] for k in ("consumption", "supply", "headroom", "main_per_slot", "loop_per_slot", "steps")}}
 
 

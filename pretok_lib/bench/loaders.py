@@ -398,7 +398,8 @@ def run(args: LoadersBench) -> dict:
                 r.update(pace_path(r["kind"], corpus if r["kind"] in SLOW else outs[r["kind"]], tok, L, B, args.seed,
                                    r["workers"], args.paced_batches, args.warmup, args.pace_ms / 1e3))
                 print(f"  {name}: paced every {args.pace_ms:g} ms: next() {1e3 * r.get('paced_batch_s', 0):.3f} ms "
-                      f"(back to back {1e3 / r['batches_per_s']:.3f} ms)", flush=True)
+                      f"median, {1e3 * r.get('paced_mean_batch_s', 0):.3f} mean (back to back "
+                      f"{1e3 / r['batches_per_s']:.3f} ms)", flush=True)
     ceil = res[CEIL]["tokens_per_s"]
     for name, r in res.items():
         pad = res.get(f"{BASELINE} w{r['workers']}")

@@ -54,6 +54,14 @@ def test_every_part_on_a_cpu(tmp_path, shared_data):
             assert 0 <= lo <= v["predicted_stall"] <= hi <= 1
             assert v["inside"] == (lo <= v["measured_stall"] <= hi)
             assert v["measured_stall"] == pytest.approx(runs[name]["data_stall"], rel=0.05, abs=1e-4)
+        either = c["either"]   # from the lower of the two models' ends to the higher
+        assert either["interval"] == [min(c[m]["interval"][0] for m in ("back_to_back", "paced")),
+                                      max(c[m]["interval"][1] for m in ("back_to_back", "paced"))]
+        assert either["inside"] == (either["interval"][0] <= either["measured_stall"] <= either["interval"][1])
+        for v in (either, c["back_to_back"], c["paced"]):   # the measured stall's interval over the run's steps
+            mlo, mhi = v["measured_interval"]
+            assert mlo <= v["measured_stall"] <= mhi
+            assert v["agrees"] == (mlo <= v["interval"][1] and v["interval"][0] <= mhi) and v["agrees"] >= v["inside"]
     rates = json.loads((tmp_path / "w" / "loaders.json").read_text())["loaders"]
     assert rates["padding-free w0"]["paced_batches"] == 2 and rates["padding-free w0"]["paced_batch_s"] > 0
     assert sorted(k for k in rates if not k.startswith("ref:")) == ["padding-free w0", "padding-free w2"]
