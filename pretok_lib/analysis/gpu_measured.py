@@ -40,8 +40,8 @@ def gpu_rows(gpu: Mapping[str, Any], prediction_rows: Sequence[Mapping[str, Any]
         rows.append({"run": name, "path": r["kind"], "workers": int(r["workers"]),
                      "tokens_per_s": r.get("tokens_per_s"), "effective_tokens_per_s": r.get("effective_tokens_per_s"),
                      "measured_stall": r.get("data_stall"), "back_to_back": c.get("back_to_back"),
-                     "paced": c.get("paced"), "either": c.get("either"), "study_prediction": None if p is None else (p["stall_low"],
-                                                                                          p["stall_high"])})
+                     "paced": c.get("paced"), "either": c.get("either"),
+                     "study_prediction": None if p is None else (p["stall_low"], p["stall_high"])})
     return rows
 
 
