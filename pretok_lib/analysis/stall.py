@@ -30,7 +30,7 @@ from ..datapaths import KINDS
 from ..errors import PretokError
 from ..train.config import SKIP_STEPS
 from ..train.flops import ACCELERATORS, Accelerator, config_flops_per_token
-from .supply import target_supply
+from .supply import PACED_KEYS, target_supply
 from .uncertainty import bootstrap_sum_ratio
 
 FORMULA = """
@@ -99,12 +99,14 @@ def supply_rows(loaders: Mapping[str, Any], cores_per_rank: int | None = None, c
     """One row per data path x worker count of a loader benchmark JSON: measured and target supply (tokens/s per
     rank, `supply.target_supply`), main-process cost, the share of effective tokens, the worker counts.
     `cpu_speed`: the target's per-core speed relative to the benchmark machine; `seq_len`: the target's (None: the
-    benchmark's); `ranks`: the target's world size."""
+    benchmark's); `ranks`: the target's world size. Back-to-back rates only: paced rows (`--pace-ms`) feed the
+    check against measured runs (stall_check.py), not this prediction, until a GPU's runs say which is right."""
     out = []
     for name, r in (loaders.get("loaders") or {}).items():
         kind = r.get("kind")
         if kind not in PATHS or not r.get("tokens_per_s"):
             continue
+        r = {k: v for k, v in r.items() if k not in PACED_KEYS}
         t = target_supply(loaders, r, cores_per_rank, cpu_speed, seq_len, ranks)
         out.append({"path": kind, "workers": int(r.get("workers") or 0), **t,
                     "supply_measured": float(r["tokens_per_s"]),
@@ -239,10 +241,14 @@ def check_run(records: Iterable[Mapping[str, Any]], supply: float, workers: int,
 def check_study_runs(runs: Iterable[Any], loaders: Mapping[str, Any] | None, skip: int | None = None) -> list[dict]:
     """Prediction vs measurement for every completed run of a study whose data path and worker count the loader
     benchmark measured (same seq_len and micro-batch): the model checked on this machine (the supply carried to
-    the run's world size, which divides padding-free's)."""
+    the run's world size, which divides padding-free's). Each: the run's measured rates, the prediction as the
+    study makes it (`predicted_stall`), and `check`: the most complete version of the model the benchmark allows
+    (analysis/stall_check.py: `either` where it paced the paths, else `back_to_back`) with both intervals."""
+    from .stall_check import stall_check
+
     if not loaders:
         return []
-    bench = {(r.get("kind"), int(r.get("workers") or 0)): r for r in (loaders.get("loaders") or {}).values()
+    bench = {(r.get("kind"), int(r.get("workers") or 0)) for r in (loaders.get("loaders") or {}).values()
              if r.get("kind") in PATHS and r.get("tokens_per_s")}
     out = []
     for run in runs:
@@ -254,10 +260,14 @@ def check_study_runs(runs: Iterable[Any], loaders: Mapping[str, Any] | None, ski
             continue
         sk = skip if skip is not None else int((cfg.get("log") or {}).get("skip_steps", SKIP_STEPS))
         world = int((getattr(run, "settings", None) or {}).get("world_size") or 1)
-        t = target_supply(loaders, bench[key], ranks=world)
-        c = check_run(run.train.rows, t["supply"], key[1], sk, t["main_per_slot"])
-        if c:
-            out.append({"run_id": run.run_id, "path": key[0], **c})
+        models = stall_check(loaders, key[0], key[1], run.train.rows, sk, ranks=world)
+        if not models:
+            continue
+        model = "either" if models.get("either") else "back_to_back"
+        b = models["back_to_back"]
+        out.append({"run_id": run.run_id, "path": key[0], "workers": key[1], "data_stall": b["measured_stall"],
+                    **{k: b[k] for k in ("consumption", "supply", "headroom", "main_per_slot", "predicted_stall")},
+                    "model": model, "check": models[model]})
     return out
 
 
@@ -332,10 +342,23 @@ def check_markdown(checks: Sequence[Mapping[str, Any]]) -> str:
     if not checks:
         return ("No run to check the model on (runs with the loader benchmark's data path, worker count, seq_len "
                 "and micro-batch).")
-    lines = ["| run | data path | workers | C measured tok/s | S benchmark tok/s | predicted stall | measured stall |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| run | data path | workers | C measured tok/s | S benchmark tok/s | predicted stall [interval] | "
+             "measured stall [interval] | agree? |", "|---|---|---:|---:|---:|---:|---:|---|"]
     for c in checks:
+        k = c.get("check") or {}
+        lo, hi = k.get("interval") or (None, None)
+        mlo, mhi = k.get("measured_interval") or (None, None)
+        agree = "-" if not k else "inside" if k["inside"] else "intervals overlap" if k["agrees"] else \
+            f"no: off by {k['off_by']:+.2%}"
         lines.append(f"| {c['run_id']} | {c['path']} | {c['workers']} | {_num(c['consumption'])} | {_num(c['supply'])} "
-                     f"| {_pct(c['predicted_stall'])} | {_pct(c['data_stall'])} |")
-    return "\n".join(lines) + ("\n\nC: the run's slots per second of compute (step time − data wait) per rank; "
-                               "S: the loader benchmark's rate for that path and worker count.")
+                     f"| {_pct(c['predicted_stall'])}" + (f" [{_pct(lo)}, {_pct(hi)}]" if k else "")
+                     + f" | {_pct(c['data_stall'])}" + (f" [{_pct(mlo)}, {_pct(mhi)}]" if k else "") + f" | {agree} |")
+    models = {c.get("model") for c in checks}
+    return "\n".join(lines) + (
+        "\n\nC: the run's slots per second of compute (step time − data wait) per rank; S: the loader benchmark's "
+        "rate for that path and worker count. Predicted: the point as the study predicts (the benchmark's fastest "
+        "rate), its interval over the rate's interval and the run's step-to-step compute"
+        + (", from back to back to paced (`either`)" if "either" in models else "") + "; measured: the run's "
+        "stall with a bootstrap interval over its steps. A loader called once per step runs with cold caches: "
+        "back-to-back rates predict too little stall without workers where batches are cheap (docs/BENCHMARKS.md, "
+        "the GPU machine's check).")

@@ -36,6 +36,9 @@ PER_DOCUMENT = tuple(p.name for p in REGISTRY if p.on_the_fly and not p.packed)
 # the same rows, collated without tokenizing: the pretokenized path of the padded baseline
 SLOT_COST_FROM = next(k for k, base in PRETOK_PAIRS.items() if base in PER_DOCUMENT)
 VIA = "ref: torch.randint via DataLoader w{}"
+# what `--pace-ms` adds to a benchmark row (bench/loaders_paced.py)
+PACED_KEYS = ("pace_s", "paced_batches", "paced_batch_s", "paced_mean_batch_s", "paced_estimate",
+              "paced_tokens_per_s", "paced_rate_interval")
 
 
 def sharing(kind: str) -> str:

@@ -30,8 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from ..analysis.stall import check_run
-from ..analysis.supply import VIA, target_supply
+from ..analysis.stall_check import stall_check as check_path_run
 from ..analysis.uncertainty import estimate
 from ..datapaths import FORMAT_OF, KINDS, ON_THE_FLY, PRETOK_MEMMAP
 from ..errors import PretokError
@@ -241,69 +240,10 @@ def loaders_part(cfg: GpuStudy, study: Study, seq: int, batch: int) -> Callable[
     return run
 
 
-PACED_KEYS = ("pace_s", "paced_batches", "paced_batch_s", "paced_mean_batch_s", "paced_estimate",
-              "paced_tokens_per_s", "paced_rate_interval")
-
-
 def stall_check(loaders: dict, run: dict, skip: int) -> dict | None:
     """A path run's measured stall beside the stall predicted from the loader benchmark's row for that path and
-    worker count, by the model as first built (`back_to_back`: the benchmark's throughput; the main process's cost
-    from the randint-via-DataLoader reference) and, where the benchmark paced the path (`--pace-ms`), as corrected
-    (`paced`: analysis/supply.py). Each: the point (the fastest rate, as notebook 05 predicts) and the interval
-    over the rate's and the main cost's intervals and the two ways of taking the run's compute (`check_run`).
-    With both, `either` spans the two: a loader called inside a training step is slower than back to back (its
-    caches gone cold) and at most as slow as after an idle wait of the step's length (the paced time, a sleep)."""
-    row = loaders["loaders"].get(f"{run['kind']} w{run['workers']}")
-    if not row:
-        return None
-    rows = train_records(Path(run["run_dir"]))
-    plain = {k: v for k, v in row.items() if k not in PACED_KEYS}
-    out = {"back_to_back": _predict(loaders, plain, run["workers"], rows, skip, paced=False)}
-    if row.get("paced_tokens_per_s"):
-        out["paced"] = _predict(loaders, row, run["workers"], rows, skip, paced=True)
-        if out["paced"] and out["back_to_back"]:
-            out["either"] = _span(out["back_to_back"], out["paced"])
-    return out if out["back_to_back"] else None
-
-
-def _span(a: dict, b: dict) -> dict:
-    """The interval from the lower of two predictions' ends to the higher, against the measured stall."""
-    return _against(a["measured_stall"], a.get("measured_interval"), min(a["interval"][0], b["interval"][0]),
-                    max(a["interval"][1], b["interval"][1]))
-
-
-def _against(measured: float, measured_interval: list | None, lo: float, hi: float) -> dict:
-    """A predicted interval beside the measured stall: `inside` (the measured point in it), `off_by` (how far
-    outside), `agrees` (the measured stall's own interval, a bootstrap over the run's steps, overlaps it)."""
-    mlo, mhi = measured_interval or (measured, measured)
-    return {"measured_stall": measured, "measured_interval": [mlo, mhi], "interval": [lo, hi],
-            "inside": lo <= measured <= hi, "agrees": mlo <= hi and lo <= mhi,
-            "off_by": 0.0 if lo <= measured <= hi else (measured - hi if measured > hi else measured - lo)}
-
-
-def _predict(loaders: dict, row: dict, w: int, rows: list[dict], skip: int, paced: bool) -> dict | None:
-    """`stall_check`'s prediction for one version of the model: the variants of the row it takes the bounds over."""
-    variants = [row]
-    if paced:   # the paced rate's interval: supply (no workers) or main cost (workers) at its ends
-        variants += [{**row, "paced_tokens_per_s": r} for r in (row.get("paced_rate_interval") or []) if r and r > 0]
-    else:
-        variants += [{**row, "tokens_per_s": r} for r in ((row.get("estimate") or {}).get("interval") or [])]
-    refs = [None]
-    ref = loaders["loaders"].get(VIA.format(w)) or {}
-    if w and not paced:   # the reference's interval bounds the main process's cost
-        refs += [1.0 / r for r in ((ref.get("estimate") or {}).get("interval") or []) if r > 0]
-    checks = []
-    for v in variants:
-        t = target_supply(loaders, v, ranks=1)
-        for m in refs:
-            checks.append(check_run(rows, t["supply"], w, skip, t["main_per_slot"] if m is None else m))
-    if not checks or not checks[0]:
-        return None
-    preds = [c[k] for c in checks for k in ("predicted_stall", "predicted_stall_per_step")]
-    c0 = checks[0]
-    return {**_against(c0["data_stall"], c0.get("data_stall_interval"), min(preds), max(preds)),
-            "predicted_stall": c0["predicted_stall"],
-            **{k: c0[k] for k in ("consumption", "supply", "headroom", "main_per_slot", "loop_per_slot", "steps")}}
+    worker count: `back_to_back`, `paced` and `either` (analysis/stall_check.py)."""
+    return check_path_run(loaders, run["kind"], int(run["workers"]), train_records(Path(run["run_dir"])), skip)
 
 
 def engine_part(cfg: GpuStudy, study: Study) -> Callable[[dict], None]:

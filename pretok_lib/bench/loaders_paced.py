@@ -25,12 +25,14 @@ from .repeats import est_dict
 
 def paced(make_iter: Callable[[], Iterator[dict]], n: int, warmup: int, pace_s: float) -> dict:
     """After `warmup` untimed batches, `n` calls of next() each after `pace_s` seconds away (sleeping, as the main
-    process waits on the device): their median time, its interval, and the tokens per second that makes."""
+    process waits on the device): their median time with its interval, their mean, and the rate they make (tokens
+    over time) with its bootstrap interval."""
     it = make_iter()
     times, tokens = [], []
     try:
         for i in range(warmup + n):
-            time.sleep(pace_s)
+            if i >= warmup:   # the warm-up calls are not timed: no wait before them
+                time.sleep(pace_s)
             t = time.perf_counter()
             try:
                 b = next(it)

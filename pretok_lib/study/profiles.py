@@ -47,7 +47,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         **DATA,
         "compressions": CODECS, "workers": 2, "bench_loop_mb": 2.0, "bench_repeats": 3,
         "micro_batch": 8, "loader_workers": "0,2", "loader_batches": 500, "loader_slow_batches": 40,
-        "loader_repeats": 3,
+        "loader_repeats": 3, "loader_pace_ms": 250.0, "loader_paced_batches": 8,   # pace: the CPU runs' step
         "config": "configs/tiny.yaml", "train_data_kind": DEFAULT, "train_world": 1,
         "train_overrides": {"train.steps": 60, "train.warmup_steps": 5, "eval.every": 20,
                             "train.time_budget_s": 45, **QUIET_RUN},
@@ -65,7 +65,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         **DATA,
         "compressions": CODECS, "workers": 0, "bench_loop_mb": 20.0, "bench_repeats": 3,  # workers 0: every CPU
         "micro_batch": 4, "loader_workers": "0,2,4", "loader_batches": 500, "loader_slow_batches": 20,
-        "loader_repeats": 3,
+        "loader_repeats": 3, "loader_pace_ms": 200.0, "loader_paced_batches": 10,  # pace: a GPU step (~0.2 s)
         "config": "configs/study.yaml", "train_data_kind": DEFAULT, "train_world": 0,  # 0: every GPU
         "train_overrides": {"train.steps": 300, "eval.every": 100},
         "sweep_grids": [{"data": PATHS, "world": "gpus"},  # "gpus": 1, 2, 4, ... up to the GPUs present
@@ -80,8 +80,9 @@ PROFILES: dict[str, dict[str, Any]] = {
         "corpus": "", "corpus_mb": 2.0, "tokenizer": "", "vocab_size": 1024, "seq_len": 64,
         **DATA,
         "compressions": ["none", TRAIN_COMPRESSION], "workers": 2, "bench_loop_mb": 0.3, "bench_repeats": 1,
-        "micro_batch": 4, "loader_workers": "0", "loader_batches": 20, "loader_slow_batches": 3,
-        "loader_repeats": 1,
+        # micro_batch: the runs' (configs/tiny.yaml), so notebook 05 checks the stall model on them
+        "micro_batch": 8, "loader_workers": "0", "loader_batches": 20, "loader_slow_batches": 3,
+        "loader_repeats": 1, "loader_pace_ms": 20.0, "loader_paced_batches": 3,
         "config": "configs/tiny.yaml", "train_data_kind": DEFAULT, "train_world": 1,
         # 5 steps: 3 measured after the 2 warm-up records (log.skip_steps), the least a run's rates need
         "train_overrides": {"train.steps": 5, "train.warmup_steps": 1, "eval.every": 5, "eval.batches": 1,
@@ -159,6 +160,7 @@ PARAMETERS: dict[str, Param] = {
     "loader_workers": Param(("text", "count"), _NONNEG, ("(comma-separated counts >= 0: 0,2)", _counts)),
     "loader_batches": Param(("count",), _ONE), "loader_slow_batches": Param(("count",), _ONE),
     "loader_repeats": Param(("count",), _ONE), "bench_repeats": Param(("count",), _ONE),
+    "loader_pace_ms": Param(("number",), _NONNEG), "loader_paced_batches": Param(("count",), _ONE),  # 0 ms: none
     "config": Param(("text",), text=_FILE), "train_data_kind": Param(("text",), text=_one_of(*KINDS)),
     "train_world": Param(("count",), _NONNEG),                            # 0: every GPU
     "train_overrides": Param(("mapping",)), "sweep_grids": Param(("list of mappings",)),

@@ -124,7 +124,8 @@ def storage_table(index: Mapping) -> list[dict]:
 
 
 def bench_loaders(paths: StudyPaths, index: Mapping, micro_batch: int = 8, workers: str = "0,2", batches: int = 200,
-                  slow_batches: int = 20, repeats: int = 1, compressions: Sequence[str] | None = None) -> dict:
+                  slow_batches: int = 20, repeats: int = 1, compressions: Sequence[str] | None = None,
+                  pace_ms: float = 0.0, paced_batches: int = 8) -> dict:
     """`pretok bench loaders` on the study's datasets (reused from notebook 01: same directory layout; in
     `bench/loaders-data/` where notebook 01's BOS/EOS policy is not the benchmark's, auto/no, which would otherwise
     rebuild the datasets the runs train on): the five data paths at each DataLoader worker count vs the raw-memmap
@@ -135,6 +136,8 @@ def bench_loaders(paths: StudyPaths, index: Mapping, micro_batch: int = 8, worke
         micro_batch: samples per batch; workers: DataLoader worker counts (comma separated).
         batches, slow_batches: timed batches for the fast and the on-the-fly paths; repeats: rounds.
         compressions: parquet codecs compared (None: those notebook 01 wrote).
+        pace_ms, paced_batches: > 0: each path also called `paced_batches` times once per `pace_ms` (about the
+            training runs' step time), for notebook 05's check of the stall model (bench/loaders_paced.py).
     """
     from ..bench.loaders import LoadersBench, run
     from .selfcheck import quiet_targets
@@ -148,6 +151,7 @@ def bench_loaders(paths: StudyPaths, index: Mapping, micro_batch: int = 8, worke
                                 seq_len=index["seq_len"], micro_batch=micro_batch, workers=workers,
                                 batches=batches, slow_batches=slow_batches, repeats=repeats,
                                 read_repeats=max(1, repeats), compressions=",".join(comps),
+                                pace_ms=pace_ms, paced_batches=paced_batches,
                                 json=str(paths.bench / "loaders.json")))
 
 

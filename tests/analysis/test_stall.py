@@ -275,6 +275,47 @@ def test_check_study_runs_pairs_runs_with_the_benchmark(tmp_path: Path) -> None:
     assert checks["a"]["predicted_stall"] == pytest.approx(1 / (1 + 1e8 / 1000.0))
     assert "| b | padded | 2 |" in S.check_markdown(list(checks.values()))
     assert S.check_study_runs(load_runs(tmp_path), None) == []
+    for c in checks.values():   # the check: predicted and measured intervals, as built (no paced rows)
+        k = c["check"]
+        assert c["model"] == "back_to_back" and k["interval"][0] <= c["predicted_stall"] <= k["interval"][1]
+        mlo, mhi = k["measured_interval"]
+        assert mlo <= c["data_stall"] <= mhi
+        assert k["inside"] == (k["interval"][0] <= c["data_stall"] <= k["interval"][1])
+        assert k["agrees"] == (mlo <= k["interval"][1] and k["interval"][0] <= mhi)
+    line = next(x for x in S.check_markdown(list(checks.values())).splitlines() if x.startswith("| b |"))
+    assert "| 0.00% [0.00%, 0.00%] | 50.0% [50.0%, 50.0%] | no: off by +50.00% |" in line
+
+
+def test_paced_rows_leave_the_prediction_as_built() -> None:
+    """The prediction for GPUs takes back-to-back rates whether or not the benchmark paced its paths: the paced
+    rows feed the check against runs (stall_check.py) until a GPU's runs say which version is right."""
+    paced = _bench()
+    for r in paced["loaders"].values():
+        r.update(pace_s=0.2, paced_batches=8, paced_tokens_per_s=r["tokens_per_s"] / 10,
+                 paced_rate_interval=[r["tokens_per_s"] / 11, r["tokens_per_s"] / 9])
+    acc = [S.Accelerator("X", 100.0, "test")]
+    assert S.predict(paced, 1e9, acc) == S.predict(_bench(), 1e9, acc)
+
+
+def test_a_paced_benchmark_checks_the_runs_from_back_to_back_to_paced(tmp_path: Path) -> None:
+    """With paced rows (`--pace-ms`), the check spans the two versions of the model (`either`): a run whose
+    stall lies between the back-to-back and the paced prediction is inside it, and outside each alone."""
+    from pretok_lib.analysis.runs import load_runs
+
+    from .helpers import simple_run
+
+    simple_run(tmp_path, "a", kind="pretok-memmap", tokens_per_s=1000.0, data_stall=0.1, micro_batch=MB)
+    bench = _bench()
+    # back to back S = 1e8 predicts ~0; paced at S = C/3 predicts C/(C + S) = 3/4 (its slow end, S = C/3.3:
+    # 3.3/4.3): the measured 10% lies between
+    c_run = S.check_study_runs(load_runs(tmp_path), bench)[0]
+    bench["loaders"]["pretok-memmap w0"].update(paced_tokens_per_s=c_run["consumption"] / 3,
+                                                paced_rate_interval=[c_run["consumption"] / 3.3,
+                                                                     c_run["consumption"] / 2.7])
+    c = S.check_study_runs(load_runs(tmp_path), bench)[0]
+    assert c["model"] == "either" and c["check"]["inside"]
+    assert c["check"]["interval"][0] < 0.01 and c["check"]["interval"][1] == pytest.approx(3.3 / 4.3, rel=0.01)
+    assert c_run["check"]["inside"] is False and "from back to back to paced" in S.check_markdown([c])
 
 
 # (MFU range, supply per workers) on an accelerator of 100 TFLOP/s and F = 1e9 FLOPs/token: C = MFU · 1e5 tokens/s.

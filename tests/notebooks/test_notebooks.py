@@ -89,6 +89,11 @@ def test_smoke_study_executes_every_notebook(smoke) -> None:
     assert any(k.startswith("(a)") for k in tok["methods"]) and any(k.startswith("(d)") for k in tok["methods"])
     loaders = json.loads((out / "bench" / "loaders.json").read_text())
     assert {r["kind"] for r in loaders["loaders"].values()} >= {"padded", "pretok-memmap", "reference"}
+    paced = {n: r for n, r in loaders["loaders"].items() if r["kind"] != "reference"}   # for notebook 05's check
+    assert all(r["paced_batches"] == 3 and r["pace_s"] == 0.02 and r["paced_tokens_per_s"] > 0 for r in paced.values())
+    shown = "".join(o.get("data", {}).get("text/markdown", "") for c in nbformat.read(
+        str(out / "notebooks" / "05_analysis.ipynb"), as_version=4).cells if c.cell_type == "code" for o in c.outputs)
+    assert "from back to back to paced" in shown and "agree?" in shown   # the model checked on the runs
     runs = {d.name: json.loads((d / "run.json").read_text())["status"] for d in (out / "runs").iterdir()}
     assert runs == dict.fromkeys(["train-pretok-memmap-w1-s64", "sweep-padded-w1-s64", "sweep-pretok-memmap-w1-s64",
                                   "sweep-pretok-memmap-w2-s64"], "completed")

@@ -420,7 +420,7 @@ def test_every_notebook_parameter_has_a_meaning_that_every_profile_fits(tmp_path
 
 # What a 0 means where a parameter takes it; no other parameter takes 0, and none a negative or non-finite number.
 ZERO_MEANS = {"workers": "every CPU", "train_world": "every GPU", "loader_workers": "batches made in the loop",
-              "target_loss": "a loss of 0"}
+              "target_loss": "a loss of 0", "loader_pace_ms": "no paced calls"}
 _NUMBERS = st.one_of(st.integers(-3, 3), st.floats(-2, 2), st.sampled_from([math.nan, math.inf, -math.inf, 10**6]))
 _SCALARS = st.one_of(_NUMBERS, st.booleans(), st.none(), st.text(max_size=6),
                      st.sampled_from(["zstd:3", "zstd:99", "lz4", "0,2", "0,-2", " 1 ", "local", "ssh", "padded",
