@@ -223,9 +223,12 @@ def check_run(records: Iterable[Mapping[str, Any]], supply: float, workers: int,
     """Predicted stall (from the run's measured consumption and time between steps, a loader supply measured apart
     and the main-process cost `main` s/slot) beside the stall the run measured."""
     m = measured_rates(records, skip)
-    if m is None:
-        return None
-    steps = m.pop("step_compute")
+    return None if m is None else predict_for(m, supply, workers, main)
+
+
+def predict_for(m: Mapping[str, Any], supply: float, workers: int, main: float = 0.0) -> dict:
+    """`check_run` on a run's `measured_rates` (computed once for the many supplies a check tries)."""
+    steps = m["step_compute"]
     # the model step by step, with each step's own compute: waits add up unevenly when the compute varies (a
     # step far below the batch time waits the difference, one above it waits m). Prefetched batches carry some of
     # a slow step's slack over to the next, which the mean compute assumes entirely and this not at all: the run's
@@ -233,7 +236,8 @@ def check_run(records: Iterable[Mapping[str, Any]], supply: float, workers: int,
     load = 1.0 / supply if supply > 0 else math.inf
     waits = [n * load if not workers else max(main * n, n * (load - m["loop_per_slot"]) - c) for c, n in steps]
     total = sum(c for c, _ in steps) + sum(waits)
-    return {**m, "supply": supply, "workers": workers, "headroom": supply / m["consumption"], "main_per_slot": main,
+    return {**{k: v for k, v in m.items() if k != "step_compute"}, "supply": supply, "workers": workers,
+            "headroom": supply / m["consumption"], "main_per_slot": main,
             "predicted_stall": stall_fraction(supply, m["consumption"], workers > 0, main, m["loop_per_slot"]),
             "predicted_stall_per_step": sum(waits) / total if total > 0 else 0.0}
 
